@@ -1,0 +1,363 @@
+"""The Open-Jev decision contract: request validation, prompts, answers and response.
+
+This module implements ``/work/shared/spec/contract.md`` in pure Python (``json`` and ``math`` only; no torch),
+so the pipeline, the evaluation command and the HTTP server all share one definition of:
+
+* :func:`parse_request` -- validation in the contract's order (§2 items 2..6, first error wins) and the
+  candidate prompts of every question (§3);
+* :func:`tokenize_candidates` -- the ``max_length`` check of §2 item 7 (nothing is ever truncated);
+* :func:`answers_from_scores` -- the float64 answers of §5;
+* :func:`build_response` -- the response object of §6.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, Sequence
+
+from hf_openjev.errors import RequestError
+
+__all__ = [
+    "MAX_CANDIDATES",
+    "MAX_CHOICE_OPTIONS",
+    "MAX_QUESTIONS",
+    "MAX_SCORE_LEVELS",
+    "MIN_SCORE_LEVELS",
+    "ParsedRequest",
+    "Question",
+    "RequestError",
+    "answers_from_scores",
+    "build_response",
+    "candidate_prompt",
+    "noul_prompt",
+    "parse_request",
+    "question_head",
+    "render",
+    "tokenize_candidates",
+]
+
+# --- limits (contract §1) ---------------------------------------------------------------------------------------
+MAX_QUESTIONS = 4096
+MAX_CANDIDATES = 65536
+MAX_CHOICE_OPTIONS = 255
+MIN_SCORE_LEVELS = 2
+MAX_SCORE_LEVELS = 10
+
+# --- error messages (contract §2) -------------------------------------------------------------------------------
+MSG_NOT_OBJECT = "request body must be a JSON object"
+MSG_MODEL = "requested model is not loaded"
+MSG_STATE_MISSING = "request requires state"
+MSG_STATE_TYPE = "state must be text, a JSON object, or an array"
+MSG_QUESTIONS_TYPE = "questions must be an object"
+MSG_QUESTIONS_COUNT = "questions must be nonempty and within the server question limit"
+MSG_DEFINITION = "question definition must be an object"
+MSG_TEXT = "instructions and descriptions must be text, an object, or an array"
+MSG_CHOICE_TYPE = "Choice requires an object"
+MSG_CHOICE_COUNT = "Choice requires between 1 and 255 candidates"
+MSG_SCORE_TYPE = "Score requires an array"
+MSG_SCORE_COUNT = "Score requires 2 to 10 descriptive levels"
+MSG_NOUL_CRITERIA = "Noul criteria must contain true and false descriptions"
+MSG_TYPE = "question type must be choice, score, or noul"
+MSG_CANDIDATES = "request exceeds the candidate limit"
+
+# --- prompt pieces (contract §3) --------------------------------------------------------------------------------
+_PROPOSED = "Proposed answer: "
+_PROPOSED_TAIL = "\nIs this proposed answer correct? Answer Yes or No."
+_NOUL_TAIL = "Is the answer to this question yes? Answer Yes or No."
+
+
+def _is_text(value: Any) -> bool:
+    """True for a string, JSON object or JSON array (contract: "text, an object, or an array").
+
+    Numbers, booleans and ``None`` are not. A Python tuple counts as an array (``json.dumps`` writes it as one).
+    """
+    return isinstance(value, (str, dict, list, tuple))
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+def render(value: Any) -> str:
+    """Render a state, instructions, description or level as prompt text (contract §3).
+
+    A string is used verbatim; an object or array becomes ``json.dumps(v, ensure_ascii=False, sort_keys=True)``
+    (keys sorted recursively, arrays kept in order, unicode kept, floats as Python prints them).
+    """
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def question_head(state_text: str, question_text: str) -> str:
+    """The head shared by every candidate of a question: ``"Context:\\n" + S + "\\n\\nQuestion: " + Q + "\\n"``."""
+    return "Context:\n" + state_text + "\n\nQuestion: " + question_text + "\n"
+
+
+def candidate_prompt(head: str, option: str) -> str:
+    """A choice or score candidate prompt for one rendered OPTION."""
+    return head + _PROPOSED + option + _PROPOSED_TAIL
+
+
+def noul_prompt(head: str) -> str:
+    """The single noul (yes/no) candidate prompt."""
+    return head + _NOUL_TAIL
+
+
+@dataclass(frozen=True)
+class Question:
+    """One validated question with its candidate prompts, in request order.
+
+    ``labels`` are the choice option keys in request order, ``"0".."n-1"`` for a score, ``("yes",)`` for a noul.
+    ``prompts`` holds one user prompt per candidate (same order as ``labels``), without the chat prefix/suffix.
+    ``legend`` is ``{"0": level0, ...}`` (levels as given) for a score, else ``None``.
+    """
+
+    id: str
+    type: str
+    labels: tuple[str, ...]
+    prompts: tuple[str, ...]
+    legend: dict | None = None
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A validated request: the requested model (or ``None``) and its questions in request order."""
+
+    model: str | None
+    questions: tuple[Question, ...]
+
+    @property
+    def candidate_count(self) -> int:
+        """Total number of candidate sequences over all questions."""
+        return sum(len(q.prompts) for q in self.questions)
+
+
+def _parse_question(qid: str, definition: Any, state_text: str) -> Question:
+    """Validate one question (contract §2 item 6) and build its prompts (§3)."""
+    if not isinstance(definition, dict):
+        raise RequestError(MSG_DEFINITION)
+    instructions = definition.get("instructions")
+    if not _is_text(instructions):
+        raise RequestError(MSG_TEXT)
+    qtype = definition.get("type")
+    criteria = definition.get("criteria")
+
+    if qtype == "choice":
+        if not isinstance(criteria, dict):
+            raise RequestError(MSG_CHOICE_TYPE)
+        if not 1 <= len(criteria) <= MAX_CHOICE_OPTIONS:
+            raise RequestError(MSG_CHOICE_COUNT)
+        head = question_head(state_text, render(instructions))
+        labels, prompts = [], []
+        for key, description in criteria.items():
+            if not isinstance(key, str):
+                raise RequestError(MSG_CHOICE_TYPE)
+            if description is None:
+                option = key
+            elif _is_text(description):
+                option = key + ": " + render(description)
+            else:
+                raise RequestError(MSG_TEXT)
+            labels.append(key)
+            prompts.append(candidate_prompt(head, option))
+        return Question(qid, "choice", tuple(labels), tuple(prompts), None)
+
+    if qtype == "score":
+        if not _is_array(criteria):
+            raise RequestError(MSG_SCORE_TYPE)
+        if not MIN_SCORE_LEVELS <= len(criteria) <= MAX_SCORE_LEVELS:
+            raise RequestError(MSG_SCORE_COUNT)
+        head = question_head(state_text, render(instructions))
+        prompts = []
+        for level in criteria:
+            if not _is_text(level):
+                raise RequestError(MSG_TEXT)
+            prompts.append(candidate_prompt(head, render(level)))
+        labels = tuple(str(i) for i in range(len(criteria)))
+        legend = {str(i): level for i, level in enumerate(criteria)}
+        return Question(qid, "score", labels, tuple(prompts), legend)
+
+    if qtype == "noul":
+        question_text = render(instructions)
+        # ``criteria`` is optional; absent and null both mean "no criteria".
+        if criteria is not None:
+            if not isinstance(criteria, dict) or set(criteria) != {"true", "false"}:
+                raise RequestError(MSG_NOUL_CRITERIA)
+            if not (_is_text(criteria["true"]) and _is_text(criteria["false"])):
+                raise RequestError(MSG_TEXT)
+            question_text += "\nYes means: " + render(criteria["true"]) + "\nNo means: " + render(criteria["false"])
+        head = question_head(state_text, question_text)
+        return Question(qid, "noul", ("yes",), (noul_prompt(head),), None)
+
+    raise RequestError(MSG_TYPE)
+
+
+def parse_request(request: Any, *, served_models: Collection[str] = ()) -> ParsedRequest:
+    """Validate a decoded request and build every candidate prompt.
+
+    Checks follow contract §2 items 2..6 in order and the first error wins; each raises
+    :class:`~hf_openjev.errors.RequestError` (status 422) with the contract's exact message. Decoding the JSON
+    body (and the 413/415 checks) is the server's job. ``model`` given (not ``None``) and not in
+    ``served_models`` is rejected. The candidate limit is checked after each question.
+    """
+    if not isinstance(request, dict):
+        raise RequestError(MSG_NOT_OBJECT)
+
+    model = request.get("model")
+    if model is not None and (not isinstance(model, str) or model not in served_models):
+        raise RequestError(MSG_MODEL)
+
+    if "state" not in request:
+        raise RequestError(MSG_STATE_MISSING)
+    state = request["state"]
+    if not _is_text(state):
+        raise RequestError(MSG_STATE_TYPE)
+
+    questions = request.get("questions")
+    if not isinstance(questions, dict) or not all(isinstance(k, str) for k in questions):
+        raise RequestError(MSG_QUESTIONS_TYPE)
+    if not 1 <= len(questions) <= MAX_QUESTIONS:
+        raise RequestError(MSG_QUESTIONS_COUNT)
+
+    state_text = render(state)
+    parsed: list[Question] = []
+    total = 0
+    for qid, definition in questions.items():
+        question = _parse_question(qid, definition, state_text)
+        parsed.append(question)
+        total += len(question.prompts)
+        if total > MAX_CANDIDATES:
+            raise RequestError(MSG_CANDIDATES)
+    return ParsedRequest(model=model, questions=tuple(parsed))
+
+
+def tokenize_candidates(
+    parsed: ParsedRequest,
+    encode: Callable[[str], list[int]],
+    *,
+    chat_prefix: str,
+    chat_suffix: str,
+    max_length: int,
+) -> list[list[list[int]]]:
+    """Tokenize every candidate, question by question, candidate by candidate (contract §2 item 7).
+
+    The text sent to ``encode`` is ``chat_prefix + prompt + chat_suffix``; ``encode`` must add no special tokens.
+    The first sequence longer than ``max_length`` raises ``RequestError("question <id>: <n> tokens exceeds
+    max_length=<m>; no silent truncation")``; nothing is truncated. Returns token ids per question per candidate.
+    """
+    result: list[list[list[int]]] = []
+    for question in parsed.questions:
+        per_question: list[list[int]] = []
+        for prompt in question.prompts:
+            ids = list(encode(chat_prefix + prompt + chat_suffix))
+            if len(ids) > max_length:
+                raise RequestError(
+                    f"question {question.id}: {len(ids)} tokens exceeds max_length={max_length}; "
+                    "no silent truncation"
+                )
+            per_question.append(ids)
+        result.append(per_question)
+    return result
+
+
+def _softmax(scores: Sequence[float], temperature: float) -> list[float]:
+    """``softmax_T`` in float64 with max subtraction (contract §5)."""
+    top = max(scores)
+    exps = [math.exp((s - top) / temperature) for s in scores]
+    total = 0.0
+    for e in exps:
+        total += e
+    return [e / total for e in exps]
+
+
+def _first_argmax(values: Sequence[float]) -> int:
+    best = 0
+    for i in range(1, len(values)):
+        if values[i] > values[best]:
+            best = i
+    return best
+
+
+def _choice_answer(question: Question, scores: list[float], temperature: float) -> dict:
+    p = _softmax(scores, temperature)
+    best = _first_argmax(p)
+    n = len(p)
+    confidence = 1.0 if n == 1 else (p[best] - 1.0 / n) / (1.0 - 1.0 / n)
+    return {
+        "type": "choice",
+        "choice": question.labels[best],
+        "probabilities": dict(zip(question.labels, p)),
+        "confidence": confidence,
+    }
+
+
+def _score_answer(question: Question, scores: list[float], temperature: float) -> dict:
+    p = _softmax(scores, temperature)
+    n = len(p)
+    expected = 0.0
+    for i, pi in enumerate(p):
+        expected += i * pi
+    mode = _first_argmax(p)
+    centre = (n - 1) / 2.0
+    spread = 0.0
+    for i in range(n):
+        spread += abs(i - centre)
+    u = spread / n
+    dispersion = 0.0
+    for i, pi in enumerate(p):
+        dispersion += pi * abs(i - mode)
+    confidence = max(0.0, 1.0 - dispersion / u)
+    return {
+        "type": "score",
+        "score": expected,
+        "probabilities": dict(zip(question.labels, p)),
+        "confidence": confidence,
+        "legend": dict(question.legend or {}),
+    }
+
+
+def _noul_answer(question: Question, scores: list[float], temperature: float) -> dict:
+    return {"type": "noul", "noul": _softmax([0.0, scores[0]], temperature)[1]}
+
+
+_ANSWERS = {"choice": _choice_answer, "score": _score_answer, "noul": _noul_answer}
+
+
+def answers_from_scores(
+    parsed: ParsedRequest, scores: Sequence[Sequence[float]], temperature: float
+) -> dict[str, dict]:
+    """Turn per-candidate head scores into answers (contract §5), in request order.
+
+    ``scores[k][j]`` is the score of candidate ``j`` of question ``k``. All math is float64; each question is
+    answered from its own candidates only. Non-finite scores, a bad temperature or a shape mismatch raise
+    ``ValueError`` (an inference failure, not a request error).
+    """
+    temperature = float(temperature)
+    if not (math.isfinite(temperature) and temperature > 0.0):
+        raise ValueError(f"temperature must be a finite positive number, got {temperature!r}")
+    if len(scores) != len(parsed.questions):
+        raise ValueError(f"expected scores for {len(parsed.questions)} questions, got {len(scores)}")
+    answers: dict[str, dict] = {}
+    for question, row in zip(parsed.questions, scores):
+        values = [float(s) for s in row]
+        if len(values) != len(question.prompts):
+            raise ValueError(
+                f"question {question.id}: expected {len(question.prompts)} scores, got {len(values)}"
+            )
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError(f"question {question.id}: non-finite candidate score")
+        answers[question.id] = _ANSWERS[question.type](question, values, temperature)
+    return answers
+
+
+def build_response(*, model_id: str, answers: dict, input_tokens: int, metadata: dict) -> dict:
+    """The response object of contract §6, keys in the contract's order."""
+    return {
+        "model": model_id,
+        "answers": answers,
+        "usage": {"input_tokens": int(input_tokens), "output_tokens": 0},
+        "metadata": metadata,
+    }
