@@ -1,0 +1,47 @@
+"""``hf-openjev``: a thin command line over keyword-only functions.
+
+Subcommands: ``demo``, ``export``, ``eval``, ``serve``. Each lives in its own module, which exposes
+``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import CheckpointError, RequestError
+
+COMMANDS = {
+    "demo": ("hf_openjev.demo", "answer a few requests with a tiny random checkpoint the package builds itself"),
+    "export": ("hf_openjev.export_cli", "merge the LoRA adapter into a merged checkpoint"),
+    "eval": ("hf_openjev.evaluate", "evaluate a merged export on JevBench-style tasks"),
+    "serve": ("hf_openjev.server", "serve a merged export over HTTP (Jev-compatible API)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-openjev", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (CheckpointError, RequestError) as exc:
+        print(f"hf-openjev {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hf-openjev {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The merged-export manifest ``open_jev_export.json`` (format ``open-jev-text-merged/1``).
+
+Reading validates every field and raises :class:`CheckpointError` with a message that says what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import CheckpointError
+
+MANIFEST_NAME = "open_jev_export.json"
+EXPORT_FORMAT = "open-jev-text-merged/1"
+MAX_LENGTH_LIMIT = 16384
+
+
+@dataclass(frozen=True)
+class ExportManifest:
+    """The fields of ``open_jev_export.json`` (checkpoints.md, 'Merged export')."""
+
+    model_id: str
+    base_revision: str
+    checkpoint_revision: str
+    temperature: float
+    max_length: int
+    chat_prefix: str
+    chat_suffix: str
+    head_weight: tuple[float, ...]  # [hidden]
+    head_bias: float
+    format: str = EXPORT_FORMAT
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["head_weight"] = list(self.head_weight)
+        order = ["format", "model_id", "base_revision", "checkpoint_revision", "temperature", "max_length",
+                 "chat_prefix", "chat_suffix", "head_weight", "head_bias"]
+        return {key: data[key] for key in order}
+
+
+def check_max_length(max_length) -> int:
+    """``max_length`` must be an integer in 1..16384 (checkpoints.md)."""
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= MAX_LENGTH_LIMIT:
+        raise CheckpointError(f"max_length must be an integer in 1..{MAX_LENGTH_LIMIT}, got {max_length!r}")
+    return max_length
+
+
+def check_temperature(temperature) -> float:
+    """The calibration temperature must be a finite positive number."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise CheckpointError(f"temperature must be a number, got {temperature!r}")
+    if not math.isfinite(temperature) or temperature <= 0:
+        raise CheckpointError(f"temperature must be finite and positive, got {temperature!r}")
+    return float(temperature)
+
+
+def check_head(weight, bias, hidden_size: int | None = None) -> tuple[tuple[float, ...], float]:
+    """The scalar head: ``hidden`` finite floats and one finite bias."""
+    if not isinstance(weight, (list, tuple)) or not weight:
+        raise CheckpointError("head_weight must be a non-empty list of floats")
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in weight):
+        raise CheckpointError("head_weight must contain only numbers")
+    if hidden_size is not None and len(weight) != hidden_size:
+        raise CheckpointError(
+            f"the head has {len(weight)} inputs but the backbone's hidden size is {hidden_size}; "
+            "the head and the backbone come from different models"
+        )
+    if not all(math.isfinite(v) for v in weight):
+        raise CheckpointError("head_weight contains non-finite values (NaN or infinity); the head is corrupt")
+    if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+        raise CheckpointError(f"head_bias must be a finite number, got {bias!r}")
+    return tuple(float(v) for v in weight), float(bias)
+
+
+def read_manifest(export_dir: str | Path) -> ExportManifest:
+    """Read and validate ``<export_dir>/open_jev_export.json``."""
+    path = Path(export_dir) / MANIFEST_NAME
+    if not Path(export_dir).is_dir():
+        raise CheckpointError(f"{export_dir} is not a directory; pass a merged export made by `hf-openjev export`")
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path} is missing: {export_dir} is not a complete merged Open-Jev export "
+            "(make one with `hf-openjev export --base DIR --package DIR --out DIR`)"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}); re-run the export") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object")
+    fmt = data.get("format")
+    if fmt != EXPORT_FORMAT:
+        raise CheckpointError(f"{path}: unknown format {fmt!r}; this version reads {EXPORT_FORMAT!r}")
+    required = ["model_id", "temperature", "max_length", "chat_prefix", "chat_suffix", "head_weight", "head_bias"]
+    missing = [key for key in required if key not in data]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}; re-run the export")
+    for key in ("model_id", "chat_prefix", "chat_suffix"):
+        if not isinstance(data[key], str):
+            raise CheckpointError(f"{path}: {key} must be a string")
+    weight, bias = check_head(data["head_weight"], data["head_bias"])
+    return ExportManifest(
+        model_id=data["model_id"],
+        base_revision=str(data.get("base_revision", "")),
+        checkpoint_revision=str(data.get("checkpoint_revision", "")),
+        temperature=check_temperature(data["temperature"]),
+        max_length=check_max_length(data["max_length"]),
+        chat_prefix=data["chat_prefix"],
+        chat_suffix=data["chat_suffix"],
+        head_weight=weight,
+        head_bias=bias,
+    )
+
+
+def write_manifest(export_dir: str | Path, manifest: ExportManifest) -> Path:
+    """Write the manifest (the last file of an export)."""
+    path = Path(export_dir) / MANIFEST_NAME
+    path.write_text(json.dumps(manifest.to_json(), ensure_ascii=False, indent=1), encoding="utf-8")
+    return path

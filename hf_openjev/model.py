@@ -1,0 +1,251 @@
+"""One model object for an Open-Jev checkpoint: backbone, fp32 scalar head, temperature, chat halves, limits.
+
+Two loaders:
+
+- :func:`load_export` reads a merged export (``open-jev-text-merged/1``), the serving format;
+- :func:`load_reference` reads the published package + base directory into the unmerged PEFT model, the
+  oracle that export and the fast path are checked against.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import CheckpointError
+from .manifest import ExportManifest, read_manifest
+from .package import check_text_config, read_base_text_config, read_lora_pairs, read_package
+
+SERVED_ALIASES = ("open-jev", "jev-latest")
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    """``"auto"``/None -> bfloat16 (the checkpoint dtype); strings like ``"float32"`` -> torch dtypes."""
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16
+    if isinstance(dtype, str):
+        resolved = getattr(torch, dtype, None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}; use 'bfloat16', 'float16' or 'float32'")
+        return resolved
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
+    return dtype
+
+
+class JevModel(nn.Module):
+    """A Qwen3.5 text backbone plus the Open-Jev scalar head and calibration.
+
+    ``score = head(final_norm(h)[last token].float())`` per candidate; the temperature is applied by the contract.
+    """
+
+    def __init__(self, backbone: nn.Module, head: nn.Linear, tokenizer, manifest: ExportManifest, *,
+                 method: str, aliases: tuple[str, ...] = ()):
+        super().__init__()
+        self.backbone = backbone
+        self.head = head.float()
+        self.tokenizer = tokenizer
+        self.manifest = manifest
+        self.method = method
+        self.aliases = aliases
+
+    # -- what the contract needs -------------------------------------------------------------------------
+    @property
+    def model_id(self) -> str:
+        return self.manifest.model_id
+
+    @property
+    def temperature(self) -> float:
+        return self.manifest.temperature
+
+    @property
+    def max_length(self) -> int:
+        return self.manifest.max_length
+
+    @property
+    def chat_prefix(self) -> str:
+        return self.manifest.chat_prefix
+
+    @property
+    def chat_suffix(self) -> str:
+        return self.manifest.chat_suffix
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """Names a request's ``model`` field may carry (contract §1)."""
+        return (self.model_id, *SERVED_ALIASES, *self.aliases)
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.backbone.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.backbone.embed_tokens.weight.dtype
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no special tokens added (no BOS)."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def to(self, *args, **kwargs):  # the head stays fp32 whatever dtype the backbone is moved to
+        super().to(*args, **kwargs)
+        self.head.float()
+        return self
+
+    @classmethod
+    def from_pretrained(cls, path, *, dtype="auto", device=None, device_map=None, **_pipeline_kwargs) -> "JevModel":
+        """Entry used by ``transformers.pipeline("jev-decision", model=<export dir>)``."""
+        target = device if device is not None else device_map
+        return load_export(path, dtype=dtype, device=target)
+
+
+def _load_backbone(weights_dir: Path, text_config, *, dtype: torch.dtype, device) -> nn.Module:
+    """``Qwen3_5TextModel.from_pretrained`` with every backbone weight required (no silent random init)."""
+    from transformers import Qwen3_5TextModel
+
+    kwargs = {"config": text_config, "dtype": dtype, "output_loading_info": True}
+    if device is not None:
+        kwargs["device_map"] = str(torch.device(device)) if not isinstance(device, dict) else device
+    backbone, info = Qwen3_5TextModel.from_pretrained(str(weights_dir), **kwargs)
+    missing = [k for k in info.get("missing_keys", []) if not k.endswith("inv_freq")]
+    if missing:
+        raise CheckpointError(
+            f"{weights_dir}: {len(missing)} backbone weights are missing (e.g. {sorted(missing)[:3]}); "
+            "the checkpoint is incomplete or not a Qwen3.5 text model"
+        )
+    mismatched = info.get("mismatched_keys", [])
+    if mismatched:
+        raise CheckpointError(f"{weights_dir}: weights whose shapes do not match config.json: {list(mismatched)[:3]}")
+    return backbone.eval()
+
+
+def _make_head(weight, bias, device) -> nn.Linear:
+    weight = torch.as_tensor(weight, dtype=torch.float32).reshape(1, -1)
+    head = nn.Linear(weight.shape[1], 1, bias=True, dtype=torch.float32)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        head.bias.copy_(torch.as_tensor(bias, dtype=torch.float32).reshape(1))
+    if device is not None and not isinstance(device, dict):
+        head = head.to(device)
+    return head.requires_grad_(False)
+
+
+def _load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:  # noqa: BLE001
+        raise CheckpointError(f"cannot load the tokenizer from {path}: {exc}") from exc
+
+
+def load_export(export_dir: str | Path, *, dtype="auto", device=None) -> JevModel:
+    """Load a merged export directory (checkpoints.md) into a :class:`JevModel`.
+
+    ``dtype`` is the backbone's dtype (default bfloat16); the head is always fp32.
+    """
+    export_dir = Path(export_dir)
+    manifest = read_manifest(export_dir)
+    text_config = _read_export_config(export_dir)
+    if len(manifest.head_weight) != text_config.hidden_size:
+        raise CheckpointError(
+            f"{export_dir}: the head has {len(manifest.head_weight)} inputs but hidden_size is "
+            f"{text_config.hidden_size}; the manifest and the weights come from different models"
+        )
+    tokenizer = _load_tokenizer(export_dir)
+    backbone = _load_backbone(export_dir, text_config, dtype=resolve_dtype(dtype), device=device)
+    head = _make_head(manifest.head_weight, manifest.head_bias, device)
+    return JevModel(backbone, head, tokenizer, manifest, method="merged")
+
+
+def _read_export_config(export_dir: Path):
+    from transformers import Qwen3_5TextConfig
+
+    path = export_dir / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing; the export is incomplete")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    if data.get("model_type") != "qwen3_5_text":
+        raise CheckpointError(
+            f"{path}: unsupported config model_type {data.get('model_type')!r}; a merged export holds a "
+            "qwen3_5_text config"
+        )
+    try:
+        config = Qwen3_5TextConfig.from_pretrained(str(export_dir))
+    except Exception as exc:  # noqa: BLE001
+        raise CheckpointError(f"{path} is not a valid Qwen3.5 text config: {exc}") from exc
+    check_text_config(config, where=str(path))
+    return config
+
+
+def apply_lora_unmerged(backbone: nn.Module, package) -> nn.Module:
+    """Wrap ``backbone`` with PEFT LoRA layers holding the package's fp32 adapter (not merged)."""
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+    pairs = read_lora_pairs(package)
+    modules = dict(backbone.named_modules())
+    for name, (a, b) in pairs.items():
+        target = modules.get(name)
+        if not isinstance(target, nn.Linear):
+            raise CheckpointError(f"the adapter targets {name}, which is not a linear layer of the base model")
+        if a.shape[1] != target.in_features or b.shape[0] != target.out_features:
+            raise CheckpointError(
+                f"the adapter's {name} has shapes A {tuple(a.shape)} / B {tuple(b.shape)} but the base layer is "
+                f"{target.out_features}x{target.in_features}; adapter and base do not match"
+            )
+    config = LoraConfig(r=package.lora_rank, lora_alpha=package.lora_alpha, lora_dropout=0.0, bias="none",
+                        target_modules=sorted(pairs))
+    peft_model = get_peft_model(backbone, config, autocast_adapter_dtype=True)
+    state = {}
+    for name, (a, b) in pairs.items():
+        state[f"{name}.lora_A.weight"] = a
+        state[f"{name}.lora_B.weight"] = b
+    result = set_peft_model_state_dict(peft_model, state)
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected:
+        raise CheckpointError(f"PEFT did not place adapter weights {unexpected[:3]}")
+    return peft_model
+
+
+def load_reference(base_dir: str | Path, package_dir: str | Path, *, dtype="auto", device=None,
+                   max_length: int | None = None) -> JevModel:
+    """The published package + base directory as the unmerged PEFT reference model (fp32 adapter on the backbone)."""
+    from .chat import render_chat_halves
+    from .manifest import check_max_length
+
+    base_dir = Path(base_dir)
+    package = read_package(package_dir)
+    text_config = read_base_text_config(base_dir)
+    if package.head_weight.shape[1] != text_config.hidden_size:
+        raise CheckpointError(
+            f"the head has {package.head_weight.shape[1]} inputs but the base hidden size is {text_config.hidden_size}"
+        )
+    tokenizer = _load_tokenizer(base_dir)
+    chat_prefix, chat_suffix = render_chat_halves(tokenizer)
+    if max_length is None:
+        max_length = int(package.model_info.get("max_length", 4096))
+    manifest = ExportManifest(
+        model_id=package.model_id,
+        base_revision=str(package.model_info.get("base_revision", "")),
+        checkpoint_revision=package.revision,
+        temperature=package.temperature,
+        max_length=check_max_length(max_length),
+        chat_prefix=chat_prefix,
+        chat_suffix=chat_suffix,
+        head_weight=tuple(package.head_weight.flatten().tolist()),
+        head_bias=float(package.head_bias[0]),
+    )
+    backbone = _load_backbone(base_dir, text_config, dtype=resolve_dtype(dtype), device=device)
+    peft_backbone = apply_lora_unmerged(backbone, package).eval()
+    head = _make_head(package.head_weight, package.head_bias, device)
+    return JevModel(peft_backbone, head, tokenizer, manifest, method="peft-unmerged")

@@ -1,0 +1,80 @@
+"""``pipeline("jev-decision")``: the Transformers Pipeline over the contract and the scorer.
+
+```python
+import hf_openjev
+from transformers import pipeline
+
+jev = pipeline("jev-decision", model="path/to/export", device="cuda", dtype="bfloat16")
+jev({"state": "...", "questions": {"q": {"type": "noul", "instructions": "..."}}})
+```
+"""
+
+from __future__ import annotations
+
+from transformers import Pipeline
+from transformers.pipelines import PIPELINE_REGISTRY
+
+from .model import JevModel, load_export, resolve_dtype
+from .scoring import build_answer, prepare_request, score_prepared, use_fast_path
+
+TASK = "jev-decision"
+
+
+class JevDecisionPipeline(Pipeline):
+    """One request dict -> one response dict (contract §6); a list of requests -> a list of responses.
+
+    Call options: ``fast`` (None: the fast path on CUDA, the reference path elsewhere), ``batch_size`` (candidates
+    per reference forward, default 32). Invalid requests raise ``hf_openjev.RequestError`` before any model work;
+    with a list, every request is validated before the first one runs.
+    """
+
+    _load_tokenizer = False
+    _load_processor = False
+    _load_image_processor = False
+    _load_feature_extractor = False
+    _load_video_processor = False
+
+    def __init__(self, model, *args, dtype=None, **kwargs):
+        if not isinstance(model, JevModel):
+            source = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+            if not source:
+                raise TypeError("jev-decision needs a merged export directory or a hf_openjev.JevModel")
+            model = load_export(source, dtype=dtype)  # re-raises the real CheckpointError if the export is bad
+        elif dtype is not None and dtype != "auto":
+            model.backbone.to(resolve_dtype(dtype))
+        kwargs.pop("torch_dtype", None)
+        super().__init__(model, *args, **kwargs)
+
+    def _sanitize_parameters(self, fast=None, batch_size=None, **unknown):
+        if unknown:
+            raise TypeError(f"unknown jev-decision option(s): {', '.join(sorted(unknown))}")
+        forward = {"fast": fast}
+        if batch_size is not None:
+            forward["reference_batch_size"] = batch_size
+        return {}, forward, {}
+
+    def __call__(self, inputs, **kwargs):
+        if isinstance(inputs, list):
+            for request in inputs:  # fail before doing work: validate every request first
+                prepare_request(self.model, request)
+        return super().__call__(inputs, **kwargs)
+
+    def preprocess(self, request):
+        return prepare_request(self.model, request)
+
+    def _forward(self, prepared, fast=None, reference_batch_size=32):
+        result = score_prepared(self.model, [prepared], fast=fast, batch_size=reference_batch_size)
+        method = "fast" if use_fast_path(self.model, fast) else "reference"
+        return {"prepared": prepared, "scores": result.scores[0], "seconds": result.seconds,
+                "prefix_cache": result.prefix_cache[0], "method": method}
+
+    def postprocess(self, output):
+        return build_answer(self.model, output["prepared"], output["scores"], seconds=output["seconds"],
+                            prefix_cache=output["prefix_cache"], method=output["method"])
+
+
+def register_pipeline() -> None:
+    """Register ``jev-decision`` with Transformers (idempotent: re-registering replaces the same entry)."""
+    if TASK in PIPELINE_REGISTRY.supported_tasks and PIPELINE_REGISTRY.supported_tasks[TASK]["impl"] is JevDecisionPipeline:
+        return
+    PIPELINE_REGISTRY.register_pipeline(TASK, pipeline_class=JevDecisionPipeline, pt_model=JevModel, type="text")

@@ -1,0 +1,111 @@
+"""From request dicts to response dicts: validate, tokenize, score (reference or fast path), answer.
+
+The steps are split so that the pipeline, the evaluation command and the server (which batches several
+requests into one forward) share them:
+
+``prepare_request`` (validation + tokenization, no model work) -> ``score_prepared`` (one forward plan over
+one or many prepared requests) -> ``build_answer`` (contract §5/§6).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .contract import ParsedRequest, answers_from_scores, build_response, parse_request, tokenize_candidates
+from .errors import InferenceError
+
+
+@dataclass
+class PreparedRequest:
+    """A validated request with every candidate tokenized (``chat_prefix + prompt + chat_suffix``)."""
+
+    parsed: ParsedRequest
+    tokens: list[list[list[int]]]  # [question][candidate] -> token ids
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(len(seq) for question in self.tokens for seq in question)
+
+    @property
+    def sequences(self) -> list[list[int]]:
+        return [seq for question in self.tokens for seq in question]
+
+
+@dataclass
+class ScoreResult:
+    scores: list[list[list[float]]]  # per request, per question, per candidate
+    seconds: float
+    prefix_cache: list[dict] = field(default_factory=list)  # per request
+
+
+def prepare_request(model, request) -> PreparedRequest:
+    """Contract §2 items 2..7: raises ``RequestError`` before any model work."""
+    parsed = parse_request(request, served_models=model.served_model_names)
+    tokens = tokenize_candidates(parsed, model.encode, chat_prefix=model.chat_prefix,
+                                 chat_suffix=model.chat_suffix, max_length=model.max_length)
+    return PreparedRequest(parsed, tokens)
+
+
+def use_fast_path(model, fast: bool | None) -> bool:
+    """``fast=None`` means: the fast path on CUDA, the reference path elsewhere."""
+    if fast is None:
+        return model.device.type == "cuda"
+    return bool(fast)
+
+
+def score_prepared(model, prepared: Sequence[PreparedRequest], *, fast: bool | None = None,
+                   batch_size: int = 32, **fast_options) -> ScoreResult:
+    """Score every candidate of every prepared request; failures become ``InferenceError``."""
+    from .reference import score_reference
+
+    start = time.perf_counter()
+    try:
+        if use_fast_path(model, fast):
+            from .fast_path import score_fast
+
+            flat, caches = score_fast(model, [p.tokens for p in prepared], **fast_options)
+        else:
+            sequences = [seq for p in prepared for seq in p.sequences]
+            flat = score_reference(model, sequences, batch_size=batch_size)
+            caches = [{"enabled": False, "mode": "none", "shared_tokens": 0} for _ in prepared]
+        if not all(math.isfinite(s) for s in flat):
+            raise InferenceError("the model produced a non-finite score")
+    except InferenceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - contract §2: any failure inside inference is a 500
+        raise InferenceError(f"model inference failed: {exc}") from exc
+    seconds = time.perf_counter() - start
+    it = iter(flat)
+    nested = [[[next(it) for _ in question] for question in p.tokens] for p in prepared]
+    return ScoreResult(nested, seconds, caches)
+
+
+def build_answer(model, prepared: PreparedRequest, scores: list[list[float]], *, seconds: float,
+                 prefix_cache: dict, method: str, extra_metadata: dict | None = None) -> dict:
+    """The response dict (contract §6)."""
+    answers = answers_from_scores(prepared.parsed, scores, model.temperature)
+    metadata = {
+        "method": method,
+        "temperature": model.temperature,
+        "candidate_sequences": prepared.parsed.candidate_count,
+        "inference_seconds": seconds,
+        "max_length": model.max_length,
+        "base_revision": model.manifest.base_revision,
+        "prefix_cache": prefix_cache,
+    }
+    if extra_metadata:
+        metadata.update(extra_metadata)
+    return build_response(model_id=model.model_id, answers=answers, input_tokens=prepared.input_tokens,
+                          metadata=metadata)
+
+
+def answer_requests(model, requests: Sequence, *, fast: bool | None = None, **options) -> list[dict]:
+    """Validate all requests first (nothing runs if one is invalid), then score them together and answer."""
+    prepared = [prepare_request(model, r) for r in requests]
+    result = score_prepared(model, prepared, fast=fast, **options)
+    method = "fast" if use_fast_path(model, fast) else "reference"
+    return [build_answer(model, p, s, seconds=result.seconds, prefix_cache=c, method=method)
+            for p, s, c in zip(prepared, result.scores, result.prefix_cache)]
