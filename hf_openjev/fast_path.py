@@ -1,0 +1,50 @@
+"""The fast path: plan (prefix tree + packs), run each pack through the patched backbone, head in fp32.
+
+``score_fast(model, requests_tokens)`` scores ``requests_tokens[r][q][c]`` (token ids) and returns the flat
+scores in request/question/candidate order plus one ``prefix_cache`` report per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .patches.pack_context import build_pack_context
+from .patches.record import apply_patches, patch_record, text_model_of
+from .planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, plan_requests
+
+
+@torch.no_grad()
+def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]]], *,
+               min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS, max_sequences: int = DEFAULT_MAX_SEQUENCES,
+               max_tokens: int = DEFAULT_MAX_TOKENS) -> tuple[list[float], list[dict]]:
+    """Score every candidate with the patched backbone (patches are applied with defaults if absent)."""
+    record = patch_record(model) or apply_patches(model)
+    options = record.options
+    plan = plan_requests(requests_tokens, shared_prefix=options.shared_prefix, min_shared_tokens=min_shared_tokens,
+                         max_sequences=max_sequences if options.packed_candidates else 1, max_tokens=max_tokens)
+    text_model = text_model_of(model)
+    device = model.device
+    remaining_children: dict[int, int] = {}
+    for pack in plan.packs:
+        for seg in pack.external:
+            remaining_children[seg] = remaining_children.get(seg, 0) + 1
+    store = {}
+    leaf_scores: dict[int, torch.Tensor] = {}
+    for pack in plan.packs:
+        ctx = build_pack_context(plan, pack, store, device, final_row_mlp=options.final_row_mlp)
+        rows = text_model(pack=ctx)  # [N, hidden]
+        if ctx.leaf_ids:
+            scores = model.head(rows.float()).squeeze(-1)  # [N] fp32
+            leaf_scores.update(zip(ctx.leaf_ids, scores))
+        store.update(ctx.exported)
+        for seg in pack.external:  # free prefix states no later pack reads
+            remaining_children[seg] -= 1
+            if remaining_children[seg] == 0:
+                del store[seg]
+    order = sorted((s.request, s.leaf, s.id) for s in plan.segments if s.leaf is not None)
+    flat = torch.stack([leaf_scores[seg_id] for _, _, seg_id in order]).tolist() if order else []
+    caches = [{"enabled": options.shared_prefix, "mode": "prefix-tree" if options.shared_prefix else "none",
+               "shared_tokens": shared} for shared in plan.shared_tokens]
+    return flat, caches

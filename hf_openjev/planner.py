@@ -1,0 +1,188 @@
+"""The fast path's plan: the exact token prefix tree of each request, and packs of work.
+
+Pure Python (no torch), so it is unit-tested on its own.
+
+Tree (per request)::
+
+    request prefix  (shared by all its candidate sequences, when >= 2)
+      └ question prefix  (the rest of what a question's candidates share, when >= 2 candidates)
+          └ candidate suffix  (always >= 1 token: the last token is the one that is scored)
+
+Every shared prefix is cut at a multiple of ``align`` (64) tokens, so the Gated DeltaNet chunk boundaries of
+each candidate stay where the unshared sequence has them, and is shared only when it is at least
+``min_shared_tokens`` long (sharing a short prefix costs an extra mixer call per layer and can lose).
+
+Packs: trees are packed in order into groups of at most ``max_sequences`` candidates and ``max_tokens``
+tokens. A tree too large for one pack is split: its prefixes run first (their states are kept), then its
+candidates run in later packs that continue those states. A sequence longer than ``max_tokens`` runs alone;
+nothing is ever truncated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+ALIGN = 64
+DEFAULT_MIN_SHARED_TOKENS = 64
+DEFAULT_MAX_SEQUENCES = 16
+DEFAULT_MAX_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of tokens computed once: a shared prefix or a candidate's suffix."""
+
+    id: int
+    tokens: tuple[int, ...]
+    parent: int | None  # the segment this one continues (None: starts at position 0)
+    start: int  # position of the first token = length of the parent chain
+    request: int
+    leaf: tuple[int, int] | None = None  # (question, candidate) for a scored candidate suffix
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+@dataclass
+class Pack:
+    """One forward: segments in an order where every parent precedes its children."""
+
+    segments: list[int] = field(default_factory=list)
+    external: list[int] = field(default_factory=list)  # parents computed in an earlier pack
+    export: list[int] = field(default_factory=list)  # segments whose state later packs continue
+
+    def leaves(self, plan: "Plan") -> list[int]:
+        return [s for s in self.segments if plan.segments[s].leaf is not None]
+
+    def tokens(self, plan: "Plan") -> int:
+        return sum(len(plan.segments[s].tokens) for s in self.segments)
+
+
+@dataclass
+class Plan:
+    segments: list[Segment]
+    packs: list[Pack]
+    shared_tokens: list[int]  # per request: token positions computed once instead of per candidate
+
+    def chain(self, segment_id: int) -> list[int]:
+        """Segment ids from the root to ``segment_id`` inclusive."""
+        out = []
+        current: int | None = segment_id
+        while current is not None:
+            out.append(current)
+            current = self.segments[current].parent
+        return out[::-1]
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix shared by every sequence."""
+    if not sequences:
+        return 0
+    first, n = sequences[0], min(len(s) for s in sequences)
+    for i in range(n):
+        token = first[i]
+        if any(s[i] != token for s in sequences):
+            return i
+    return n
+
+
+def shareable_length(sequences: Sequence[Sequence[int]], *, align: int = ALIGN) -> int:
+    """The longest shareable prefix: common, leaving every sequence >= 1 own token, cut at a multiple of align."""
+    if len(sequences) < 2:
+        return 0
+    limit = min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
+    return max(0, limit // align * align)
+
+
+def build_tree(request_index: int, questions: Sequence[Sequence[Sequence[int]]], next_id: int, *,
+               shared_prefix: bool = True, min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS,
+               align: int = ALIGN) -> tuple[list[Segment], int]:
+    """The segments of one request's prefix tree (ids from ``next_id``) and the shared-token count."""
+    segments: list[Segment] = []
+
+    def add(tokens, parent, start, leaf=None) -> int:
+        seg = Segment(next_id + len(segments), tuple(tokens), parent, start, request_index, leaf)
+        segments.append(seg)
+        return seg.id
+
+    all_sequences = [seq for question in questions for seq in question]
+    root, root_len = None, 0
+    if shared_prefix:
+        length = shareable_length(all_sequences, align=align)
+        if length >= min_shared_tokens:
+            root, root_len = add(all_sequences[0][:length], None, 0), length
+    shared = root_len * (len(all_sequences) - 1)
+    for qi, candidates in enumerate(questions):
+        parent, start = root, root_len
+        if shared_prefix and len(candidates) >= 2:
+            length = shareable_length(candidates, align=align)
+            if length - root_len >= min_shared_tokens:
+                parent = add(candidates[0][root_len:length], root, root_len)
+                shared += (length - root_len) * (len(candidates) - 1)
+                start = length
+        for ci, seq in enumerate(candidates):
+            add(seq[start:], parent, start, leaf=(qi, ci))
+    return segments, shared
+
+
+def _subtree_packs(tree: list[Segment], *, max_sequences: int, max_tokens: int) -> list[Pack]:
+    """Split one tree that does not fit a pack: prefixes first (exported), then candidates in packs."""
+    prefixes = [s for s in tree if s.leaf is None]
+    leaves = [s for s in tree if s.leaf is not None]
+    prefix_ids = {s.id for s in prefixes}
+    packs = [Pack(segments=[s.id for s in prefixes], export=[s.id for s in prefixes])] if prefixes else []
+    current = Pack()
+    for leaf in leaves:
+        size = len(leaf.tokens)
+        if current.segments and (len(current.segments) >= max_sequences or _leaf_tokens(current, tree) + size > max_tokens):
+            packs.append(current)
+            current = Pack()
+        current.segments.append(leaf.id)
+        if leaf.parent is not None and leaf.parent in prefix_ids and leaf.parent not in current.external:
+            current.external.append(leaf.parent)
+    if current.segments:
+        packs.append(current)
+    return packs
+
+
+def _leaf_tokens(pack: Pack, tree: list[Segment]) -> int:
+    by_id = {s.id: s for s in tree}
+    return sum(len(by_id[i].tokens) for i in pack.segments)
+
+
+def plan_requests(requests: Sequence[Sequence[Sequence[Sequence[int]]]], *, shared_prefix: bool = True,
+                  min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS, max_sequences: int = DEFAULT_MAX_SEQUENCES,
+                  max_tokens: int = DEFAULT_MAX_TOKENS, align: int = ALIGN) -> Plan:
+    """Plan the forwards for ``requests[r][q][c] -> token ids`` (one or many requests, scored together)."""
+    if max_sequences < 1 or max_tokens < 1:
+        raise ValueError("max_sequences and max_tokens must be at least 1")
+    if min_shared_tokens < 1 or align < 1:
+        raise ValueError("min_shared_tokens and align must be at least 1")
+    segments: list[Segment] = []
+    shared_tokens: list[int] = []
+    packs: list[Pack] = []
+    current = Pack()
+    current_leaves = current_tokens = 0
+    for r, questions in enumerate(requests):
+        tree, shared = build_tree(r, questions, len(segments), shared_prefix=shared_prefix,
+                                  min_shared_tokens=min_shared_tokens, align=align)
+        segments.extend(tree)
+        shared_tokens.append(shared)
+        n_leaves = sum(1 for s in tree if s.leaf is not None)
+        n_tokens = sum(len(s.tokens) for s in tree)
+        if n_leaves <= max_sequences and n_tokens <= max_tokens:
+            if current.segments and (current_leaves + n_leaves > max_sequences or current_tokens + n_tokens > max_tokens):
+                packs.append(current)
+                current, current_leaves, current_tokens = Pack(), 0, 0
+            current.segments.extend(s.id for s in tree)
+            current_leaves += n_leaves
+            current_tokens += n_tokens
+        elif len(tree) == 1:  # one sequence longer than max_tokens: it runs alone, untruncated
+            packs.append(Pack(segments=[tree[0].id]))
+        else:
+            packs.extend(_subtree_packs(tree, max_sequences=max_sequences, max_tokens=max_tokens))
+    if current.segments:
+        packs.append(current)
+    return Plan(segments, packs, shared_tokens)

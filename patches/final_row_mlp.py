@@ -1,0 +1,55 @@
+"""Decoder layer and text model over a packed forward, with a final-row-only last layer.
+
+In the last decoder layer every token still goes through the token mixer (its K/V and recurrent states may be
+handed to later packs), but only the scored candidates' last rows go through the post-mixer norm, the MLP and
+the final norm: for a pack of T tokens and N candidates, the last MLP does N rows instead of T.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
+
+
+class PackedDecoderLayer(qwen.Qwen3_5DecoderLayer):
+    """``pack=None``: the stock layer. Otherwise ``[T, hidden] -> [T, hidden]`` (or ``[N, hidden]`` when
+    ``final_rows`` is given: the rows kept after the mixer)."""
+
+    def forward(self, hidden_states, *args, pack=None, rotary=None, final_rows=None, **kwargs):
+        if pack is None:
+            return super().forward(hidden_states, *args, **kwargs)
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        if self.block_type == "linear_attention":
+            hidden_states = self.linear_attn(hidden_states, pack=pack)
+        else:
+            hidden_states, _ = self.self_attn(hidden_states, pack=pack, rotary=rotary)
+        hidden_states = residual + hidden_states
+        if final_rows is not None:
+            hidden_states = hidden_states.index_select(0, final_rows)  # [N, hidden]
+        residual = hidden_states
+        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        return residual + hidden_states
+
+
+class PackedTextModel(qwen.Qwen3_5TextModel):
+    """``forward(pack=ctx)`` returns the final-norm hidden states of the pack's scored rows ``[N, hidden]``."""
+
+    def forward(self, *args, pack=None, **kwargs):
+        if pack is None:
+            return super().forward(*args, **kwargs)
+        return packed_text_forward(self, pack)
+
+
+def packed_text_forward(model: qwen.Qwen3_5TextModel, pack) -> torch.Tensor:
+    hidden = model.embed_tokens(pack.input_ids)  # [T, hidden]
+    cos, sin = model.rotary_emb(hidden[None], pack.positions[None])  # [1, T, rotary_dim]
+    rotary = (cos[0], sin[0])
+    layers = model.layers[: model.config.num_hidden_layers]
+    last = len(layers) - 1
+    for i, layer in enumerate(layers):
+        rows = pack.final_rows if (i == last and pack.final_row_mlp) else None
+        hidden = layer(hidden, pack=pack, rotary=rotary, final_rows=rows)
+    if not pack.final_row_mlp:
+        hidden = hidden.index_select(0, pack.final_rows)
+    return model.norm(hidden)  # [N, hidden]

@@ -1,0 +1,182 @@
+"""What one packed forward needs on the device: token layout, per-level varlen metadata, state routing.
+
+Built on the host from a planner ``Pack`` (all host work happens here, before the forward, so the forward
+itself has no host synchronisation). Layout of the pack's tokens: segments grouped by *level* (the number of
+in-pack ancestors), so each level is one contiguous slice and one mixer call per layer::
+
+    [ level 0 segments | level 1 segments | level 2 segments ]
+
+State routing: per layer, a *bank* of states holds row 0 = zeros (no parent), rows 1..E = states handed in
+from earlier packs (``external``), then the final states of each level in order. A segment's initial
+Gated DeltaNet / conv state is ``bank[parent_row]``. For attention, a segment that continues a prefix reads
+that prefix's whole chain of keys (``chain_index`` into ``[external K/V ; this pack's K/V]``): one block per
+parent, shared by all its children, never copied per candidate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hf_openjev.ops.varlen import prepare_varlen_metadata
+
+
+@dataclass
+class SegmentState:
+    """The state after a segment's whole chain, for the packs that continue it (per layer index)."""
+
+    length: int  # tokens in the chain (the position where children start)
+    gdn: dict[int, torch.Tensor] = field(default_factory=dict)  # [Hv, Dk, Dv] fp32
+    conv: dict[int, torch.Tensor] = field(default_factory=dict)  # [C, K]
+    key: dict[int, torch.Tensor] = field(default_factory=dict)  # [length, Hkv, D]
+    value: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class LevelSpec:
+    lo: int
+    hi: int  # token slice [lo, hi) of this level
+    cu_seqlens: torch.Tensor  # [n+1] int32, relative to lo
+    chunk_indices: torch.Tensor  # [C, 2] for the GDN kernel (CUDA)
+    max_seqlen: int
+    parent_rows: torch.Tensor  # [n] int64 rows of the state bank (0 = zero state)
+    has_parents: bool
+    chain_index: torch.Tensor | None = None  # [P] int64 rows of [external K/V ; pack K/V]
+    cu_chain: torch.Tensor | None = None  # [m+1] int32 (block 0 is empty: segments without a parent)
+    chain_of_segment: torch.Tensor | None = None  # [n] int32
+    max_chain: int = 0
+
+
+@dataclass
+class PackContext:
+    """Device-side description of one packed forward (see the module docstring)."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    levels: list[LevelSpec]
+    final_rows: torch.Tensor  # [N] int64: last token of each scored candidate, in ``leaf_ids`` order
+    leaf_ids: list[int]
+    final_row_mlp: bool = True
+    n_external: int = 0
+    external_gdn: dict[int, torch.Tensor] = field(default_factory=dict)  # [E, Hv, Dk, Dv]
+    external_conv: dict[int, torch.Tensor] = field(default_factory=dict)  # [E, C, K]
+    external_key: dict[int, torch.Tensor] = field(default_factory=dict)  # [Pext, Hkv, D]
+    external_value: dict[int, torch.Tensor] = field(default_factory=dict)
+    # exports: segment id -> (bank row, chain token rows of [external ; pack] K/V, chain length)
+    exports: dict[int, tuple[int, torch.Tensor, int]] = field(default_factory=dict)
+    exported: dict[int, SegmentState] = field(default_factory=dict)  # filled during the forward
+
+    def record_recurrent(self, layer: int, gdn_bank: torch.Tensor, conv_bank: torch.Tensor) -> None:
+        for seg, (row, _, length) in self.exports.items():
+            state = self.exported.setdefault(seg, SegmentState(length))
+            state.gdn[layer], state.conv[layer] = gdn_bank[row], conv_bank[row]
+
+    def record_kv(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        for seg, (_, chain, length) in self.exports.items():
+            state = self.exported.setdefault(seg, SegmentState(length))
+            state.key[layer], state.value[layer] = key.index_select(0, chain), value.index_select(0, chain)
+
+
+def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, final_row_mlp: bool = True) -> PackContext:
+    """Lay out ``pack`` (a planner Pack of ``plan``) and route states; ``store`` holds earlier packs' exports."""
+    segments = plan.segments
+    in_pack = set(pack.segments)
+    external = list(pack.external)
+    ext_row = {seg: 1 + i for i, seg in enumerate(external)}
+
+    def level_of(seg_id: int) -> int:
+        parent, level = segments[seg_id].parent, 0
+        while parent is not None and parent in in_pack:
+            level, parent = level + 1, segments[parent].parent
+        return level
+
+    by_level: dict[int, list[int]] = {}
+    for seg_id in pack.segments:
+        by_level.setdefault(level_of(seg_id), []).append(seg_id)
+
+    # external K/V blocks, concatenated in `external` order
+    ext_offset, ext_len = {}, 0
+    for seg in external:
+        ext_offset[seg] = ext_len
+        ext_len += store[seg].length
+
+    token_ids: list[int] = []
+    positions: list[int] = []
+    start_of: dict[int, int] = {}  # pack row of each segment's first token (offset by ext_len in K/V rows)
+    bank_row: dict[int, int] = dict(ext_row)
+    next_row = 1 + len(external)
+    levels: list[LevelSpec] = []
+    chain_rows: dict[int, list[int]] = {}  # rows of [external ; pack] K/V of each segment's whole chain
+
+    def parent_chain(seg_id: int) -> list[int]:
+        parent = segments[seg_id].parent
+        if parent is None:
+            return []
+        if parent in ext_offset:
+            return list(range(ext_offset[parent], ext_offset[parent] + store[parent].length))
+        return chain_rows[parent]
+
+    for level in sorted(by_level):
+        ids = by_level[level]
+        lo = len(token_ids)
+        cu = [0]
+        parent_rows, blocks, block_of_parent, chain_of_segment = [], [[]], {}, []
+        for seg_id in ids:
+            seg = segments[seg_id]
+            start_of[seg_id] = len(token_ids)
+            token_ids.extend(seg.tokens)
+            positions.extend(range(seg.start, seg.end))
+            cu.append(len(token_ids) - lo)
+            parent = seg.parent
+            parent_rows.append(bank_row[parent] if parent is not None else 0)
+            prefix = parent_chain(seg_id)
+            own = [ext_len + start_of[seg_id] + i for i in range(len(seg.tokens))]
+            chain_rows[seg_id] = prefix + own
+            if parent is None:
+                chain_of_segment.append(0)
+            else:
+                if parent not in block_of_parent:
+                    block_of_parent[parent] = len(blocks)
+                    blocks.append(prefix)
+                chain_of_segment.append(block_of_parent[parent])
+        for seg_id in ids:
+            bank_row[seg_id] = next_row
+            next_row += 1
+        meta = prepare_varlen_metadata(cu, device=device)
+        spec = LevelSpec(lo=lo, hi=len(token_ids), cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
+                         max_seqlen=meta.max_seqlen, has_parents=any(r != 0 for r in parent_rows),
+                         parent_rows=torch.tensor(parent_rows, dtype=torch.long, device=device))
+        if spec.has_parents:
+            cu_chain = [0]
+            for block in blocks:
+                cu_chain.append(cu_chain[-1] + len(block))
+            spec.chain_index = torch.tensor([r for b in blocks for r in b], dtype=torch.long, device=device)
+            spec.cu_chain = torch.tensor(cu_chain, dtype=torch.int32, device=device)
+            spec.chain_of_segment = torch.tensor(chain_of_segment, dtype=torch.int32, device=device)
+            spec.max_chain = max(len(b) for b in blocks)
+        levels.append(spec)
+
+    leaf_ids = [s for s in pack.segments if segments[s].leaf is not None]
+    final_rows = [start_of[s] + len(segments[s].tokens) - 1 for s in leaf_ids]
+    ctx = PackContext(
+        input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        levels=levels,
+        final_rows=torch.tensor(final_rows, dtype=torch.long, device=device),
+        leaf_ids=leaf_ids,
+        final_row_mlp=final_row_mlp,
+        n_external=len(external),
+    )
+    if external:
+        first = store[external[0]]
+        for layer in first.gdn:
+            ctx.external_gdn[layer] = torch.stack([store[s].gdn[layer] for s in external])
+            ctx.external_conv[layer] = torch.stack([store[s].conv[layer] for s in external])
+        for layer in first.key:
+            ctx.external_key[layer] = torch.cat([store[s].key[layer] for s in external])
+            ctx.external_value[layer] = torch.cat([store[s].value[layer] for s in external])
+    for seg in pack.export:
+        rows = torch.tensor(chain_rows[seg], dtype=torch.long, device=device)
+        ctx.exports[seg] = (bank_row[seg], rows, segments[seg].end)
+    return ctx

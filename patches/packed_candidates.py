@@ -1,0 +1,108 @@
+"""Packed token mixers: Gated DeltaNet and gated full attention over ``[T, hidden]`` packed candidates.
+
+Subclasses of the stock Qwen3.5 modules. With ``pack=None`` they are the stock modules (``super().forward``);
+with a :class:`~hf_openjev.patches.pack_context.PackContext` they run every level of the pack through the
+``torch.ops.hf_openjev`` kernels, each sequence starting from its parent's state (shared prefix) or zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
+
+import hf_openjev.ops  # noqa: F401 - registers torch.ops.hf_openjev.*
+from hf_openjev.ops.causal_conv import causal_conv1d_packed
+from hf_openjev.ops.gdn_prefill import gdn_prefill
+from hf_openjev.ops.packed_attention import packed_attention, prefix_attention
+
+
+def _bank(zero_row: torch.Tensor, external: torch.Tensor | None) -> list[torch.Tensor]:
+    return [zero_row] if external is None else [zero_row, external]
+
+
+class PackedGatedDeltaNet(qwen.Qwen3_5GatedDeltaNet):
+    """Gated DeltaNet over packed sequences: conv + chunked delta rule per level, fp32 states across prefixes."""
+
+    def forward(self, hidden_states, *args, pack=None, **kwargs):
+        if pack is None:
+            return super().forward(hidden_states, *args, **kwargs)
+        return packed_gated_deltanet(self, hidden_states, pack)
+
+
+def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -> torch.Tensor:
+    """x [T, hidden] -> [T, hidden]."""
+    T = x.shape[0]
+    qkv = m.in_proj_qkv(x)  # [T, 2*Kd + Vd]
+    z = m.in_proj_z(x)  # [T, Vd]
+    beta = m.in_proj_b(x).sigmoid()  # [T, Hv]
+    g = -m.A_log.float().exp() * F.softplus(m.in_proj_a(x).float() + m.dt_bias)  # [T, Hv] fp32
+    conv_weight = m.conv1d.weight.squeeze(1)  # [C, K]
+    layer = m.layer_idx
+    gdn_bank = _bank(x.new_zeros(1, m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32),
+                     pack.external_gdn.get(layer))
+    conv_bank = _bank(qkv.new_zeros(1, m.conv_dim, m.conv_kernel_size), pack.external_conv.get(layer))
+    outputs = []
+    for level in pack.levels:
+        rows = slice(level.lo, level.hi)
+        gdn_init = torch.cat(gdn_bank).index_select(0, level.parent_rows)  # [n, Hv, Dk, Dv]
+        conv_init = torch.cat(conv_bank).index_select(0, level.parent_rows)  # [n, C, K]
+        mixed, conv_final = causal_conv1d_packed(qkv[rows], conv_weight, level.cu_seqlens, conv_init)
+        q, k, v = torch.split(mixed, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
+        n = level.hi - level.lo
+        q = q.reshape(n, m.num_k_heads, m.head_k_dim)
+        k = k.reshape(n, m.num_k_heads, m.head_k_dim)
+        v = v.reshape(n, m.num_v_heads, m.head_v_dim)
+        out, gdn_final = gdn_prefill(q, k, v, g[rows], beta[rows], level.cu_seqlens, gdn_init, level.chunk_indices)
+        outputs.append(out)
+        gdn_bank.append(gdn_final)
+        conv_bank.append(conv_final)
+    if pack.exports:
+        pack.record_recurrent(layer, torch.cat(gdn_bank), torch.cat(conv_bank))
+    core = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # [T, Hv, Dv]
+    core = m.norm(core.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim)).reshape(T, -1)
+    return m.out_proj(core)
+
+
+class PackedAttention(qwen.Qwen3_5Attention):
+    """Gated full attention over packed sequences; continuing sequences read their prefix chain's K/V."""
+
+    def forward(self, hidden_states, *args, pack=None, rotary=None, **kwargs):
+        if pack is None:
+            return super().forward(hidden_states, *args, **kwargs)
+        return packed_gated_attention(self, hidden_states, pack, rotary), None
+
+
+def packed_gated_attention(m: qwen.Qwen3_5Attention, x: torch.Tensor, pack, rotary) -> torch.Tensor:
+    """x [T, hidden], rotary = (cos, sin) [T, rotary_dim] -> [T, hidden]."""
+    T, D = x.shape[0], m.head_dim
+    query, gate = torch.chunk(m.q_proj(x).view(T, -1, 2 * D), 2, dim=-1)  # [T, H, D] each
+    gate = gate.reshape(T, -1)
+    query = m.q_norm(query)
+    key = m.k_norm(m.k_proj(x).view(T, -1, D))  # [T, Hkv, D]
+    value = m.v_proj(x).view(T, -1, D)
+    cos, sin = rotary
+    query, key = qwen.apply_rotary_pos_emb(query, key, cos, sin, unsqueeze_dim=1)
+    layer = m.layer_idx
+    all_key, all_value = key, value
+    if layer in pack.external_key:  # [external chains ; this pack]
+        all_key = torch.cat([pack.external_key[layer], key])
+        all_value = torch.cat([pack.external_value[layer], value])
+    outputs = []
+    for level in pack.levels:
+        rows = slice(level.lo, level.hi)
+        if level.has_parents:
+            out = prefix_attention(query[rows], key[rows], value[rows], level.cu_seqlens,
+                                   all_key.index_select(0, level.chain_index),
+                                   all_value.index_select(0, level.chain_index),
+                                   level.cu_chain, level.chain_of_segment, m.scaling,
+                                   level.max_seqlen, level.max_chain)
+        else:
+            out = packed_attention(query[rows], key[rows], value[rows], level.cu_seqlens, level.cu_seqlens,
+                                   level.max_seqlen, level.max_seqlen, m.scaling)
+        outputs.append(out)
+    if pack.exports:
+        pack.record_kv(layer, all_key, all_value)
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # [T, H, D]
+    out = out.reshape(T, -1) * torch.sigmoid(gate)
+    return m.o_proj(out)
