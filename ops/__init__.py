@@ -1,1 +1,10 @@
-"""GPU kernels registered as ``torch.ops.hf_openjev.*`` custom ops, each with a plain-torch reference."""
+"""GPU kernels registered as ``torch.ops.hf_openjev.*`` custom ops, each with a plain-torch reference.
+
+Importing this package registers every op (torch only: fla and triton are imported lazily inside the CUDA
+kernels, never here).
+"""
+
+from hf_openjev.ops import causal_conv, elementwise, gdn_prefill, packed_attention  # noqa: F401  (registers)
+from hf_openjev.ops.varlen import VarlenMetadata, prepare_varlen_metadata
+
+__all__ = ["VarlenMetadata", "prepare_varlen_metadata"]

@@ -1,0 +1,232 @@
+"""Packed causal attention and shared-prefix attention: ``torch.ops.hf_openjev.{packed,prefix}_attention``.
+
+GQA everywhere: query head h reads kv head h // (H // Hkv). Softmax in fp32, outputs in q.dtype.
+
+packed_attention: sequence i's queries are the LAST len_q(i) positions of its len_k(i) keys (bottom-right
+causal: query t of len_q sees keys 0 .. t + len_k - len_q).
+prefix_attention: sequence i's queries see ALL keys of prefix block prefix_index[i] (rows
+cu_prefix[j]:cu_prefix[j+1] of prefix_k / prefix_v, never copied per sequence) and their own keys causally.
+
+CUDA, bf16/fp16: flash attention 2 inside torch. packed_attention calls
+``torch.nn.attention.varlen.varlen_attn(window_size=(-1, 0), enable_gqa=True)`` when this torch has that API
+(2.13 does), else ``aten._flash_attention_forward(is_causal=True)`` (what varlen_attn wraps; FA2 aligns the
+causal mask bottom-right and handles GQA natively). prefix_attention makes two FA2 calls and merges them by
+log-sum-exp: own keys (causal, cu_seqlens) and prefix keys (non-causal; cu_seqlens_k[i] = cu_prefix[
+prefix_index[i]] as the start offset and seqused_k[i] = the block length, so each sequence reads its block in
+place; FA2 uses only cu_seqlens_k[i] when seqused_k is given). No host sync, no data-dependent shapes.
+CUDA, fp32 (FA2 has no fp32): ``*_masked``: one SDPA over all packed tokens with a device-built boolean mask
+(O(Tq * Tk) memory; for checks, not speed).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# ---------------------------------------------------------------------------------------------- references
+
+
+def _attend(q, k, v, allowed, scale):
+    """q [Lq, H, D]; k, v [Lk, Hkv, D]; allowed [Lq, Lk] bool -> [Lq, H, D] fp32 (explicit softmax)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (x.float().repeat_interleave(group, 1) for x in (k, v))
+    s = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    p = s.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", p, v)
+
+
+def packed_attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=0, max_seqlen_k=0, scale=1.0):
+    """Loop over sequences. q [Tq, H, D]; k, v [Tk, Hkv, D]; cu_seqlens_* [N+1] -> o [Tq, H, D] in q.dtype."""
+    o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for i in range(len(cq) - 1):
+        lq, lk = cq[i + 1] - cq[i], ck[i + 1] - ck[i]
+        if lq > lk:
+            raise ValueError(f"packed_attention: sequence {i} has {lq} queries but only {lk} keys")
+        t = torch.arange(lq, device=q.device)[:, None]
+        allowed = torch.arange(lk, device=q.device)[None, :] <= t + (lk - lq)
+        o[cq[i] : cq[i + 1]] = _attend(q[cq[i] : cq[i + 1]], k[ck[i] : ck[i + 1]], v[ck[i] : ck[i + 1]], allowed, scale)
+    return o.to(q.dtype)
+
+
+def prefix_attention_reference(
+    q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale=1.0, max_seqlen_q=0, max_seqlen_prefix=0
+):
+    """Loop over sequences; keys of sequence i = [its prefix block ; its own keys]. -> o [Tq, H, D] q.dtype."""
+    o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    cu, cp = cu_seqlens.tolist(), cu_prefix.tolist()
+    for i, j in enumerate(prefix_index.tolist()):
+        s, e, ps, pe = cu[i], cu[i + 1], cp[j], cp[j + 1]
+        t = torch.arange(e - s, device=q.device)
+        own = t[None, :] <= t[:, None]
+        allowed = torch.cat([own.new_ones(e - s, pe - ps), own], 1)
+        keys, values = torch.cat([prefix_k[ps:pe], k[s:e]]), torch.cat([prefix_v[ps:pe], v[s:e]])
+        o[s:e] = _attend(q[s:e], keys, values, allowed, scale)
+    return o.to(q.dtype)
+
+
+# ------------------------------------------------------------------- sync-free torch (CUDA fp32, tests on CPU)
+
+
+def _seq_ids(cu: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """(sequence id [n], position in sequence [n]) of packed rows 0..n-1; device ops only."""
+    cu = cu.long()
+    rows = torch.arange(n, device=cu.device)
+    seq = torch.searchsorted(cu[1:].contiguous(), rows, right=True)
+    return seq, rows - cu[seq]
+
+
+def _sdpa(q, k, v, allowed, scale):
+    """q [Tq, H, D]; k, v [Tk, Hkv, D]; allowed [Tq, Tk] -> [Tq, H, D] in q.dtype."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (x.repeat_interleave(group, 1).transpose(0, 1) for x in (k, v))
+    o = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=allowed, scale=scale)
+    return o.transpose(0, 1).contiguous()
+
+
+def packed_attention_masked(q, k, v, cu_seqlens_q, cu_seqlens_k, scale):
+    seq_q, pos_q = _seq_ids(cu_seqlens_q, q.shape[0])
+    seq_k, pos_k = _seq_ids(cu_seqlens_k, k.shape[0])
+    shift = (cu_seqlens_k.diff() - cu_seqlens_q.diff()).long()[seq_q]  # len_k - len_q of each query's sequence
+    allowed = (seq_q[:, None] == seq_k[None, :]) & (pos_k[None, :] <= (pos_q + shift)[:, None])
+    return _sdpa(q, k, v, allowed, scale)
+
+
+def prefix_attention_masked(q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale):
+    """One SDPA over [all prefix keys ; all own keys] (one concatenation of the pools, not per sequence)."""
+    seq, pos = _seq_ids(cu_seqlens, q.shape[0])
+    block, _ = _seq_ids(cu_prefix, prefix_k.shape[0])
+    mine = prefix_index.long()[seq]  # [Tq] prefix block each query reads
+    own = (seq[None, :] == seq[:, None]) & (pos[None, :] <= pos[:, None])  # [Tq, Tq] causal within a sequence
+    allowed = torch.cat([block[None, :] == mine[:, None], own], 1)  # [Tq, P + Tq]
+    return _sdpa(q, torch.cat([prefix_k, k]), torch.cat([prefix_v, v]), allowed, scale)
+
+
+# ---------------------------------------------------------------------------------------------- flash (CUDA)
+
+
+def _flash(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, seqused_k=None):
+    """FA2 varlen forward -> (o [Tq, H, D], lse [H, Tq] fp32; +inf on rows without keys)."""
+    # max_q >= 2: FA2 swaps heads into the query axis when max_q == 1 and drops cu_seqlens_q (breaks N != Tq)
+    out = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu_q.int(), cu_k.int(), max(max_q, 2), max_k, 0.0, causal, False, scale=scale, seqused_k=seqused_k
+    )
+    if out[1].shape != (q.shape[1], q.shape[0]):
+        raise RuntimeError(f"flash attention returned lse {tuple(out[1].shape)}, expected [H, Tq] (torch version?)")
+    return out[0], out[1]
+
+
+_VARLEN_ATTN_FAILED: list[str] = []  # set once varlen_attn refused a call; later calls go straight to aten
+
+
+@functools.cache
+def _varlen_attn_new_api() -> bool:
+    """torch >= 2.13-style varlen_attn (window_size, enable_gqa keywords)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return False
+    return {"enable_gqa", "window_size", "scale"} <= set(inspect.signature(varlen_attn).parameters)
+
+
+def _varlen_causal(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+    if _varlen_attn_new_api() and not _VARLEN_ATTN_FAILED:
+        from torch.nn.attention.varlen import varlen_attn
+
+        try:
+            return varlen_attn(
+                q, k, v, cu_q.int(), cu_k.int(), max_q, max_k, scale=scale, window_size=(-1, 0), enable_gqa=True
+            )
+        except (RuntimeError, ValueError) as exc:  # e.g. a backend without GQA: same FA2 kernel through aten
+            warnings.warn(f"varlen_attn failed ({exc}); using aten._flash_attention_forward from now on")
+            _VARLEN_ATTN_FAILED.append(str(exc))
+    return _flash(q, k, v, cu_q, cu_k, max_q, max_k, True, scale)[0]
+
+
+def prefix_attention_flash(
+    q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale, max_q, max_p, flash=_flash
+):
+    """Own part + prefix part, merged by log-sum-exp (fp32). ``flash`` is swappable for CPU tests."""
+    o_own, lse_own = flash(q, k, v, cu_seqlens, cu_seqlens, max_q, max_q, True, scale)
+    cp, idx = cu_prefix.long(), prefix_index.long()
+    starts = cp[idx]  # [N] offset of each sequence's block in prefix_k
+    cu_k = torch.cat([starts, cp[-1:]])  # only cu_k[i] is read when seqused_k is given
+    used = (cp[idx + 1] - starts).int()
+    o_pre, lse_pre = flash(q, prefix_k, prefix_v, cu_seqlens, cu_k, max_q, max_p, False, scale, seqused_k=used)
+    has = (used > 0)[_seq_ids(cu_seqlens, q.shape[0])[0]][:, None, None]  # [Tq, 1, 1]: its block is not empty
+    lse_own, lse_pre = lse_own.t().unsqueeze(-1), lse_pre.t().unsqueeze(-1)  # [Tq, H, 1]
+    lse_pre = torch.where(has, lse_pre, float("-inf"))  # an empty block contributes nothing (FA2 gives +inf)
+    o_pre = torch.where(has, o_pre, 0)
+    m = torch.maximum(lse_own, lse_pre)
+    w_own, w_pre = (lse_own - m).exp(), (lse_pre - m).exp()
+    o = (w_own * o_own.float() + w_pre * o_pre.float()) / (w_own + w_pre)
+    return o.to(q.dtype)
+
+
+# ------------------------------------------------------------------------------------------------- the ops
+
+
+@torch.library.custom_op("hf_openjev::packed_attention", mutates_args=())
+def packed_attention(
+    q: Tensor,  # [Tq, H, D]
+    k: Tensor,  # [Tk, Hkv, D]
+    v: Tensor,  # [Tk, Hkv, D]
+    cu_seqlens_q: Tensor,  # [N+1]
+    cu_seqlens_k: Tensor,  # [N+1]
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scale: float,
+) -> Tensor:
+    """-> o [Tq, H, D] in q.dtype (bottom-right causal per sequence, GQA)."""
+    return packed_attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
+
+
+@packed_attention.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale):
+    return q.new_empty(q.shape)
+
+
+@packed_attention.register_kernel("cuda")
+def _packed_attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale):
+    if q.dtype == torch.float32:
+        return packed_attention_masked(q, k, v, cu_seqlens_q, cu_seqlens_k, scale)
+    return _varlen_causal(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
+
+
+@torch.library.custom_op("hf_openjev::prefix_attention", mutates_args=())
+def prefix_attention(
+    q: Tensor,  # [Tq, H, D]
+    k: Tensor,  # [Tq, Hkv, D] own keys
+    v: Tensor,  # [Tq, Hkv, D]
+    cu_seqlens: Tensor,  # [N+1]
+    prefix_k: Tensor,  # [P, Hkv, D] all prefix blocks, packed
+    prefix_v: Tensor,  # [P, Hkv, D]
+    cu_prefix: Tensor,  # [M+1]
+    prefix_index: Tensor,  # [N] int: block read by each sequence
+    scale: float,
+    max_seqlen_q: int = 0,  # optional host bounds for FA2's grid; 0 = use Tq / P (still correct, more blocks)
+    max_seqlen_prefix: int = 0,
+) -> Tensor:
+    """-> o [Tq, H, D] in q.dtype."""
+    return prefix_attention_reference(q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale)
+
+
+@prefix_attention.register_fake
+def _(q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale, max_seqlen_q=0, max_seqlen_prefix=0):
+    return q.new_empty(q.shape)
+
+
+@prefix_attention.register_kernel("cuda")
+def _prefix_attention_cuda(
+    q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale, max_seqlen_q=0, max_seqlen_prefix=0
+):
+    if q.dtype == torch.float32:
+        return prefix_attention_masked(q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale)
+    max_q = max_seqlen_q or q.shape[0]
+    max_p = max_seqlen_prefix or max(prefix_k.shape[0], 1)
+    return prefix_attention_flash(q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale, max_q, max_p)

@@ -1,0 +1,148 @@
+"""torch.ops.hf_openjev.causal_conv1d_packed: reference vs stock transformers conv (state prepended) and the
+sync-free torch path; opcheck; compile; GPU (fla with chunk_indices, torch without)."""
+
+import random
+
+import pytest
+import torch
+from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn, causal_conv1d_update
+
+from hf_openjev.ops._checks import capture_replay, conv_inputs, max_errors, random_lengths, split_lengths, to_device
+from hf_openjev.ops.causal_conv import causal_conv1d_packed_reference, causal_conv1d_packed_torch
+
+OP = torch.ops.hf_openjev.causal_conv1d_packed
+C, K = 37, 4
+
+_rng = random.Random(99)
+CONFIGS = [[1], [2, 3, 1], [4, 5, 300], random_lengths(_rng, 5), random_lengths(_rng, 16, hi=40)]
+
+
+def _stock(args):
+    """Per sequence: transformers' causal_conv1d_update = F.conv1d over (state ++ x) + SiLU; state updated."""
+    cu = args["cu_seqlens"].tolist()
+    ys, states = [], []
+    for i in range(len(cu) - 1):
+        x = args["x"][cu[i] : cu[i + 1]].t().unsqueeze(0)  # [1, C, L]
+        state = args["initial_state"][i : i + 1].clone()  # [1, C, K], updated in place
+        ys.append(causal_conv1d_update(x, state, args["weight"], None, "silu")[0].t())
+        states.append(state[0])
+    return torch.cat(ys), torch.stack(states)
+
+
+@pytest.mark.parametrize("state", [False, True])
+@pytest.mark.parametrize("lengths", CONFIGS, ids=lambda ls: f"n{len(ls)}_t{sum(ls)}")
+def test_reference_matches_stock_conv_and_torch_path(lengths, state):
+    args = conv_inputs(lengths, C, K, state=state, seed=len(lengths))
+    y, s = causal_conv1d_packed_reference(**args)
+    y_stock, s_stock = _stock(args)
+    assert y.shape == (sum(lengths), C) and s.shape == (len(lengths), C, K)
+    torch.testing.assert_close(y, y_stock, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s, s_stock, atol=0, rtol=0)
+    y_t, s_t = causal_conv1d_packed_torch(args["x"], args["weight"], args["cu_seqlens"], args["initial_state"])
+    torch.testing.assert_close(y_t, y, atol=1e-6, rtol=1e-6)
+    assert torch.equal(s_t, s)
+
+
+def test_without_state_equals_stock_prefill_conv():
+    args = conv_inputs([9, 130], C, K, state=False, seed=1)
+    y, _ = OP(**args)
+    cu = args["cu_seqlens"].tolist()
+    for i in range(2):
+        x = args["x"][cu[i] : cu[i + 1]].t().unsqueeze(0)
+        torch.testing.assert_close(y[cu[i] : cu[i + 1]], causal_conv1d_fn(x, args["weight"], None, "silu")[0].t())
+
+
+def test_state_is_the_last_k_inputs_and_chains():
+    """Running a sequence in two pieces, passing the final state on, equals running it whole."""
+    args = conv_inputs([150], C, K, state=True, seed=2)
+    y_full, s_full = OP(**args)
+    for cut in (1, 2, 64, 149):
+        a = {**args, "x": args["x"][:cut], "cu_seqlens": torch.tensor([0, cut])}
+        y_a, s_a = OP(**a)
+        b = {**args, "x": args["x"][cut:], "cu_seqlens": torch.tensor([0, 150 - cut]), "initial_state": s_a}
+        y_b, s_b = OP(**b)
+        torch.testing.assert_close(torch.cat([y_a, y_b]), y_full, atol=1e-6, rtol=1e-6)
+        assert torch.equal(s_b, s_full)
+    assert torch.equal(s_full[0], args["x"][-K:].t())
+
+
+def test_zero_length_sequence():
+    args = conv_inputs([3, 4], C, K, state=True, seed=3)
+    args["cu_seqlens"] = torch.tensor([0, 3, 3, 7], dtype=torch.int32)
+    args["initial_state"] = torch.randn(3, C, K)
+    y, s = OP(**args)
+    assert torch.equal(s[1], args["initial_state"][1])
+    y_t, s_t = causal_conv1d_packed_torch(args["x"], args["weight"], args["cu_seqlens"], args["initial_state"])
+    torch.testing.assert_close(y_t, y, atol=1e-6, rtol=1e-6)
+    assert torch.equal(s_t, s)
+
+
+def test_bf16():
+    args = conv_inputs([70, 3], C, K, dtype=torch.bfloat16, seed=4)
+    y, s = OP(**args)
+    assert y.dtype == s.dtype == torch.bfloat16
+    fp32 = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in args.items()}
+    y32, s32 = causal_conv1d_packed_reference(**fp32)
+    torch.testing.assert_close(y.float(), y32, atol=2e-2, rtol=2e-2)
+    assert torch.equal(s.float(), s32)
+
+
+def test_cpu_op_is_the_reference():
+    args = conv_inputs([33, 90, 1], C, K, seed=5)
+    for a, b in zip(OP(**args), causal_conv1d_packed_reference(**args)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("fla", [True, False])
+def test_opcheck(fla):
+    torch.library.opcheck(OP, tuple(conv_inputs([10, 70], C, K, seed=6, fla=fla).values()))
+
+
+def test_compile_fullgraph():
+    args = conv_inputs([20, 65], C, K, seed=7)
+
+    def f(x, weight, cu_seqlens, initial_state, chunk_indices):
+        y, s = OP(x + 1.0, weight, cu_seqlens, initial_state, chunk_indices)
+        return y * 2.0, s
+
+    torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="aot_eager")(**args), f(**args))
+
+
+def test_torch_path_compiles_fullgraph():
+    """The sync-free torch path traces without graph breaks (no data-dependent shapes)."""
+    args = conv_inputs([20, 65, 3], C, K, seed=8, fla=False)
+    args.pop("chunk_indices")
+    out = torch.compile(causal_conv1d_packed_torch, fullgraph=True, backend="aot_eager")(**args)
+    torch.testing.assert_close(out, causal_conv1d_packed_reference(**args), atol=1e-6, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------------- GPU
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # max |err| / max |ref|
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fla", [True, False], ids=["fla", "torch"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("channels", [C, 10240])
+@pytest.mark.parametrize("state", [False, True])
+def test_cuda_matches_reference(channels, dtype, fla, state):
+    lengths = random_lengths(random.Random(channels), 6, hi=700) + [1, 2, 3, 64]
+    args = conv_inputs(lengths, channels, K, dtype=dtype, state=state, seed=9, fla=fla)
+    y, s = OP(**to_device(args, "cuda"))
+    y_ref, s_ref = causal_conv1d_packed_reference(**args)
+    assert y.dtype == s.dtype == dtype
+    assert max_errors(y, y_ref)[1] < TOL[dtype]
+    assert torch.equal(s.cpu(), s_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fla", [True, False], ids=["fla", "torch"])
+def test_cuda_graph_capture_replay(fla):
+    lengths = split_lengths(936, 8, random.Random(0))
+    a = to_device(conv_inputs(lengths, 10240, K, dtype=torch.bfloat16, seed=1, fla=fla), "cuda")
+    b = to_device(conv_inputs(lengths[::-1], 10240, K, dtype=torch.bfloat16, seed=2, fla=fla), "cuda")
+    replayed, eager = capture_replay(OP, a, b)
+    assert max_errors(replayed, eager)[0] == 0.0

@@ -1,0 +1,140 @@
+"""torch.ops.hf_openjev.gdn_prefill: reference vs token recurrence vs stock transformers; opcheck; compile; GPU."""
+
+import random
+
+import pytest
+import torch
+from transformers.models.qwen3_5.modeling_qwen3_5 import (
+    torch_chunk_gated_delta_rule,
+    torch_recurrent_gated_delta_rule,
+)
+
+from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, random_lengths, split_lengths, to_device
+from hf_openjev.ops.gdn_prefill import gdn_prefill_naive, gdn_prefill_reference
+
+OP = torch.ops.hf_openjev.gdn_prefill
+HK, HV, DK, DV = 2, 6, 16, 12  # Hv = 3 * Hk, odd-ish head dims
+
+# a seeded sample of packings (1..16 sequences of 1..300 tokens), not the cross product
+_rng = random.Random(1234)
+CONFIGS = [[1], [64], [65, 1, 128], random_lengths(_rng, 4), random_lengths(_rng, 16, hi=60), random_lengths(_rng, 7)]
+
+
+@pytest.mark.parametrize("state", [False, True])
+@pytest.mark.parametrize("lengths", CONFIGS, ids=lambda ls: f"n{len(ls)}_t{sum(ls)}")
+def test_reference_matches_token_recurrence(lengths, state):
+    args = gdn_inputs(lengths, HK, HV, DK, DV, state=state, seed=len(lengths))
+    o, s = gdn_prefill_reference(**args)
+    o_naive, s_naive = gdn_prefill_naive(**args)
+    assert o.shape == (sum(lengths), HV, DV) and o.dtype == torch.float32
+    assert s.shape == (len(lengths), HV, DK, DV) and s.dtype == torch.float32
+    torch.testing.assert_close(o, o_naive, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s, s_naive, atol=1e-5, rtol=1e-5)
+    assert o.abs().max() > 1e-2  # the check is not vacuous
+
+
+@pytest.mark.parametrize("state", [False, True])
+def test_reference_matches_stock_transformers_per_sequence(state):
+    lengths = [3, 64, 200, 129]
+    args = gdn_inputs(lengths, HK, HV, DK, DV, state=state, seed=7)
+    o, s = gdn_prefill_reference(**args)
+    cu = args["cu_seqlens"].tolist()
+    for i in range(len(lengths)):
+        sl = slice(cu[i], cu[i + 1])
+        per_seq = [args[n][sl].unsqueeze(0) for n in ("q", "k", "v", "g", "beta")]
+        h0 = args["initial_state"][i : i + 1]
+        for stock in (torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule):
+            o_ref, s_ref = stock(
+                *per_seq, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True
+            )
+            torch.testing.assert_close(o[sl], o_ref[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(s[i], s_ref[0], atol=1e-5, rtol=1e-5)
+
+
+def test_state_carried_across_a_64_token_split_equals_the_full_sequence():
+    full = gdn_inputs([200], HK, HV, DK, DV, state=True, seed=3)
+    o_full, s_full = gdn_prefill_reference(**full)
+    head = {**full, **{n: full[n][:128] for n in ("q", "k", "v", "g", "beta")}, "cu_seqlens": torch.tensor([0, 128])}
+    o_head, s_head = gdn_prefill_reference(**head)
+    tail = {**full, **{n: full[n][128:] for n in ("q", "k", "v", "g", "beta")}, "cu_seqlens": torch.tensor([0, 72])}
+    o_tail, s_tail = gdn_prefill_reference(**{**tail, "initial_state": s_head})
+    torch.testing.assert_close(torch.cat([o_head, o_tail]), o_full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s_tail, s_full, atol=1e-5, rtol=1e-5)
+
+
+def test_zero_length_sequence_keeps_its_state():
+    args = gdn_inputs([5, 7], HK, HV, DK, DV, state=True, seed=5)
+    args["cu_seqlens"] = torch.tensor([0, 5, 5, 12], dtype=torch.int32)
+    h0 = args["initial_state"]
+    args["initial_state"] = torch.cat([h0[:1], torch.randn(1, HV, DK, DV), h0[1:]])
+    o, s = OP(**args)
+    torch.testing.assert_close(s[1], args["initial_state"][1])
+    o_naive, s_naive = gdn_prefill_naive(**args)
+    torch.testing.assert_close(o, o_naive, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_inputs_output_in_q_dtype():
+    args = gdn_inputs([70, 5], HK, HV, DK, DV, dtype=torch.bfloat16, seed=11)
+    o, s = OP(**args)
+    o_naive, s_naive = gdn_prefill_naive(**args)
+    assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
+    torch.testing.assert_close(o.float(), o_naive.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(s, s_naive, atol=1e-4, rtol=1e-4)
+
+
+def test_cpu_op_is_the_reference():
+    args = gdn_inputs([33, 90, 1], HK, HV, DK, DV, seed=2)
+    for a, b in zip(OP(**args), gdn_prefill_reference(**args)):
+        assert torch.equal(a, b)
+
+
+def test_opcheck():
+    torch.library.opcheck(OP, tuple(gdn_inputs([10, 70], HK, HV, DK, DV, seed=4).values()))
+
+
+def test_compile_fullgraph():
+    args = gdn_inputs([20, 65], HK, HV, DK, DV, seed=6)
+
+    def f(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices):
+        o, s = OP(q * 2.0, k, v, g, beta, cu_seqlens, initial_state, chunk_indices)
+        return o + 1.0, s
+
+    out = torch.compile(f, fullgraph=True, backend="aot_eager")(**args)
+    ref = f(**args)
+    torch.testing.assert_close(out, ref)
+
+
+def test_bad_shapes_raise():
+    args = gdn_inputs([10], HK, HV, DK, DV)
+    with pytest.raises(ValueError):
+        OP(**{**args, "initial_state": args["initial_state"][:, :-1]})
+
+
+# ------------------------------------------------------------------------------------------------------- GPU
+
+GPU_SHAPES = {"small": (2, 6, 32, 48), "27b": (16, 48, 128, 128)}
+TOL = {torch.float32: 5e-3, torch.bfloat16: 3e-2}  # max |err| / max |ref|
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", list(GPU_SHAPES))
+@pytest.mark.parametrize("state", [False, True])
+def test_cuda_matches_reference(shape, dtype, state):
+    lengths = random_lengths(random.Random(shape + str(state)), 6, hi=700) + [1, 64]
+    args = gdn_inputs(lengths, *GPU_SHAPES[shape], dtype=dtype, state=state, seed=9)
+    o, s = OP(**to_device(args, "cuda"))
+    o_ref, s_ref = gdn_prefill_reference(**args)
+    assert o.dtype == dtype and s.dtype == torch.float32
+    assert max_errors(o, o_ref)[1] < TOL[dtype] and max_errors(s, s_ref)[1] < TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_capture_replay():
+    lengths = split_lengths(936, 8, random.Random(0))
+    a = to_device(gdn_inputs(lengths, 16, 48, 128, 128, dtype=torch.bfloat16, seed=1), "cuda")
+    b = to_device(gdn_inputs(lengths[::-1], 16, 48, 128, 128, dtype=torch.bfloat16, seed=2), "cuda")
+    replayed, eager = capture_replay(OP, a, b)
+    assert max_errors(replayed, eager)[0] == 0.0
