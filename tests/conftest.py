@@ -1,0 +1,94 @@
+"""Shared fixtures: one tiny random Open-Jev checkpoint per test session, loaded once in fp32 on CPU.
+
+``tiny_checkpoint`` holds the paths (base, package, merged export) of a checkpoint built by
+``hf_openjev.tiny.build_tiny_checkpoint``; ``tiny_model`` is its merged export loaded as a ``JevModel`` (fp32,
+CPU). Tests must not mutate ``tiny_model`` (dtype, device, weights): load a private copy instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_openjev
+from hf_openjev.tiny import TinyCheckpoint, build_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> TinyCheckpoint:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_checkpoint) -> hf_openjev.JevModel:
+    model = hf_openjev.load_export(tiny_checkpoint.export, dtype="float32", device="cpu")
+    assert model.dtype == torch.float32 and model.device.type == "cpu"
+    return model
+
+
+# --- independent re-implementations used as oracles (written from the spec, not from hf_openjev) ----------------
+
+# contract §3: one user turn of the Qwen3.5 chat template, thinking disabled, generation prompt added.
+QWEN_CHAT_PREFIX = "<|im_start|>user\n"
+QWEN_CHAT_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def _spec_render(value) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def spec_prompts(request: dict) -> dict[str, list[str]]:
+    """Contract §3, re-derived: question id -> candidate prompts (without chat halves), in request order."""
+    state = _spec_render(request["state"])
+    out: dict[str, list[str]] = {}
+    for qid, q in request["questions"].items():
+        text = _spec_render(q["instructions"])
+        if q["type"] == "noul" and q.get("criteria") is not None:
+            text += "\nYes means: " + _spec_render(q["criteria"]["true"]) + "\nNo means: " + _spec_render(
+                q["criteria"]["false"])
+        head = "Context:\n" + state + "\n\nQuestion: " + text + "\n"
+        tail = "\nIs this proposed answer correct? Answer Yes or No."
+        if q["type"] == "choice":
+            options = [k if d is None else k + ": " + _spec_render(d) for k, d in q["criteria"].items()]
+            out[qid] = [head + "Proposed answer: " + o + tail for o in options]
+        elif q["type"] == "score":
+            out[qid] = [head + "Proposed answer: " + _spec_render(level) + tail for level in q["criteria"]]
+        else:
+            out[qid] = [head + "Is the answer to this question yes? Answer Yes or No."]
+    return out
+
+
+@torch.no_grad()
+def independent_score(model, ids: list[int]) -> float:
+    """One unpadded sequence alone: the backbone's final-norm output at the last token -> fp32 head (float64 sum)."""
+    captured = []
+    handle = model.backbone.norm.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    try:
+        out = model.backbone(input_ids=torch.tensor([ids], device=model.device), use_cache=False)
+    finally:
+        handle.remove()
+    assert len(captured) == 1, "the final norm must run exactly once per forward"
+    # the final norm is already applied in last_hidden_state: the head reads it as is
+    assert torch.equal(out.last_hidden_state, captured[0])
+    h = captured[0][0, -1].double()
+    w = model.head.weight.detach().double().reshape(-1)
+    return float(h @ w + model.head.bias.detach().double()[0])
+
+
+def spec_softmax(scores, temperature):
+    import math
+
+    top = max(scores)
+    e = [math.exp((s - top) / temperature) for s in scores]
+    return [x / sum(e) for x in e]
+
+
+@pytest.fixture(scope="session")
+def spec():
+    """The oracles above, for test files that prefer a fixture to importing conftest."""
+    import types
+
+    return types.SimpleNamespace(prefix=QWEN_CHAT_PREFIX, suffix=QWEN_CHAT_SUFFIX, prompts=spec_prompts,
+                                 score=independent_score, softmax=spec_softmax)

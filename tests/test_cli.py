@@ -1,0 +1,76 @@
+"""hf_openjev.cli: the ``hf-openjev`` command line (demo here; export/eval/serve are tested in their own files)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_openjev import cli
+from hf_openjev.manifest import MANIFEST_NAME
+
+
+def _stamp(root: Path) -> dict:
+    return {p.relative_to(root): (p.stat().st_mtime_ns, p.stat().st_ino) for p in root.rglob("*") if p.is_file()}
+
+
+def test_build_parser_knows_every_subcommand():
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert list(sub.choices) == ["demo", "export", "eval", "serve"]
+    args = parser.parse_args(["demo", "--cache-dir", "/x", "--device", "cpu", "--dtype", "bfloat16"])
+    assert (args.command, args.cache_dir, args.device, args.dtype) == ("demo", "/x", "cpu", "bfloat16")
+    assert parser.parse_args(["demo"]).dtype == "float32"
+
+
+def test_no_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([])
+    assert info.value.code == 2
+    assert "usage: hf-openjev" in capsys.readouterr().err
+
+
+def test_demo_prints_responses_and_reuses_the_cache(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    assert cli.main(["demo", "--cache-dir", str(cache), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "The weights are RANDOM" in out
+    for kind in ("choice", "score", "noul"):
+        assert f'"type": "{kind}"' in out
+    assert '"model": "open-jev/tiny-random"' in out
+    assert (cache / "export" / MANIFEST_NAME).is_file()
+    stamp = _stamp(cache)
+
+    assert cli.main(["demo", "--cache-dir", str(cache), "--device", "cpu"]) == 0
+    again = capsys.readouterr().out
+    assert _stamp(cache) == stamp  # nothing rebuilt or rewritten
+    strip = [line for line in out.splitlines() if "inference_seconds" not in line]
+    assert [line for line in again.splitlines() if "inference_seconds" not in line] == strip
+
+
+def test_demo_reports_a_broken_cache_as_an_error(tmp_path, capsys, tiny_checkpoint):
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny_checkpoint.root, cache)
+    manifest = cache / "export" / MANIFEST_NAME
+    data = json.loads(manifest.read_text())
+    data["format"] = "something-else/9"
+    manifest.write_text(json.dumps(data))
+    assert cli.main(["demo", "--cache-dir", str(cache), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("hf-openjev demo: error: ")]
+    assert len(errors) == 1, err
+    assert errors[0].endswith("unknown format 'something-else/9'; this version reads 'open-jev-text-merged/1'")
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).with_name("hf-openjev")
+    assert script.is_file()
+    out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: hf-openjev")
+    for name in ("demo", "export", "eval", "serve"):
+        assert name in out.stdout

@@ -1,0 +1,76 @@
+"""hf_openjev.demo: build the tiny checkpoint once, answer requests of every kind, say the weights are random."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_openjev.demo import DEMO_REQUESTS, run_demo
+from hf_openjev.tiny import TINY_MODEL_ID
+
+
+def _json_blocks(text: str) -> list[dict]:
+    """Every top-level JSON object printed in ``text``."""
+    decoder, blocks, i = json.JSONDecoder(), [], 0
+    while (start := text.find("{", i)) != -1:
+        obj, end = decoder.raw_decode(text, start)
+        blocks.append(obj)
+        i = end
+    return blocks
+
+
+def test_demo_requests_cover_every_kind():
+    kinds = {q["type"] for r in DEMO_REQUESTS for q in r["questions"].values()}
+    assert kinds == {"choice", "score", "noul"}
+
+
+def test_demo_prints_every_kind_and_says_weights_are_random(tmp_path):
+    lines: list[str] = []
+    responses = run_demo(cache_dir=tmp_path / "cache", device="cpu", print_fn=lines.append)
+    text = "\n".join(lines)
+    assert "RANDOM" in text or "random" in text
+    assert "weights are RANDOM" in text
+    assert str(tmp_path / "cache" / "export") in text
+    assert len(responses) == len(DEMO_REQUESTS) == 2
+    assert _json_blocks(text) == responses  # what is printed is what is returned
+    kinds = [a["type"] for r in responses for a in r["answers"].values()]
+    assert kinds == ["choice", "score", "noul", "noul"]
+    for request, response in zip(DEMO_REQUESTS, responses):
+        assert response["model"] == TINY_MODEL_ID
+        assert list(response["answers"]) == list(request["questions"])
+        assert response["usage"]["input_tokens"] > 0 and response["usage"]["output_tokens"] == 0
+        assert response["metadata"]["method"] == "reference"
+    intent = responses[0]["answers"]["intent"]
+    assert list(intent["probabilities"]) == ["track_order", "cancel_order", "billing_question"]
+    assert abs(sum(intent["probabilities"].values()) - 1.0) < 1e-12
+
+
+def test_demo_cache_dir_defaults(tmp_path, monkeypatch):
+    """Without --cache-dir the demo builds under $HF_OPENJEV_CACHE/tiny-demo (or ~/.cache/hf_openjev/tiny-demo)."""
+    import hf_openjev.tiny as tiny
+    from hf_openjev.tiny import default_cache_dir
+
+    roots = []
+
+    class Stop(Exception):
+        pass
+
+    def record(root, **_kwargs):
+        roots.append(root)
+        raise Stop
+
+    monkeypatch.setattr(tiny, "build_tiny_checkpoint", record)
+    monkeypatch.setenv("HF_OPENJEV_CACHE", str(tmp_path / "env-cache"))
+    assert default_cache_dir() == tmp_path / "env-cache"
+    with pytest.raises(Stop):
+        run_demo(device="cpu", print_fn=lambda *_: None)
+    monkeypatch.delenv("HF_OPENJEV_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "hf_openjev"
+    with pytest.raises(Stop):
+        run_demo(device="cpu", print_fn=lambda *_: None)
+    with pytest.raises(Stop):
+        run_demo(cache_dir=str(tmp_path / "given"), device="cpu", print_fn=lambda *_: None)
+    assert roots == [tmp_path / "env-cache" / "tiny-demo", tmp_path / "home" / ".cache" / "hf_openjev" / "tiny-demo",
+                     tmp_path / "given"]
