@@ -1,0 +1,286 @@
+"""Cross-request batching: concurrent requests share forwards; one worker thread owns the model.
+
+The server validates and tokenizes each request first (:func:`hf_openjev.scoring.prepare_request`), then hands
+the :class:`~hf_openjev.scoring.PreparedRequest` to :meth:`Batcher.submit`. One worker thread (torch is not
+safe for concurrent forwards on one model) takes the waiting requests in arrival order, as many as fit a token
+budget (``max_batch_tokens``, counted as unpadded input tokens; a request bigger than the budget runs alone), waiting
+at most ``max_wait_ms`` after the oldest one arrived for company (and only while ``company_hint()`` says more
+requests are on their way, when the server gives one: a lone request does not wait), scores the group with ONE call of
+:func:`hf_openjev.scoring.score_prepared` and splits the scores back per request. Every candidate is an
+independent sequence, so an answer does not depend on the requests it was batched with (beyond floating-point
+rounding of differently shaped kernels).
+
+Failures: if scoring a group raises, every request of that group gets
+:class:`~hf_openjev.errors.InferenceError` (the server answers 500 ``model inference failed``); nothing partial
+is returned. Admission is bounded: when ``max_queue`` requests are waiting, :meth:`submit` raises
+:class:`QueueFull` at once (the server answers 503 with ``Retry-After``). After :meth:`close` it raises
+:class:`BatcherClosed`; requests already admitted are still answered (drain) before the worker stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .errors import InferenceError
+
+__all__ = ["BatchOutcome", "Batcher", "BatcherClosed", "QueueFull"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_QUEUE = 256
+DEFAULT_MAX_BATCH_TOKENS = 4096 * 4
+DEFAULT_MAX_WAIT_MS = 5.0
+
+
+class QueueFull(RuntimeError):
+    """The admission queue already holds ``max_queue`` requests."""
+
+
+class BatcherClosed(RuntimeError):
+    """The batcher no longer admits requests (the server is shutting down)."""
+
+
+@dataclass
+class BatchOutcome:
+    """The scores of one request, split back from the forward it shared."""
+
+    scores: list[list[float]]  # per question, per candidate
+    seconds: float  # scoring time of the whole group
+    prefix_cache: dict
+    method: str  # "fast" or "reference"
+    batch_requests: int  # requests in the group (this one included)
+    batch_tokens: int  # unpadded input tokens of the group
+    queue_seconds: float  # from submit to the start of the group's forward
+
+
+@dataclass
+class _Item:
+    prepared: object
+    tokens: int
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+def _default_score_fn(model, prepared, *, fast):
+    from .scoring import score_prepared
+
+    return score_prepared(model, prepared, fast=fast)
+
+
+def _method(model, fast) -> str:
+    try:
+        from .scoring import use_fast_path
+
+        return "fast" if use_fast_path(model, fast) else "reference"
+    except Exception:  # noqa: BLE001 - a stand-in model in tests
+        return "fast" if fast else "reference"
+
+
+class Batcher:
+    """Groups prepared requests under a token budget and a maximum wait; scores each group on one worker thread.
+
+    ``score_fn(model, [prepared, ...], fast=fast)`` must return an object with ``scores`` (per request),
+    ``seconds`` and ``prefix_cache`` (per request), like :func:`hf_openjev.scoring.score_prepared` (the default).
+    """
+
+    def __init__(self, model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+                 max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None,
+                 score_fn: Callable | None = None, company_hint: Callable[[], int] | None = None,
+                 name: str = "jev-batcher"):
+        if max_queue < 1:
+            raise ValueError("max_queue must be at least 1")
+        if max_batch_tokens < 1:
+            raise ValueError("max_batch_tokens must be at least 1")
+        if max_wait_ms < 0:
+            raise ValueError("max_wait_ms must be >= 0")
+        self.model = model
+        self.max_queue = int(max_queue)
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.max_wait_s = float(max_wait_ms) / 1000.0
+        self.fast = fast
+        self.method = _method(model, fast)
+        self._score_fn = score_fn or _default_score_fn
+        self._company_hint = company_hint
+        self._name = name
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._in_flight = 0  # requests taken by the worker and not yet resolved
+        self._thread: threading.Thread | None = None
+        # counters (read by /health)
+        self.groups = 0
+        self.requests = 0
+        self.failures = 0
+
+    # -- state -----------------------------------------------------------------------------------------------
+    @property
+    def waiting(self) -> int:
+        """Requests admitted and not yet taken by the worker."""
+        return len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests the worker is scoring now."""
+        return self._in_flight
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> dict:
+        return {"waiting": self.waiting, "in_flight": self.in_flight, "max_queue": self.max_queue,
+                "max_batch_tokens": self.max_batch_tokens, "max_wait_ms": self.max_wait_s * 1000.0,
+                "groups": self.groups, "requests": self.requests, "failures": self.failures}
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is not None or self._closed:
+                return
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def close(self, *, timeout: float | None = None) -> bool:
+        """Stop admitting; let the worker answer every admitted request; join it. True if it stopped in time."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is None:
+            self._fail_waiting(BatcherClosed("the server is shutting down"))
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    async def aclose(self, *, timeout: float | None = None) -> bool:
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: self.close(timeout=timeout))
+
+    # -- admission -------------------------------------------------------------------------------------------
+    async def submit(self, prepared) -> BatchOutcome:
+        """Queue one prepared request and wait for its scores.
+
+        Raises :class:`QueueFull` or :class:`BatcherClosed` at once when it cannot be admitted, and
+        :class:`~hf_openjev.errors.InferenceError` when the forward of its group failed.
+        """
+        loop = asyncio.get_running_loop()
+        item = _Item(prepared, int(getattr(prepared, "input_tokens", 1)), loop.create_future(), loop)
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed("the server is shutting down")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(f"{len(self._queue)} requests are waiting (max_queue={self.max_queue})")
+            self._queue.append(item)
+            self._cond.notify_all()
+        self.start()
+        return await item.future
+
+    # -- worker ----------------------------------------------------------------------------------------------
+    def _fits(self) -> tuple[int, bool]:
+        """How many queued requests (FIFO) form the next group, and whether the budget is exhausted."""
+        total = 0
+        count = 0
+        for item in self._queue:
+            if count and total + item.tokens > self.max_batch_tokens:
+                return count, True
+            total += item.tokens
+            count += 1
+            if total >= self.max_batch_tokens:
+                return count, True
+        return count, False
+
+    def _company_coming(self) -> bool:
+        """Whether waiting can pay off: without a hint, always; with one, only while requests are on their way."""
+        if self._company_hint is None:
+            return True
+        try:
+            return self._company_hint() > 0
+        except Exception:  # noqa: BLE001
+            return True
+
+    def _take_group(self) -> list[_Item] | None:
+        with self._cond:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._cond.wait()
+            while True:
+                count, full = self._fits()
+                if full or self._closed or not self._company_coming():
+                    break
+                remaining = self._queue[0].enqueued + self.max_wait_s - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            group = [self._queue.popleft() for _ in range(count)]
+            self._in_flight += len(group)
+            return group
+
+    def _run(self) -> None:
+        while True:
+            group = self._take_group()
+            if group is None:
+                return
+            try:
+                self._score_group(group)
+            finally:
+                with self._cond:
+                    self._in_flight -= len(group)
+                    self._cond.notify_all()
+
+    def _score_group(self, group: list[_Item]) -> None:
+        live = [item for item in group if not item.future.cancelled()]
+        if not live:
+            return
+        started = time.monotonic()
+        try:
+            result = self._score_fn(self.model, [item.prepared for item in live], fast=self.fast)
+            scores = list(result.scores)
+            caches = list(result.prefix_cache) or [{"enabled": False, "mode": "none", "shared_tokens": 0}] * len(live)
+            if len(scores) != len(live) or len(caches) != len(live):
+                raise InferenceError(f"the scorer returned {len(scores)} results for {len(live)} requests")
+        except Exception as exc:  # noqa: BLE001 - contract §2: any failure inside inference is a 500 for the group
+            self.failures += 1
+            logger.error("scoring a group of %d requests failed: %s", len(live), exc,
+                         exc_info=not isinstance(exc, InferenceError))
+            error = exc if isinstance(exc, InferenceError) else InferenceError(f"model inference failed: {exc}")
+            for item in live:
+                self._resolve(item, error=error)
+            return
+        self.groups += 1
+        self.requests += len(live)
+        tokens = sum(item.tokens for item in live)
+        for item, item_scores, cache in zip(live, scores, caches):
+            outcome = BatchOutcome(scores=item_scores, seconds=float(result.seconds), prefix_cache=cache,
+                                   method=self.method, batch_requests=len(live), batch_tokens=tokens,
+                                   queue_seconds=max(0.0, started - item.enqueued))
+            self._resolve(item, outcome=outcome)
+
+    @staticmethod
+    def _resolve(item: _Item, *, outcome: BatchOutcome | None = None, error: BaseException | None = None) -> None:
+        def settle() -> None:
+            if item.future.done():  # cancelled: the client went away
+                return
+            if error is not None:
+                item.future.set_exception(error)
+            else:
+                item.future.set_result(outcome)
+
+        try:
+            item.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the event loop is closed; nobody is waiting any more
+            pass
+
+    def _fail_waiting(self, error: BaseException) -> None:
+        with self._cond:
+            items = list(self._queue)
+            self._queue.clear()
+        for item in items:
+            self._resolve(item, error=error)
+

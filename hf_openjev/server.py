@@ -1,0 +1,502 @@
+"""``hf-openjev serve``: a Jev-compatible HTTP server (Starlette on uvicorn) over a merged export.
+
+Routes (contract §7):
+
+* ``POST /v1/systemone`` (and its alias ``POST /v1/inference``): one decision request -> the response of
+  contract §6, with ``metadata.request_id`` and the batch it shared;
+* ``GET /v1/models``: the served names, both as ``{"object": "list", "data": [{"id", "object", ...}]}``
+  (OpenAI style) and as ``{"models": [{"name", "description", "release_date"}]}`` (what the TypeSafe SDK reads);
+* ``GET /health``: ``{"status": "ok", ...}`` (503 ``{"status": "draining"}`` during shutdown).
+
+A request goes through, in this order (contract §2; the first error wins):
+
+1. ``Content-Type`` must be ``application/json`` (case-insensitive, parameters ignored) -> 415;
+2. the body is read with a hard 4 MiB cap (a larger ``Content-Length`` is refused before reading) -> 413;
+   ``Content-Encoding`` gzip/deflate (and zstd where a decoder is installed) is decoded under the same cap;
+3. strict JSON (:mod:`hf_openjev.strict_json`) and validation + tokenization
+   (:func:`hf_openjev.scoring.prepare_request`), off the event loop -> 422;
+4. admission to the :class:`~hf_openjev.batcher.Batcher`: a full queue -> 503 ``server is busy`` with
+   ``Retry-After``; during shutdown -> 503 ``server is shutting down``;
+5. scoring, shared with concurrent requests; a failure -> 500 ``model inference failed`` (nothing partial).
+
+So invalid input always gets a 4xx, never a 5xx. Every error body is
+``{"error": msg, "detail": [{"msg": msg, "type": ..., "loc": [...]}]}``, which Open-Jev clients (``error``) and
+FastAPI-style clients (``detail``) both read. Each request has an id (the client's ``X-Request-Id`` when it is
+sane, else a fresh one): it is logged, returned in ``X-Request-Id`` and ``x-typesafe-request-id`` and put in
+``metadata.request_id``.
+
+Shutdown (SIGINT/SIGTERM under uvicorn) is graceful: uvicorn stops accepting connections and waits for the
+responses in progress; then the lifespan handler refuses new work (503), waits for in-flight requests, lets the
+batcher answer every admitted request and stops its worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import logging
+import re
+import threading
+import time
+import uuid
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from . import contract
+from .batcher import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS, Batcher, BatcherClosed,
+                      QueueFull)
+from .errors import InferenceError, RequestError
+from .strict_json import MSG_INVALID_JSON, dumps, loads_strict
+
+__all__ = ["MAX_BODY_BYTES", "add_arguments", "create_app", "run", "serve"]
+
+logger = logging.getLogger("hf_openjev.server")
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+DISCARD_LIMIT_BYTES = 64 * 1024 * 1024  # a refused body is read and dropped up to this, so the client sees the answer
+DISCARD_SECONDS = 5.0  # ... and for at most this long
+MSG_CONTENT_TYPE = "Content-Type must be application/json"
+MSG_TOO_LARGE = "request body size is outside server limits"
+MSG_BUSY = "server is busy"
+MSG_SHUTTING_DOWN = "server is shutting down"
+MSG_INFERENCE = "model inference failed"
+MSG_INTERNAL = "internal server error"
+REQUEST_ID_HEADER = "X-Request-Id"
+TYPESAFE_REQUEST_ID_HEADER = "x-typesafe-request-id"
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+_POST_PATHS = ("/v1/systemone", "/v1/inference")
+
+
+class HTTPError(Exception):
+    """An error response: status, message, a machine-readable type and the location of the problem."""
+
+    def __init__(self, status: int, message: str, *, type: str, loc: list | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.loc = loc if loc is not None else ["body"]
+        self.headers = headers or {}
+
+
+def error_body(message: str, *, type: str, loc: list) -> dict:
+    """``{"error": msg, "detail": [{"msg": msg, "type": ..., "loc": [...]}]}`` (contract §7)."""
+    return {"error": message, "detail": [{"msg": message, "type": type, "loc": list(loc)}]}
+
+
+def _json_response(payload, status: int = 200, headers: dict | None = None) -> Response:
+    body = payload if isinstance(payload, bytes) else dumps(payload)
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def _request_id(request: Request) -> str:
+    given = request.headers.get(REQUEST_ID_HEADER)
+    if given and _REQUEST_ID_RE.fullmatch(given):
+        return given
+    return uuid.uuid4().hex
+
+
+def _id_headers(request_id: str) -> dict:
+    return {REQUEST_ID_HEADER: request_id, TYPESAFE_REQUEST_ID_HEADER: request_id}
+
+
+def _is_json_media_type(value: str | None) -> bool:
+    return value is not None and value.split(";", 1)[0].strip().lower() == "application/json"
+
+
+def _error_loc(message: str, obj) -> list:
+    """Where a contract §2 error points to, FastAPI style (``["body", field, ...]``)."""
+    if message.startswith(MSG_INVALID_JSON) or message == contract.MSG_NOT_OBJECT:
+        return ["body"]
+    if message == contract.MSG_MODEL:
+        return ["body", "model"]
+    if message in (contract.MSG_STATE_MISSING, contract.MSG_STATE_TYPE):
+        return ["body", "state"]
+    questions = obj.get("questions") if isinstance(obj, dict) else None
+    if not isinstance(questions, dict) or message in (contract.MSG_QUESTIONS_TYPE, contract.MSG_QUESTIONS_COUNT,
+                                                      contract.MSG_CANDIDATES):
+        return ["body", "questions"]
+    for qid in questions:  # max_length: "question <id>: <n> tokens exceeds ..."
+        if message.startswith(f"question {qid}: "):
+            return ["body", "questions", qid]
+    for qid, question in questions.items():  # the first question that fails on its own with this message
+        try:
+            contract.parse_request({"state": "", "questions": {qid: question}})
+        except RequestError as exc:
+            if exc.message == message:
+                return ["body", "questions", qid]
+    return ["body", "questions"]
+
+
+def _zstd_decompressor():
+    try:
+        from compression import zstd  # Python 3.14+
+    except ImportError:
+        try:
+            from backports import zstd  # the typesafe-sdk[zstd] extra
+        except ImportError:
+            return None
+    return zstd.ZstdDecompressor
+
+
+def _decode_content(body: bytes, encoding_header: str | None) -> bytes:
+    """Undo ``Content-Encoding`` (gzip, deflate, zstd when available) without ever holding more than 4 MiB."""
+    codings = [c.strip().lower() for c in (encoding_header or "").split(",") if c.strip()]
+    for coding in reversed(codings):
+        if coding == "identity":
+            continue
+        if coding in ("gzip", "x-gzip", "deflate"):
+            wbits = 31 if coding != "deflate" else 15
+            try:
+                decoder = zlib.decompressobj(wbits)
+                out = decoder.decompress(body, MAX_BODY_BYTES + 1)
+                if len(out) > MAX_BODY_BYTES:
+                    raise HTTPError(413, MSG_TOO_LARGE, type="request_too_large")
+                if not decoder.eof:
+                    raise zlib.error("truncated stream")
+            except zlib.error as exc:
+                raise HTTPError(422, f"{MSG_INVALID_JSON}: the body is not valid {coding} data ({exc})",
+                                type="json_invalid") from None
+            body = out
+        elif coding == "zstd":
+            factory = _zstd_decompressor()
+            if factory is None:
+                raise HTTPError(415, "Content-Encoding zstd is not supported by this server "
+                                     "(install backports.zstd on Python < 3.14)",
+                                type="unsupported_media_type", loc=["header", "content-encoding"])
+            try:
+                decoder = factory()
+                out = decoder.decompress(body, max_length=MAX_BODY_BYTES + 1)
+                if len(out) > MAX_BODY_BYTES:
+                    raise HTTPError(413, MSG_TOO_LARGE, type="request_too_large")
+                if not decoder.eof:
+                    raise ValueError("truncated stream")
+            except HTTPError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - ZstdError or ValueError
+                raise HTTPError(422, f"{MSG_INVALID_JSON}: the body is not valid zstd data ({exc})",
+                                type="json_invalid") from None
+            body = out
+        else:
+            raise HTTPError(415, f"Content-Encoding {coding!r} is not supported", type="unsupported_media_type",
+                            loc=["header", "content-encoding"])
+    return body
+
+
+async def _discard_body(request: Request, already: int = 0) -> None:
+    """Read and drop the rest of a refused body, so that the client gets to read the error.
+
+    Bounded in bytes (:data:`DISCARD_LIMIT_BYTES`) and time (:data:`DISCARD_SECONDS`); past either, the error is
+    sent anyway and uvicorn closes the connection. A client waiting for ``100 Continue`` has sent nothing yet, and
+    a declared length past the byte bound will not be read: both get the error at once.
+    """
+    if request.headers.get("expect", "").lower() == "100-continue":
+        return
+    with contextlib.suppress(ValueError, TypeError):
+        if int(request.headers.get("content-length")) > DISCARD_LIMIT_BYTES:
+            return
+
+    async def drain() -> None:
+        seen = already
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > DISCARD_LIMIT_BYTES:
+                return
+
+    with contextlib.suppress(ClientDisconnect, RuntimeError, asyncio.TimeoutError):  # gone, consumed, too slow
+        await asyncio.wait_for(drain(), timeout=DISCARD_SECONDS)
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            too_big = int(declared) > MAX_BODY_BYTES
+        except ValueError:
+            too_big = False
+        if too_big:
+            await _discard_body(request)
+            raise HTTPError(413, MSG_TOO_LARGE, type="request_too_large")
+    chunks = bytearray()
+    async for chunk in request.stream():
+        chunks += chunk
+        if len(chunks) > MAX_BODY_BYTES:
+            seen = len(chunks)
+            del chunks
+            await _discard_body(request, seen)
+            raise HTTPError(413, MSG_TOO_LARGE, type="request_too_large")
+    return bytes(chunks)
+
+
+def _release_date(model) -> str:
+    """The export's date (its manifest's modification time), else today."""
+    try:
+        from .manifest import MANIFEST_NAME
+
+        root = Path(model.backbone.config._name_or_path)
+        stamp = (root / MANIFEST_NAME).stat().st_mtime
+        return _dt.datetime.fromtimestamp(stamp, _dt.timezone.utc).date().isoformat()
+    except Exception:  # noqa: BLE001 - any stand-in model
+        return _dt.datetime.now(_dt.timezone.utc).date().isoformat()
+
+
+class _ServerState:
+    def __init__(self, model, batcher: Batcher, *, prepare_workers: int, drain_timeout_s: float,
+                 retry_after_s: int, release_date: str | None):
+        self.model = model
+        self.batcher = batcher
+        self.executor = ThreadPoolExecutor(max_workers=max(1, prepare_workers), thread_name_prefix="jev-prepare")
+        self.tokenizer_lock = threading.Lock()  # fast tokenizers are not safe to call from two threads at once
+        self.drain_timeout_s = float(drain_timeout_s)
+        self.retry_after_s = int(retry_after_s)
+        self.draining = False
+        self.active = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.release_date = release_date or _release_date(model)
+        self.started = time.time()
+
+    # -- CPU work, on the executor -------------------------------------------------------------------------
+    def prepare(self, body: bytes):
+        """Strict JSON, validation, tokenization (contract §2 items 2..7)."""
+        from .scoring import prepare_request
+
+        obj = None
+        try:
+            obj = loads_strict(body)
+            with self.tokenizer_lock:
+                return prepare_request(self.model, obj)
+        except RequestError as exc:
+            kind = "json_invalid" if exc.message.startswith(MSG_INVALID_JSON) else "value_error"
+            raise HTTPError(exc.status, exc.message, type=kind, loc=_error_loc(exc.message, obj)) from None
+        except RecursionError:
+            raise HTTPError(422, f"{MSG_INVALID_JSON}: nesting is too deep", type="json_invalid") from None
+        except Exception as exc:  # noqa: BLE001 - never a 5xx for input the validator did not foresee
+            logger.exception("validating a request failed unexpectedly")
+            raise HTTPError(422, f"request could not be validated: {type(exc).__name__}",
+                            type="value_error") from None
+
+    def finish(self, prepared, outcome, request_id: str) -> bytes:
+        from .scoring import build_answer
+
+        try:
+            response = build_answer(
+                self.model, prepared, outcome.scores, seconds=outcome.seconds, prefix_cache=outcome.prefix_cache,
+                method=outcome.method,
+                extra_metadata={"request_id": request_id,
+                                "batch": {"requests": outcome.batch_requests, "input_tokens": outcome.batch_tokens,
+                                          "queue_seconds": outcome.queue_seconds}})
+            return dumps(response)
+        except Exception as exc:  # noqa: BLE001 - e.g. a non-finite score: an inference failure
+            raise InferenceError(f"model inference failed: {exc}") from exc
+
+    # -- bookkeeping ---------------------------------------------------------------------------------------
+    def enter(self) -> None:
+        self.active += 1
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self.idle.set()
+
+
+def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+               max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
+               retry_after_s: int = 1, prepare_workers: int = 2, score_fn=None,
+               release_date: str | None = None) -> Starlette:
+    """The Starlette app serving ``model`` (a loaded :class:`~hf_openjev.model.JevModel`).
+
+    ``max_queue``: requests waiting for the model before new ones get 503. ``max_batch_tokens``: unpadded input
+    tokens per shared forward. ``max_wait_ms``: how long the oldest waiting request may wait for company.
+    ``fast``: None = the fast path on CUDA, the reference path elsewhere. ``score_fn``: replaces
+    :func:`hf_openjev.scoring.score_prepared` (tests). The batcher's worker starts with the lifespan (or on the
+    first request when the host runs no lifespan) and stops, after draining, at lifespan shutdown.
+    """
+    preparing = [0]  # requests being validated now: company the batcher may wait for
+    batcher = Batcher(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
+                      fast=fast, score_fn=score_fn, company_hint=lambda: preparing[0])
+    state = _ServerState(model, batcher, prepare_workers=prepare_workers, drain_timeout_s=drain_timeout_s,
+                         retry_after_s=retry_after_s, release_date=release_date)
+
+    async def decide(request: Request) -> Response:
+        request_id = _request_id(request)
+        started = time.perf_counter()
+        arrived_draining = state.draining
+        state.enter()
+        status, info, prepared = 500, "", None
+        try:
+            if not _is_json_media_type(request.headers.get("content-type")):
+                await _discard_body(request)
+                raise HTTPError(415, MSG_CONTENT_TYPE, type="unsupported_media_type", loc=["header", "content-type"])
+            body = _decode_content(await _read_body(request), request.headers.get("content-encoding"))
+            loop = asyncio.get_running_loop()
+            preparing[0] += 1
+            try:
+                prepared = await loop.run_in_executor(state.executor, state.prepare, body)
+            finally:
+                preparing[0] -= 1
+            busy = {"Retry-After": str(state.retry_after_s)}
+            if arrived_draining:
+                raise HTTPError(503, MSG_SHUTTING_DOWN, type="service_unavailable", loc=[], headers=busy)
+            try:
+                outcome = await batcher.submit(prepared)
+            except QueueFull:
+                raise HTTPError(503, MSG_BUSY, type="server_busy", loc=[], headers=busy) from None
+            except BatcherClosed:
+                raise HTTPError(503, MSG_SHUTTING_DOWN, type="service_unavailable", loc=[], headers=busy) from None
+            payload = await loop.run_in_executor(state.executor, state.finish, prepared, outcome, request_id)
+            status = 200
+            info = f"batch={outcome.batch_requests} queue_ms={outcome.queue_seconds * 1000:.1f}"
+            return _json_response(payload, 200, _id_headers(request_id))
+        except HTTPError as exc:
+            status, info = exc.status, exc.message
+            return _json_response(error_body(exc.message, type=exc.type, loc=exc.loc), exc.status,
+                                  {**_id_headers(request_id), **exc.headers})
+        except InferenceError as exc:
+            status, info = 500, str(exc)
+            return _json_response(error_body(MSG_INFERENCE, type="inference_error", loc=[]), 500,
+                                  _id_headers(request_id))
+        except ClientDisconnect:
+            status, info = 499, "client disconnected"
+            return Response(status_code=400)
+        except Exception as exc:  # noqa: BLE001
+            status, info = 500, f"{type(exc).__name__}: {exc}"
+            logger.exception("request_id=%s failed", request_id)
+            return _json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500,
+                                  _id_headers(request_id))
+        finally:
+            state.leave()
+            shape = ""
+            if prepared is not None:
+                shape = (f" questions={len(prepared.parsed.questions)} candidates={prepared.parsed.candidate_count}"
+                         f" input_tokens={prepared.input_tokens}")
+            log = logger.warning if status >= 500 else logger.info
+            log("request_id=%s %s %s -> %d in %.1f ms%s %s", request_id, request.method, request.url.path, status,
+                (time.perf_counter() - started) * 1000.0, shape, info)
+
+    async def models(request: Request) -> Response:
+        names = list(dict.fromkeys(model.served_model_names))
+        created = int(state.started)
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "open-jev", "root": model.model_id,
+                 **({"aliases": names[1:]} if i == 0 else {})}
+                for i, name in enumerate(names)]
+        described = [{"name": name, "release_date": state.release_date,
+                      "description": (f"Open-Jev decision model {model.model_id}" if name == model.model_id else
+                                      f"alias of {model.model_id}")}
+                     for name in names]
+        return _json_response({"object": "list", "data": data, "models": described}, 200,
+                              _id_headers(_request_id(request)))
+
+    async def health(request: Request) -> Response:
+        body = {"status": "draining" if state.draining else "ok", "model": model.model_id,
+                "active_requests": state.active, "batcher": batcher.stats(),
+                "uptime_seconds": round(time.time() - state.started, 3)}
+        return _json_response(body, 503 if state.draining else 200, _id_headers(_request_id(request)))
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.status_code)
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        headers = {**_id_headers(_request_id(request)), **(exc.headers or {})}
+        return _json_response(error_body(message, type=kind, loc=["path"]), exc.status_code, headers)
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return _json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        state.idle = asyncio.Event()  # bind to the serving loop
+        if state.active == 0:
+            state.idle.set()
+        batcher.start()
+        logger.info("serving %s (%s) on %s; max_queue=%d max_batch_tokens=%d max_wait_ms=%g", model.model_id,
+                    batcher.method, getattr(model, "device", "?"), batcher.max_queue, batcher.max_batch_tokens,
+                    batcher.max_wait_s * 1000.0)
+        try:
+            yield
+        finally:
+            state.draining = True
+            logger.info("shutting down: draining %d in-flight requests", state.active)
+            try:
+                await asyncio.wait_for(state.idle.wait(), timeout=state.drain_timeout_s)
+            except asyncio.TimeoutError:
+                logger.warning("drain timeout: %d requests still in flight", state.active)
+            stopped = await batcher.aclose(timeout=state.drain_timeout_s)
+            if not stopped:
+                logger.warning("the batcher worker did not stop within %.0f s", state.drain_timeout_s)
+            state.executor.shutdown(wait=False)
+            logger.info("shutdown complete")
+
+    routes = [Route(path, decide, methods=["POST"]) for path in _POST_PATHS]
+    routes += [Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"])]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: internal_error})
+    app.state.jev = state
+    return app
+
+
+def _default_device():
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, dtype="auto",
+          max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+          max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
+          log_level: str = "info", limit_concurrency: int | None = None) -> int:
+    """Load the export in ``model_dir`` and serve it with uvicorn until SIGINT/SIGTERM (graceful)."""
+    import uvicorn
+
+    from .model import load_export
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hf_openjev").setLevel(log_level.upper())
+    model = load_export(model_dir, dtype=dtype, device=device or _default_device())
+    app = create_app(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
+                     fast=fast, drain_timeout_s=drain_timeout_s)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=max(1, int(drain_timeout_s)),
+                            limit_concurrency=limit_concurrency)
+    uvicorn.Server(config).run()
+    return 0
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="merged export directory (hf-openjev export)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                        help="backbone dtype (default auto = bfloat16; the head is always float32)")
+    parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                        help=f"requests waiting for the model before new ones get 503 (default {DEFAULT_MAX_QUEUE})")
+    parser.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS,
+                        help=f"input tokens per shared forward (default {DEFAULT_MAX_BATCH_TOKENS})")
+    parser.add_argument("--max-wait-ms", type=float, default=DEFAULT_MAX_WAIT_MS,
+                        help=f"longest wait for other requests to batch with (default {DEFAULT_MAX_WAIT_MS:g})")
+    fast = parser.add_mutually_exclusive_group()
+    fast.add_argument("--fast", dest="fast", action="store_true", default=None, help="force the fast path")
+    fast.add_argument("--reference", dest="fast", action="store_false", help="force the reference path")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="seconds to wait for in-flight requests at shutdown (default 30)")
+    parser.add_argument("--limit-concurrency", type=int, default=None,
+                        help="open connections/requests before uvicorn itself answers 503 (default: no limit)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def run(args) -> int:
+    return serve(args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
+                 max_queue=args.max_queue, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
+                 fast=args.fast, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
+                 limit_concurrency=args.limit_concurrency)

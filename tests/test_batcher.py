@@ -1,0 +1,236 @@
+"""Cross-request batching (hf_openjev.batcher) with a stand-in scorer: grouping, budget, failures, admission, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+
+from hf_openjev.batcher import Batcher, BatcherClosed, QueueFull
+from hf_openjev.errors import InferenceError
+
+
+@dataclass
+class FakePrepared:
+    tokens: list  # [question][candidate] -> token ids
+    name: str = ""
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(len(seq) for q in self.tokens for seq in q)
+
+
+def request(name: str, *lengths: int, questions: int = 1) -> FakePrepared:
+    base = sum(map(ord, name))
+    return FakePrepared([[[base + i + j for j in range(n)] for i, n in enumerate(lengths)] for _ in range(questions)],
+                        name)
+
+
+def expected_scores(p: FakePrepared) -> list:
+    return [[sum(seq) / 1000.0 + len(seq) for seq in q] for q in p.tokens]
+
+
+class Scorer:
+    """Scores every sequence on its own (like the reference path); records the groups; can block or fail."""
+
+    def __init__(self, *, fail: bool = False, gate: threading.Event | None = None, delay: float = 0.0):
+        self.groups: list[list[str]] = []
+        self.fail = fail
+        self.gate = gate
+        self.delay = delay
+        self.entered = threading.Event()
+
+    def __call__(self, model, prepared, *, fast):
+        self.groups.append([p.name for p in prepared])
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(10), "test gate never opened"
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError("CUDA error: device-side assert")
+        scores = [expected_scores(p) for p in prepared]
+        return SimpleNamespace(scores=scores, seconds=0.001, prefix_cache=[{"enabled": False} for _ in prepared])
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def test_concurrent_requests_share_a_forward_and_get_their_own_scores():
+    scorer = Scorer()
+    batcher = Batcher(object(), max_wait_ms=200, max_batch_tokens=10_000, score_fn=scorer, fast=False)
+    reqs = [request(f"r{i}", 3 + i, 5, questions=1 + i % 3) for i in range(8)]
+
+    async def main():
+        return await asyncio.gather(*(batcher.submit(p) for p in reqs))
+
+    outcomes = run(main())
+    batcher.close(timeout=5)
+    assert [o.scores for o in outcomes] == [expected_scores(p) for p in reqs]  # split back exactly, in order
+    assert len(scorer.groups) == 1 and scorer.groups[0] == [p.name for p in reqs]  # FIFO, one shared forward
+    assert all(o.batch_requests == 8 for o in outcomes)
+    assert outcomes[0].batch_tokens == sum(p.input_tokens for p in reqs)
+    assert outcomes[0].method == "reference"
+
+
+def test_answers_do_not_depend_on_company():
+    target = request("target", 4, 7, 2, questions=2)
+    alone_scorer, crowd_scorer = Scorer(), Scorer()
+
+    async def alone():
+        b = Batcher(object(), max_wait_ms=0, score_fn=alone_scorer)
+        try:
+            return await b.submit(target)
+        finally:
+            b.close(timeout=5)
+
+    async def crowd():
+        b = Batcher(object(), max_wait_ms=100, score_fn=crowd_scorer)
+        others = [request(f"o{i}", 9, 1, questions=3) for i in range(5)]
+        try:
+            results = await asyncio.gather(*(b.submit(p) for p in [others[0], others[1], target, *others[2:]]))
+            return results[2]
+        finally:
+            b.close(timeout=5)
+
+    a, c = run(alone()), run(crowd())
+    assert a.batch_requests == 1 and c.batch_requests == 6
+    assert a.scores == c.scores == expected_scores(target)
+
+
+def test_token_budget_splits_groups_and_a_big_request_runs_alone():
+    scorer = Scorer()
+    batcher = Batcher(object(), max_wait_ms=100, max_batch_tokens=10, score_fn=scorer)
+    reqs = [request("a", 4), request("b", 4), request("c", 4), request("big", 25), request("d", 3)]
+
+    async def main():
+        return await asyncio.gather(*(batcher.submit(p) for p in reqs))
+
+    outcomes = run(main())
+    batcher.close(timeout=5)
+    assert scorer.groups == [["a", "b"], ["c"], ["big"], ["d"]]
+    assert [o.scores for o in outcomes] == [expected_scores(p) for p in reqs]
+
+
+def test_lone_request_does_not_wait_when_no_company_is_coming():
+    scorer = Scorer()
+    batcher = Batcher(object(), max_wait_ms=2000, score_fn=scorer, company_hint=lambda: 0)
+    start = time.monotonic()
+    outcome = run(batcher.submit(request("solo", 3)))
+    batcher.close(timeout=5)
+    assert time.monotonic() - start < 1.0
+    assert outcome.queue_seconds < 1.0
+
+
+def test_max_wait_bounds_the_wait_for_company():
+    scorer = Scorer()
+    batcher = Batcher(object(), max_wait_ms=60, score_fn=scorer)  # no hint: always waits up to max_wait
+    outcome = run(batcher.submit(request("solo", 3)))
+    batcher.close(timeout=5)
+    assert 0.05 <= outcome.queue_seconds < 2.0
+
+
+def test_failure_fails_the_whole_group_and_the_worker_survives():
+    scorer = Scorer(fail=True)
+    batcher = Batcher(object(), max_wait_ms=100, score_fn=scorer)
+    reqs = [request(f"r{i}", 3) for i in range(4)]
+
+    async def main():
+        return await asyncio.gather(*(batcher.submit(p) for p in reqs), return_exceptions=True)
+
+    results = run(main())
+    assert all(isinstance(r, InferenceError) for r in results)
+    assert "model inference failed" in str(results[0])
+    assert batcher.failures == 1
+    scorer.fail = False
+    assert run(batcher.submit(request("after", 2))).scores == expected_scores(request("after", 2))
+    batcher.close(timeout=5)
+
+
+def test_scorer_returning_the_wrong_number_of_results_is_an_inference_error():
+    def bad(model, prepared, *, fast):
+        return SimpleNamespace(scores=[], seconds=0.0, prefix_cache=[])
+
+    batcher = Batcher(object(), max_wait_ms=0, score_fn=bad)
+    with pytest.raises(InferenceError):
+        run(batcher.submit(request("x", 2)))
+    batcher.close(timeout=5)
+
+
+def test_full_queue_refuses_at_once_and_loses_no_admitted_request():
+    gate = threading.Event()
+    scorer = Scorer(gate=gate)
+    batcher = Batcher(object(), max_queue=2, max_wait_ms=0, max_batch_tokens=3, score_fn=scorer)
+
+    async def main():
+        first = asyncio.ensure_future(batcher.submit(request("first", 3)))
+        while not scorer.entered.is_set():  # the worker holds "first"; the queue is empty again
+            await asyncio.sleep(0.005)
+        queued = [asyncio.ensure_future(batcher.submit(request(f"q{i}", 3))) for i in range(2)]
+        await asyncio.sleep(0.01)
+        assert batcher.waiting == 2 and batcher.in_flight == 1
+        with pytest.raises(QueueFull):
+            await batcher.submit(request("refused", 3))
+        gate.set()
+        return await asyncio.gather(first, *queued)
+
+    outcomes = run(main())
+    batcher.close(timeout=5)
+    assert len(outcomes) == 3 and all(o.scores for o in outcomes)
+    assert scorer.groups == [["first"], ["q0"], ["q1"]]
+
+
+def test_close_drains_admitted_requests_then_refuses():
+    gate = threading.Event()
+    scorer = Scorer(gate=gate)
+    batcher = Batcher(object(), max_wait_ms=0, max_batch_tokens=3, score_fn=scorer)
+
+    async def main():
+        futures = [asyncio.ensure_future(batcher.submit(request(f"r{i}", 3))) for i in range(4)]
+        while not scorer.entered.is_set():
+            await asyncio.sleep(0.005)
+        closing = asyncio.ensure_future(batcher.aclose(timeout=10))
+        await asyncio.sleep(0.02)
+        assert not closing.done()  # waits for the admitted requests
+        with pytest.raises(BatcherClosed):
+            await batcher.submit(request("late", 3))
+        gate.set()
+        outcomes = await asyncio.gather(*futures)
+        assert await closing is True
+        return outcomes
+
+    outcomes = run(main())
+    assert len(outcomes) == 4 and len(scorer.groups) == 4
+    assert not batcher._thread.is_alive()
+
+
+def test_a_cancelled_request_is_not_scored():
+    gate = threading.Event()
+    scorer = Scorer(gate=gate)
+    batcher = Batcher(object(), max_wait_ms=0, max_batch_tokens=3, score_fn=scorer)
+
+    async def main():
+        first = asyncio.ensure_future(batcher.submit(request("first", 3)))
+        while not scorer.entered.is_set():
+            await asyncio.sleep(0.005)
+        doomed = asyncio.ensure_future(batcher.submit(request("doomed", 3)))
+        kept = asyncio.ensure_future(batcher.submit(request("kept", 3)))
+        await asyncio.sleep(0.01)
+        doomed.cancel()
+        gate.set()
+        return await asyncio.gather(first, kept)
+
+    run(main())
+    batcher.close(timeout=5)
+    assert scorer.groups == [["first"], ["kept"]]
+
+
+@pytest.mark.parametrize("kwargs", [{"max_queue": 0}, {"max_batch_tokens": 0}, {"max_wait_ms": -1}])
+def test_rejects_bad_settings(kwargs):
+    with pytest.raises(ValueError):
+        Batcher(object(), **kwargs)
