@@ -1,48 +1,138 @@
-"""``hf-openjev export``: merge the LoRA adapter into a merged checkpoint, one safetensors shard at a time.
+"""``hf-openjev export``: merge the LoRA adapter into a merged checkpoint (``open-jev-text-merged/1``), streaming.
 
-Every LoRA-targeted weight becomes ``bf16(W + scale * B @ A)`` computed in fp32 (``scale = alpha / r``); every
-other text-backbone tensor is copied bit for bit; the vision tower, MTP layers and LM head are dropped. The
-output is written into a temporary directory beside ``out_dir`` and renamed at the end, with
-``open_jev_export.json`` written last.
+What :func:`merge_lora` writes (checkpoints.md, 'Merged export'):
+
+- every LoRA-targeted weight becomes ``bf16(W + scale * (B @ A))`` computed in fp32, ``scale = lora_alpha / r``
+  (the same arithmetic as PEFT's ``merge_and_unload()`` on a bf16 base with an fp32 adapter);
+- every other text-backbone tensor that is bf16 in the base is copied bit for bit. A backbone tensor stored in
+  another float dtype (real Qwen3.5 checkpoints keep e.g. ``linear_attn.A_log`` in fp32) is **cast to bf16**,
+  because every backbone tensor of an export is bf16 (the same rounding ``from_pretrained(dtype=bfloat16)``
+  applies to the base); the report lists those tensors;
+- the vision tower (``model.visual.*``), the MTP layers (``mtp.*``) and the LM head (``lm_head.*``) are dropped;
+- tensor names carry no prefix (``layers.0.mlp.up_proj.weight``), which is what ``Qwen3_5TextModel`` loads;
+- text ``config.json`` (``qwen3_5_text``), shards of at most 5 GB (+ ``model.safetensors.index.json``), the base
+  tokenizer files byte for byte, and ``open_jev_export.json`` written last.
+
+Streaming: the base is read one tensor at a time (``safe_open``) and every output tensor is written straight into
+its planned output shard (the safetensors header is known up front from the base headers), so the peak host
+memory is about the largest single tensor (in fp32 for a merged one) plus the adapter, whatever the shard sizes.
+See ``recipes/export_peak_rss.md`` for a measurement.
+
+Safety: every check runs before the first byte is written (missing files, adapter targets/shapes against the
+base's safetensors headers, rank/alpha, Qwen3.5 config, head shape and values, temperature, ``max_length``,
+base weights against the config, disk space). The export is built in a temporary directory beside the target
+and renamed at the end; on any failure, ``KeyboardInterrupt`` included, the temporary directory and any parent
+directories created for the target are removed (an existing target replaced with ``overwrite=True`` is only
+moved aside after the new export is complete, and put back if the final rename fails).
+
+Verification (``verify=True``, the default), before the rename:
+
+a) every merged tensor is compared with PEFT's ``merge_and_unload()`` on the same inputs (per target module: a
+   bf16 ``nn.Linear`` holding the base weight, wrapped with a PEFT LoRA holding the same fp32 A/B) and reported
+   as bitwise identical or as the largest difference in bf16 ulps; more than one ulp fails the export;
+b) the export's tokenizer must render the same chat halves as the base's;
+c) score probe: the export (``load_export``) and the unmerged PEFT reference (``load_reference``) are loaded on
+   CPU in fp32 and answer :data:`PROBE_REQUESTS` with ``answer_requests(fast=False)``; max |Δscore| and max |Δp|
+   are reported and a |Δp| above ``probe_tolerance`` fails the export. The probe holds two fp32 copies of the
+   model, so with ``probe="auto"`` it is skipped (and says so) when the backbone has more than
+   ``probe_max_params`` parameters.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import math
+import os
 import re
 import shutil
+import struct
+import sys
 import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors import SafetensorError, safe_open
 
 from .errors import CheckpointError
-from .manifest import ExportManifest, check_max_length, write_manifest
+from .manifest import MANIFEST_NAME, ExportManifest, check_max_length, write_manifest
 from .package import read_base_text_config, read_lora_pairs, read_package
 
-MAX_SHARD_BYTES = 5 * 1000**3
+MAX_SHARD_BYTES = 5 * 1000**3  # "shards of at most 5 GB" (checkpoints.md); a file's total size, header included
+DEFAULT_PROBE_MAX_PARAMS = 500_000_000  # two fp32 copies of the backbone: about 4 GB of host memory
+DEFAULT_PROBE_TOLERANCE = 0.01  # max |Δp| between the bf16 export and the unmerged reference (both run in fp32)
+PROBE_MODES = ("auto", "on", "off")
+
 _TEXT_PREFIXES = ("model.language_model.", "model.")
 _DROPPED = re.compile(r"^(model\.visual\.|visual\.|mtp\.|model\.mtp\.|lm_head\.)")
 _TOKENIZER_FILES = re.compile(r"^(tokenizer.*|special_tokens_map\.json|vocab.*|merges\.txt|added_tokens\.json|"
                               r"chat_template.*)$")
+_FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
+_HEADER_SLACK = 256  # bytes reserved per shard for the header's fixed part
+_COPY_CHUNK_BYTES = 64 * 1024**2  # tensors that are copied or cast stream through in pieces of this size
+
+# Probe requests: every question type, several candidates, multilingual and structured state.
+PROBE_REQUESTS = [
+    {
+        "state": "Where is my package? I ordered it last week and it still hasn't arrived.",
+        "questions": {
+            "intent": {"type": "choice", "instructions": "Which intent does the user's message express?",
+                       "criteria": {"track_order": "Wants to know where an order is", "cancel_order": "Wants to cancel",
+                                    "billing_question": None}},
+            "urgency": {"type": "score", "instructions": "How urgent is the message?",
+                        "criteria": ["not urgent", "somewhat urgent", "very urgent"]},
+            "late": {"type": "noul", "instructions": "Is the customer's order late?",
+                     "criteria": {"true": "it should have arrived", "false": "it is on time"}},
+        },
+    },
+    {
+        "state": {"ticket": 4471, "messages": ["Das Paket kam beschädigt an.", "Bitte ersetzen."]},
+        "questions": {
+            "replace": {"type": "noul", "instructions": "Does the customer ask for a replacement?"},
+            "tone": {"type": "choice", "instructions": "What is the tone?",
+                     "criteria": {"calm": None, "angry": None}},
+        },
+    },
+    {
+        "state": "Über naïve café — 日本語のテキスト, emoji 🙂 and numbers 0123456789.",
+        "questions": {"severity": {"type": "score", "instructions": "Rate the severity from low to high.",
+                                   "criteria": ["low", "medium", "high", "critical"]}},
+    },
+]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Small helpers (public where the tests or other commands may want them)
 
 
 def base_weight_files(base_dir: Path) -> list[Path]:
-    """The base's safetensors shards, in index order."""
+    """The base's safetensors shards, in index order (``model.safetensors`` when not sharded)."""
+    base_dir = Path(base_dir)
     index = base_dir / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = sorted(set(weight_map.values()))
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"{index} is not a valid safetensors index (needs a 'weight_map'): {exc}") from exc
         missing = [f for f in files if not (base_dir / f).is_file()]
         if missing:
-            raise CheckpointError(f"{base_dir}: shards named in the index are missing: {missing[:3]}")
+            raise CheckpointError(f"{base_dir}: shards named in {index.name} are missing: {missing[:3]}; "
+                                  "download the complete base model")
+        if not files:
+            raise CheckpointError(f"{index} names no shards")
         return [base_dir / f for f in files]
     single = base_dir / "model.safetensors"
     if single.is_file():
         return [single]
-    raise CheckpointError(f"{base_dir} has no model.safetensors or model.safetensors.index.json")
+    raise CheckpointError(f"{base_dir} has no model.safetensors or model.safetensors.index.json "
+                          "(the base model's weights are missing)")
 
 
 def text_key(key: str) -> str | None:
@@ -56,115 +146,848 @@ def text_key(key: str) -> str | None:
 
 
 def merge_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """``bf16(W + scale * B @ A)`` computed in fp32 (the same rounding as PEFT's ``merge_and_unload``)."""
-    delta = (b.float() @ a.float()) * scale
-    return (weight.float() + delta).to(torch.bfloat16)
+    """``bf16(W + scale * (B @ A))`` computed in fp32 (the same rounding as PEFT's ``merge_and_unload``).
 
-
-class _ShardWriter:
-    """Collects tensors and writes shards of at most ``max_bytes``; names them once the count is known."""
-
-    def __init__(self, out_dir: Path, max_bytes: int):
-        self.out_dir, self.max_bytes = out_dir, max_bytes
-        self.pending: dict[str, torch.Tensor] = {}
-        self.pending_bytes = 0
-        self.written: list[tuple[Path, list[str]]] = []
-
-    def add(self, name: str, tensor: torch.Tensor) -> None:
-        size = tensor.numel() * tensor.element_size()
-        if self.pending and self.pending_bytes + size > self.max_bytes:
-            self.flush()
-        self.pending[name] = tensor.contiguous()
-        self.pending_bytes += size
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        path = self.out_dir / f"part-{len(self.written):05d}.safetensors"
-        save_file(self.pending, str(path), metadata={"format": "pt"})
-        self.written.append((path, list(self.pending)))
-        self.pending, self.pending_bytes = {}, 0
-
-    def finish(self) -> None:
-        """Rename parts to ``model-0000i-of-0000n.safetensors`` (or ``model.safetensors``) and write the index."""
-        self.flush()
-        n = len(self.written)
-        if n == 1:
-            self.written[0][0].rename(self.out_dir / "model.safetensors")
-            return
-        weight_map, total = {}, 0
-        for i, (path, names) in enumerate(self.written, start=1):
-            final = self.out_dir / f"model-{i:05d}-of-{n:05d}.safetensors"
-            path.rename(final)
-            total += final.stat().st_size
-            weight_map.update({name: final.name for name in names})
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-
-
-def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwrite: bool = False,
-               verify: bool = True, progress: bool = True, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
-    """Merge the package's LoRA adapter into the base and write a merged export at ``out_dir``.
-
-    Everything is checked before anything is written; no output directory is left behind on failure.
+    In place on the fp32 delta (fp32 addition commutes, and bf16 -> fp32 is exact), so the temporaries are one
+    fp32 copy of the weight rather than three.
     """
+    delta = b.float() @ a.float()
+    delta.mul_(scale)
+    delta.add_(weight)  # promotes weight to fp32 element-wise: the same value as weight.float() + delta
+    return delta.to(torch.bfloat16)
+
+
+def bf16_ulp_distance(x: torch.Tensor, y: torch.Tensor) -> int:
+    """Largest distance between two bf16 tensors in units in the last place (0 means bitwise identical)."""
+    def ordered(t: torch.Tensor) -> torch.Tensor:
+        bits = t.contiguous().view(torch.int16).to(torch.int32)
+        magnitude = bits & 0x7FFF
+        return torch.where(bits < 0, -magnitude, magnitude)  # +0 and -0 both map to 0
+
+    if x.shape != y.shape:
+        raise ValueError(f"shapes differ: {tuple(x.shape)} vs {tuple(y.shape)}")
+    if x.numel() == 0:
+        return 0
+    return int((ordered(x.to(torch.bfloat16)) - ordered(y.to(torch.bfloat16))).abs().max())
+
+
+def peft_merge_and_unload(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, rank: int,
+                          alpha: float) -> torch.Tensor:
+    """What PEFT's ``merge_and_unload()`` makes of one ``nn.Linear`` holding ``weight`` with LoRA ``(a, b)``.
+
+    The linear keeps ``weight``'s dtype (bf16 for the published bases); the adapter is fp32, as in the reference.
+    """
+    from peft import LoraConfig, get_peft_model
+    from torch import nn
+
+    holder = nn.Module()
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    linear.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
+    holder.proj = linear
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none", target_modules=["proj"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = get_peft_model(holder, config, autocast_adapter_dtype=True)
+    layer = model.base_model.model.proj
+    with torch.no_grad():
+        layer.lora_A["default"].weight.copy_(a)
+        layer.lora_B["default"].weight.copy_(b)
+    if layer.lora_A["default"].weight.dtype != torch.float32:
+        raise RuntimeError("PEFT did not keep the adapter in fp32")
+    merged = model.merge_and_unload()
+    return merged.proj.weight.detach()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The plan: everything checked and decided before anything is written
+
+
+@dataclass(frozen=True)
+class _Item:
+    source_file: Path
+    source_key: str
+    name: str  # output name (no prefix)
+    shape: tuple[int, ...]
+    source_dtype: str  # safetensors dtype string of the base tensor
+    module: str | None  # LoRA module merged into this weight, else None
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * 2  # bf16
+
+
+@dataclass(frozen=True)
+class _Shard:
+    filename: str
+    items: tuple[_Item, ...]
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(item.nbytes for item in self.items)
+
+
+@dataclass
+class _Plan:
+    base_dir: Path
+    package_dir: Path
+    out_dir: Path
+    package: object
+    text_config: object
+    files: list[Path]
+    pairs: dict
+    items: list[_Item]
+    shards: list[_Shard]
+    dropped: list[str]
+    cast: list[str]
+    manifest: ExportManifest
+    tokenizer_files: list[Path]
+    parameters: int
+
+
+@dataclass
+class TensorCheck:
+    """Merged tensors against PEFT ``merge_and_unload()`` on the same inputs."""
+
+    modules: int = 0
+    bitwise: int = 0
+    max_ulp: int = 0
+    worst_module: str | None = None
+
+    def describe(self) -> str:
+        if self.modules == 0:
+            return "merged tensors: not compared with PEFT (verification off)"
+        if self.bitwise == self.modules:
+            how = "bitwise identical"
+        else:
+            how = (f"{self.bitwise} bitwise identical, the others within {self.max_ulp} bf16 ulp "
+                   f"(worst: {self.worst_module})")
+        return f"merged tensors vs PEFT merge_and_unload() on the same inputs: {self.modules} modules, {how}"
+
+
+@dataclass
+class ProbeCheck:
+    """Export vs the unmerged PEFT reference on :data:`PROBE_REQUESTS` (CPU, fp32, ``fast=False``)."""
+
+    ran: bool = False
+    skipped_reason: str = ""
+    requests: int = 0
+    candidates: int = 0
+    max_abs_dscore: float = float("nan")  # end to end: each side with its own tokenizer
+    max_abs_dp: float = float("nan")
+    decision_flips: int = 0
+    token_mismatches: int = 0  # probe candidates the export's and the base's tokenizers tokenize differently
+    same_tokens_max_abs_dscore: float = float("nan")  # the weights alone: both score the reference's token ids
+    same_tokens_max_abs_dp: float = float("nan")
+    export_tokenizer: str = ""
+    reference_tokenizer: str = ""
+    seconds: float = 0.0
+
+    def describe(self) -> list[str]:
+        if not self.ran:
+            return [f"score probe skipped: {self.skipped_reason}"]
+        out = [f"score probe (export vs unmerged PEFT reference, CPU fp32, fast=False, {self.requests} requests, "
+               f"{self.candidates} candidates): max |Δscore| = {self.max_abs_dscore:.3e}, "
+               f"max |Δp| = {self.max_abs_dp:.3e}, decision flips = {self.decision_flips}"]
+        if self.token_mismatches:
+            out.append(
+                f"WARNING: {self.token_mismatches} of {self.candidates} probe candidates tokenize differently when "
+                f"the tokenizer is loaded from the export ({self.export_tokenizer}) than from the base "
+                f"({self.reference_tokenizer}), although the tokenizer files are identical (Transformers picks the "
+                "tokenizer class from config.json's model_type); on the same token ids: max |Δscore| = "
+                f"{self.same_tokens_max_abs_dscore:.3e}, max |Δp| = {self.same_tokens_max_abs_dp:.3e}")
+        return out
+
+
+@dataclass
+class ExportReport:
+    """What :func:`merge_lora` did. ``os.fspath(report)`` is the export directory."""
+
+    out_dir: Path
+    shards: list[tuple[str, int]]  # (file name, bytes on disk)
+    tensors: int
+    merged: list[str]  # LoRA modules merged
+    copied: int  # bf16 tensors copied bit for bit
+    cast: list[str]  # non-bf16 base tensors cast to bf16
+    dropped: int  # vision / MTP / LM-head tensors not exported
+    parameters: int
+    tensor_check: TensorCheck = field(default_factory=TensorCheck)
+    probe: ProbeCheck = field(default_factory=ProbeCheck)
+    verified: bool = False
+    seconds: float = 0.0
+
+    def __fspath__(self) -> str:
+        return str(self.out_dir)
+
+    def lines(self) -> list[str]:
+        total = sum(size for _, size in self.shards)
+        out = [
+            f"export: {self.out_dir} ({len(self.shards)} shard{'s' if len(self.shards) != 1 else ''}, "
+            f"{total / 1e9:.3f} GB, {self.tensors} tensors, {self.parameters / 1e9:.3f} B parameters, "
+            f"{self.seconds:.1f} s)",
+            f"export: {len(self.merged)} LoRA modules merged, {self.copied} bf16 tensors copied bit for bit, "
+            f"{len(self.cast)} non-bf16 tensors cast to bf16, {self.dropped} vision/MTP/LM-head tensors dropped",
+        ]
+        if self.cast:
+            out.append(f"export: cast to bf16 (every backbone tensor of an export is bf16): "
+                       f"{', '.join(self.cast[:4])}{' ...' if len(self.cast) > 4 else ''}")
+        if self.verified:
+            out.append(f"verify: {self.tensor_check.describe()}")
+            out.extend(f"verify: {line}" for line in self.probe.describe())
+        else:
+            out.append("verify: off")
+        return out
+
+
+def _read_headers(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{key: (shape, dtype)}`` from a safetensors header (no tensor data is read)."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            out = {}
+            for key in handle.keys():
+                piece = handle.get_slice(key)
+                out[key] = (tuple(int(d) for d in piece.get_shape()), str(piece.get_dtype()))
+            return out
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from exc
+
+
+def _expected_backbone(text_config) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of every weight ``Qwen3_5TextModel(text_config)`` loads (built on the meta device)."""
+    from transformers import Qwen3_5TextModel
+
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = Qwen3_5TextModel(text_config)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def _check_adapter_options(package) -> None:
+    """Refuse LoRA variants whose merge is not ``W + alpha/r * B @ A``."""
+    where = package.adapter_file.parent / "adapter_config.json"
+    cfg = package.adapter_config
+    peft_type = cfg.get("peft_type", "LORA")
+    if str(peft_type).upper() != "LORA":
+        raise CheckpointError(f"{where}: peft_type {peft_type!r} is not supported; export merges plain LoRA adapters")
+    for key, what in (("use_dora", "DoRA"), ("use_rslora", "rsLoRA scaling"), ("fan_in_fan_out", "fan_in_fan_out")):
+        if cfg.get(key):
+            raise CheckpointError(f"{where}: {key}=true ({what}) is not supported; Open-Jev adapters are plain LoRA "
+                                  "(scale = lora_alpha / r)")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if cfg.get(key):
+            raise CheckpointError(f"{where}: a non-empty {key} is not supported; every module must use r and "
+                                  "lora_alpha from adapter_config.json")
+    if cfg.get("bias", "none") not in ("none", None) or cfg.get("lora_bias"):
+        raise CheckpointError(f"{where}: LoRA biases are not supported (bias must be 'none')")
+
+
+def _check_out_dir(out_dir: Path, overwrite: bool, protected: list[Path]) -> None:
+    resolved = out_dir.resolve()
+    for path in protected:
+        p = path.resolve()
+        if resolved == p or resolved in p.parents:
+            raise CheckpointError(f"--out {out_dir} would replace the input directory {path}; choose another --out")
+    if out_dir.exists() or out_dir.is_symlink():
+        if not overwrite:
+            raise CheckpointError(f"{out_dir} already exists; pass --overwrite to replace it (or choose another --out)")
+        if not out_dir.is_dir() or out_dir.is_symlink():
+            raise CheckpointError(f"{out_dir} exists and is not a directory; --overwrite only replaces a directory")
+    parent = out_dir.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise CheckpointError(f"cannot create {out_dir}: {parent} is not a writable directory")
+
+
+def _plan_shards(items: list[_Item], max_shard_bytes: int) -> list[_Shard]:
+    groups: list[list[_Item]] = []
+    current: list[_Item] = []
+    used = _HEADER_SLACK
+    for item in items:
+        cost = item.nbytes + len(item.name) + 96  # data + this tensor's header entry (upper bound)
+        if current and used + cost > max_shard_bytes:
+            groups.append(current)
+            current, used = [], _HEADER_SLACK
+        current.append(item)
+        used += cost
+    if current:
+        groups.append(current)
+    n = len(groups)
+    if n == 1:
+        return [_Shard("model.safetensors", tuple(groups[0]))]
+    return [_Shard(f"model-{i:05d}-of-{n:05d}.safetensors", tuple(g)) for i, g in enumerate(groups, start=1)]
+
+
+def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwrite: bool = False,
+                max_shard_bytes: int = MAX_SHARD_BYTES) -> _Plan:
+    """Every check of the export, without writing anything. Raises :class:`CheckpointError` saying what to fix."""
     from .chat import render_chat_halves
     from .model import _load_tokenizer
 
-    base_dir, out_dir = Path(base_dir), Path(out_dir)
+    base_dir, package_dir, out_dir = Path(base_dir), Path(package_dir), Path(out_dir)
     check_max_length(max_length)
-    if out_dir.exists() and not overwrite:
-        raise CheckpointError(f"{out_dir} already exists; pass --overwrite to replace it")
-    package = read_package(package_dir)
-    text_config = read_base_text_config(base_dir)
+    if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or not 0 < max_shard_bytes <= MAX_SHARD_BYTES:
+        raise CheckpointError(f"the shard size limit must be 1..{MAX_SHARD_BYTES} bytes (5 GB), got {max_shard_bytes!r}")
+    if not base_dir.is_dir():
+        raise CheckpointError(f"base directory {base_dir} does not exist; pass the Qwen3.5 base model directory")
+    _check_out_dir(out_dir, overwrite, [base_dir, package_dir])
+
+    package = read_package(package_dir)  # model.json, adapter files, rank/alpha, head shape/values, temperature
+    _check_adapter_options(package)
+    text_config = read_base_text_config(base_dir)  # Qwen3.5 config
+    hidden = text_config.hidden_size
+    if tuple(package.head_weight.shape) != (1, hidden):
+        raise CheckpointError(
+            f"{package.checkpoint_dir / 'head.pt'}: head weight has shape {list(package.head_weight.shape)} but the "
+            f"base's hidden size is {hidden} (need [1, {hidden}]); the package and the base model do not match"
+        )
+
     files = base_weight_files(base_dir)
-    pairs = read_lora_pairs(package)
+    headers = {path: _read_headers(path) for path in files}
+    index = base_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        wrong = [k for k, f in weight_map.items() if k not in headers[base_dir / f]]
+        if wrong:
+            raise CheckpointError(f"{index}: tensors not found in the shard it names, e.g. {wrong[:3]}; "
+                                  "the base download is inconsistent")
+
+    expected = _expected_backbone(text_config)
+    seen: dict[str, str] = {}
+    found: dict[str, tuple[Path, str, tuple[int, ...], str]] = {}
+    dropped: list[str] = []
+    for path in files:
+        for key, (shape, dtype) in headers[path].items():
+            name = text_key(key)
+            if name is None:
+                dropped.append(key)
+                continue
+            if name in seen:
+                raise CheckpointError(f"{base_dir}: tensors {seen[name]!r} and {key!r} both map to backbone weight "
+                                      f"{name!r}; the base checkpoint is ambiguous")
+            seen[name] = key
+            found[name] = (path, key, shape, dtype)
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        raise CheckpointError(f"{base_dir}: {len(missing)} backbone weights required by config.json are missing "
+                              f"(e.g. {missing[:3]}); the base weights are incomplete or do not match config.json")
+    unexpected = sorted(set(found) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{base_dir}: tensors that are not part of the Qwen3.5 text backbone described by "
+                              f"config.json: {unexpected[:3]}; the base weights and config.json do not match")
+    bad_shapes = [f"{n}: {list(found[n][2])} vs config {list(expected[n])}" for n in expected
+                  if found[n][2] != expected[n]]
+    if bad_shapes:
+        raise CheckpointError(f"{base_dir}: base weights whose shapes do not match config.json: {bad_shapes[:3]}")
+    not_float = [f"{n} ({found[n][3]})" for n in found if found[n][3] not in _FLOAT_DTYPES]
+    if not_float:
+        raise CheckpointError(f"{base_dir}: backbone tensors with a non-float dtype cannot be exported: {not_float[:3]}")
+
+    pairs = read_lora_pairs(package)  # A/B present, shapes match r
+    adapter_cfg = package.adapter_file.parent / "adapter_config.json"
+    targets = package.adapter_config.get("target_modules")
+    for module, (a, b) in pairs.items():
+        weight_name = f"{module}.weight"
+        if weight_name not in found:
+            raise CheckpointError(
+                f"the adapter targets {module}, which the base model does not have (no {weight_name}); "
+                "the adapter was trained on a different base model"
+            )
+        shape = found[weight_name][2]
+        if len(shape) != 2 or a.shape[1] != shape[1] or b.shape[0] != shape[0]:
+            raise CheckpointError(
+                f"the adapter's {module} has A {list(a.shape)} / B {list(b.shape)} but the base weight is "
+                f"{list(shape)} (need A [r, {shape[-1]}] and B [{shape[0]}, r]); the adapter and the base model do "
+                "not match"
+            )
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise CheckpointError(f"the adapter's {module} contains NaN or infinite values; the adapter is corrupt")
+        if isinstance(targets, list) and targets:
+            if not any(module == t or module.endswith("." + t) for t in targets if isinstance(t, str)):
+                raise CheckpointError(f"{adapter_cfg}: target_modules {targets} does not cover {module}, which the "
+                                      "adapter weights adapt; the adapter config and weights do not match")
+
+    tokenizer_files = sorted(p for p in base_dir.iterdir() if p.is_file() and _TOKENIZER_FILES.match(p.name))
+    names = {p.name for p in tokenizer_files}
+    if "tokenizer.json" not in names and not {"vocab.json", "merges.txt"} <= names:
+        raise CheckpointError(f"{base_dir} has no tokenizer (tokenizer.json, or vocab.json + merges.txt, is missing); "
+                              "download the base model's tokenizer files")
     tokenizer = _load_tokenizer(base_dir)
     chat_prefix, chat_suffix = render_chat_halves(tokenizer)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    items: list[_Item] = []
+    for path in files:
+        for key in headers[path]:
+            name = text_key(key)
+            if name is None:
+                continue
+            _, _, shape, dtype = found[name]
+            module = name[: -len(".weight")] if name.endswith(".weight") else None
+            items.append(_Item(path, key, name, shape, dtype, module if module in pairs else None))
+    shards = _plan_shards(items, max_shard_bytes)
+
+    total = sum(item.nbytes for item in items)
+    parent = out_dir.parent
+    while not parent.exists():
+        parent = parent.parent
+    free = shutil.disk_usage(parent).free
+    if free < total * 1.02 + 64 * 1024**2:
+        raise CheckpointError(f"not enough disk space at {parent}: the export needs about {total / 1e9:.2f} GB, "
+                              f"{free / 1e9:.2f} GB are free")
+
+    manifest = ExportManifest(
+        model_id=package.model_id,
+        base_revision=str(package.model_info.get("base_revision", "")),
+        checkpoint_revision=package.revision,
+        temperature=package.temperature,
+        max_length=max_length,
+        chat_prefix=chat_prefix,
+        chat_suffix=chat_suffix,
+        head_weight=tuple(float(v) for v in package.head_weight.flatten().tolist()),
+        head_bias=float(package.head_bias[0]),
+    )
+    return _Plan(base_dir=base_dir, package_dir=package_dir, out_dir=out_dir, package=package,
+                 text_config=text_config, files=files, pairs=pairs, items=items, shards=shards, dropped=dropped,
+                 cast=[item.name for item in items if item.module is None and item.source_dtype != "BF16"],
+                 manifest=manifest, tokenizer_files=tokenizer_files,
+                 parameters=sum(math.prod(item.shape) for item in items))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+class _ShardWriter:
+    """Writes the planned shards in order, one tensor at a time, straight to disk (safetensors format)."""
+
+    def __init__(self, out_dir: Path, shards: list[_Shard]):
+        if sys.byteorder != "little":
+            raise CheckpointError("export needs a little-endian host (safetensors stores little-endian data)")
+        self.out_dir = out_dir
+        self.shards = shards
+        self.index = -1
+        self.file = None
+        self.pending: list[_Item] = []
+        self.sizes: list[tuple[str, int]] = []
+
+    def _open_next(self) -> None:
+        self._close()
+        self.index += 1
+        shard = self.shards[self.index]
+        header: dict = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for item in shard.items:
+            header[item.name] = {"dtype": "BF16", "shape": list(item.shape), "data_offsets": [offset, offset + item.nbytes]}
+            offset += item.nbytes
+        blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        blob += b" " * (-len(blob) % 8)
+        self.file = open(self.out_dir / shard.filename, "wb")  # noqa: SIM115 - closed in _close
+        self.file.write(struct.pack("<Q", len(blob)))
+        self.file.write(blob)
+        self.pending = list(shard.items)
+
+    def write(self, name: str, data) -> None:
+        """Write the next planned tensor: a bf16 tensor of the planned shape, or an iterable of flat bf16 chunks."""
+        if not self.pending:
+            self._open_next()
+        item = self.pending.pop(0)
+        if isinstance(data, torch.Tensor):
+            if item.name != name or tuple(data.shape) != item.shape or data.dtype != torch.bfloat16:
+                raise RuntimeError(f"export writer out of order: expected {item.name} {item.shape} bf16, "
+                                   f"got {name} {tuple(data.shape)} {data.dtype}")
+            data = [data.reshape(-1)]
+        elif item.name != name:
+            raise RuntimeError(f"export writer out of order: expected {item.name}, got {name}")
+        written = 0
+        for chunk in data:
+            if chunk.dtype != torch.bfloat16:
+                raise RuntimeError(f"export writer: {name} chunk is {chunk.dtype}, not bf16")
+            if chunk.numel():
+                self.file.write(memoryview(chunk.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
+                written += chunk.numel() * 2
+        if written != item.nbytes:
+            raise RuntimeError(f"export writer: {name} got {written} bytes, planned {item.nbytes}")
+
+    def _close(self) -> None:
+        if self.file is not None:
+            if self.pending:
+                raise RuntimeError(f"export writer: {len(self.pending)} tensors of {self.file.name} not written")
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            self.sizes.append((Path(self.file.name).name, Path(self.file.name).stat().st_size))
+            self.file = None
+
+    def finish(self) -> list[tuple[str, int]]:
+        self._close()
+        if self.index != len(self.shards) - 1:
+            raise RuntimeError("export writer: not every planned shard was written")
+        if len(self.shards) > 1:
+            weight_map = {item.name: shard.filename for shard in self.shards for item in shard.items}
+            index = {"metadata": {"total_size": sum(s.data_bytes for s in self.shards)},
+                     "weight_map": dict(sorted(weight_map.items()))}
+            (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+        return self.sizes
+
+    def abort(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class _TensorReader:
+    """Reads one tensor at a time from a safetensors file with plain reads into a fresh buffer.
+
+    ``safe_open`` memory-maps the whole file, and every page touched while copying stays mapped (and counted in
+    the process's RSS) until the handle closes, which makes the peak about the size of the shard. Plain reads
+    keep it at about one tensor. The headers were already validated with ``safe_open`` in :func:`plan_export`.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.file = open(path, "rb", buffering=0)  # noqa: SIM115 - closed in close()
+        try:
+            (length,) = struct.unpack("<Q", self.file.read(8))
+            header = json.loads(self.file.read(length))
+        except Exception:
+            self.file.close()
+            raise
+        self.data_start = 8 + length
+        self.entries = {k: v for k, v in header.items() if k != "__metadata__"}
+
+    def _entry(self, key: str) -> tuple[torch.dtype, list[int], int, int]:
+        entry = self.entries[key]
+        dtype = _FLOAT_DTYPES[entry["dtype"]]
+        shape = [int(d) for d in entry["shape"]]
+        begin, end = (int(x) for x in entry["data_offsets"])
+        if end - begin != math.prod(shape) * dtype.itemsize:
+            raise CheckpointError(f"{self.path}: tensor {key} has {end - begin} bytes of data for shape {shape} "
+                                  f"{entry['dtype']}; the file is corrupt")
+        return dtype, shape, begin, end
+
+    def _read(self, key: str, offset: int, nbytes: int) -> torch.Tensor:
+        buffer = torch.empty(nbytes, dtype=torch.uint8)
+        view = memoryview(buffer.numpy())
+        self.file.seek(self.data_start + offset)
+        done = 0
+        while done < nbytes:
+            n = self.file.readinto(view[done:])
+            if not n:
+                raise CheckpointError(f"{self.path} ends inside tensor {key}; the file is truncated")
+            done += n
+        return buffer
+
+    def get(self, key: str) -> torch.Tensor:
+        """The whole tensor, in its stored dtype."""
+        dtype, shape, begin, end = self._entry(key)
+        return self._read(key, begin, end - begin).view(dtype).reshape(shape)
+
+    def bf16_chunks(self, key: str, chunk_bytes: int | None = None):
+        """The tensor as flat bf16 pieces of at most ``chunk_bytes`` read at a time (bf16 data is not converted,
+        so it is copied bit for bit; other float dtypes are cast element by element)."""
+        chunk_bytes = chunk_bytes or _COPY_CHUNK_BYTES
+        dtype, _, begin, end = self._entry(key)
+        step = max(1, chunk_bytes // dtype.itemsize) * dtype.itemsize
+        for offset in range(begin, end, step):
+            piece = self._read(key, offset, min(step, end - offset)).view(dtype)
+            yield piece if dtype == torch.bfloat16 else piece.to(torch.bfloat16)
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _stream_file(path: Path, items: list[_Item], plan: _Plan, writer: _ShardWriter,
+                 check: TensorCheck | None) -> None:
+    """Merge / copy / cast the planned tensors of one base shard into the writer.
+
+    A LoRA target is read whole (the merge needs the whole matrix); every other tensor streams through in
+    pieces of at most ``_COPY_CHUNK_BYTES``, so the peak memory is set by the largest merged weight, not by the
+    embedding or the shard.
+    """
+    package = plan.package
+    with _TensorReader(path) as reader:
+        for item in items:
+            if item.module is None:
+                writer.write(item.name, reader.bf16_chunks(item.source_key))
+                continue
+            weight = reader.get(item.source_key)
+            a, b = plan.pairs[item.module]
+            merged = merge_weight(weight, a, b, package.lora_scale)
+            if not torch.isfinite(merged).all():
+                raise CheckpointError(f"merging {item.module} produced NaN or infinite values; the base weight "
+                                      "or the adapter is corrupt")
+            if check is not None:
+                reference = peft_merge_and_unload(weight, a, b, rank=package.lora_rank,
+                                                  alpha=package.lora_alpha).to(torch.bfloat16)
+                ulp = bf16_ulp_distance(merged, reference)
+                check.modules += 1
+                check.bitwise += ulp == 0
+                if ulp > check.max_ulp:
+                    check.max_ulp, check.worst_module = ulp, item.module
+                del reference
+            del weight
+            writer.write(item.name, merged)
+            del merged
+
+
+def _fsync_dir(path: Path) -> None:
     try:
-        writer = _ShardWriter(tmp, max_shard_bytes)
-        merged = set()
-        for path in files:
-            with safe_open(str(path), framework="pt") as handle:
-                for key in handle.keys():
-                    name = text_key(key)
-                    if name is None:
-                        continue
-                    tensor = handle.get_tensor(key)
-                    module = name[: -len(".weight")] if name.endswith(".weight") else None
-                    if module in pairs:
-                        a, b = pairs[module]
-                        tensor = merge_weight(tensor, a, b, package.lora_scale)
-                        merged.add(module)
-                    writer.add(name, tensor)
-        unmatched = sorted(set(pairs) - merged)
-        if unmatched:
-            raise CheckpointError(f"the adapter targets modules the base does not have: {unmatched[:3]}")
-        writer.finish()
-        text_config.architectures = ["Qwen3_5TextModel"]
-        text_config.to_json_file(str(tmp / "config.json"))
-        for item in base_dir.iterdir():
-            if item.is_file() and _TOKENIZER_FILES.match(item.name):
-                shutil.copy2(item, tmp / item.name)
-        manifest = ExportManifest(
-            model_id=package.model_id,
-            base_revision=str(package.model_info.get("base_revision", "")),
-            checkpoint_revision=package.revision,
-            temperature=package.temperature,
-            max_length=max_length,
-            chat_prefix=chat_prefix,
-            chat_suffix=chat_suffix,
-            head_weight=tuple(package.head_weight.flatten().tolist()),
-            head_bias=float(package.head_bias[0]),
-        )
-        write_manifest(tmp, manifest)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_text_files(plan: _Plan, tmp: Path) -> None:
+    config = plan.text_config
+    config.architectures = ["Qwen3_5TextModel"]
+    config.dtype = torch.bfloat16
+    config.to_json_file(str(tmp / "config.json"))
+    for path in plan.tokenizer_files:
+        shutil.copyfile(path, tmp / path.name)
+
+
+def _check_written(plan: _Plan, tmp: Path, max_shard_bytes: int) -> None:
+    """Re-read the written headers: every planned tensor present, bf16, right shape; shard sizes within limit."""
+    for shard in plan.shards:
+        path = tmp / shard.filename
+        size = path.stat().st_size
+        if size > max_shard_bytes and len(shard.items) > 1:
+            raise RuntimeError(f"{shard.filename} is {size} bytes, over the {max_shard_bytes}-byte shard limit")
+        headers = _read_headers(path)
+        want = {item.name: (item.shape, "BF16") for item in shard.items}
+        if headers != want:
+            raise RuntimeError(f"{shard.filename}: written header does not match the plan")
+
+
+def _check_tokenizer(plan: _Plan, tmp: Path) -> None:
+    from .chat import render_chat_halves
+    from .model import _load_tokenizer
+
+    halves = render_chat_halves(_load_tokenizer(tmp))
+    if halves != (plan.manifest.chat_prefix, plan.manifest.chat_suffix):
+        raise CheckpointError("verification failed: the exported tokenizer renders different chat halves than the base")
+
+
+def _flat_probabilities(response: dict) -> tuple[list[float], list[str]]:
+    values, decisions = [], []
+    for qid, answer in response["answers"].items():
+        if answer["type"] == "noul":
+            values.append(float(answer["noul"]))
+            decisions.append(f"{qid}:{answer['noul'] > 0.5}")
+        else:
+            values.extend(float(v) for v in answer["probabilities"].values())
+            ps = answer["probabilities"]
+            decisions.append(f"{qid}:{max(ps, key=ps.get)}")
+    return values, decisions
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence Transformers' load reports, warnings and progress bars while the probe loads two models."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _compare(responses_a, responses_b) -> tuple[float, int]:
+    dp, flips = 0.0, 0
+    for response_a, response_b in zip(responses_a, responses_b):
+        p_a, d_a = _flat_probabilities(response_a)
+        p_b, d_b = _flat_probabilities(response_b)
+        dp = max([dp] + [abs(x - y) for x, y in zip(p_a, p_b)])
+        flips += sum(x != y for x, y in zip(d_a, d_b))
+    return dp, flips
+
+
+def run_probe(export_dir, base_dir, package_dir, requests=None) -> ProbeCheck:
+    """Answer probe requests with the export and with the unmerged reference (CPU, fp32, reference path).
+
+    End to end: each model tokenizes with its own tokenizer (the export's from the export directory, the
+    reference's from the base directory) and answers through the steps of ``answer_requests(fast=False)``
+    (``prepare_request`` -> ``score_prepared`` -> ``build_answer``, called one by one so that the raw head scores
+    can be compared as well as the probabilities). When the two tokenizers disagree on a probe candidate, that
+    is reported (``token_mismatches``) and the export also scores the reference's token ids (``same_tokens_*``),
+    so the merge and the tokenizer loading can be told apart.
+    """
+    from .model import load_export, load_reference
+    from .scoring import build_answer, prepare_request, score_prepared
+
+    requests = PROBE_REQUESTS if requests is None else requests
+    start = time.perf_counter()
+    models = []
+    with _quiet_transformers():
+        for model in (load_export(export_dir, dtype="float32", device="cpu"),
+                      load_reference(base_dir, package_dir, dtype="float32", device="cpu")):
+            # The probe requests are fixed; score them whatever --max-length the export was given.
+            model.manifest = dataclasses.replace(model.manifest, max_length=16384)
+            models.append(model)
+    export_model, reference_model = models
+
+    def answer(model, prepared):
+        result = score_prepared(model, prepared, fast=False)
+        responses = [build_answer(model, p, s, seconds=result.seconds, prefix_cache=c, method="reference")
+                     for p, s, c in zip(prepared, result.scores, result.prefix_cache)]
+        return [s for req in result.scores for q in req for s in q], responses
+
+    with torch.no_grad():
+        prepared = [[prepare_request(m, r) for r in requests] for m in models]
+        (export_scores, export_responses), (reference_scores, reference_responses) = (
+            answer(m, p) for m, p in zip(models, prepared))
+        sequences = [[seq for p in per_model for seq in p.sequences] for per_model in prepared]
+        mismatches = sum(a != b for a, b in zip(*sequences)) + abs(len(sequences[0]) - len(sequences[1]))
+        check = ProbeCheck(ran=True, requests=len(requests), candidates=len(reference_scores),
+                           max_abs_dscore=max(abs(x - y) for x, y in zip(export_scores, reference_scores)),
+                           token_mismatches=mismatches)
+        check.max_abs_dp, check.decision_flips = _compare(export_responses, reference_responses)
+        if mismatches:
+            same_scores, same_responses = answer(export_model, prepared[1])
+            check.same_tokens_max_abs_dscore = max(abs(x - y) for x, y in zip(same_scores, reference_scores))
+            check.same_tokens_max_abs_dp, _ = _compare(same_responses, reference_responses)
+            check.export_tokenizer = type(export_model.tokenizer).__name__
+            check.reference_tokenizer = type(reference_model.tokenizer).__name__
+        else:
+            check.same_tokens_max_abs_dscore, check.same_tokens_max_abs_dp = check.max_abs_dscore, check.max_abs_dp
+    del export_model, reference_model, models
+    check.seconds = time.perf_counter() - start
+    return check
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """The ancestors of ``path`` that do not exist yet, deepest first."""
+    out = []
+    parent = path.parent
+    while not parent.exists():
+        out.append(parent)
+        parent = parent.parent
+    return out
+
+
+def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwrite: bool = False,
+               verify: bool = True, probe: str = "auto", probe_max_params: int = DEFAULT_PROBE_MAX_PARAMS,
+               probe_tolerance: float = DEFAULT_PROBE_TOLERANCE, progress: bool = True,
+               max_shard_bytes: int = MAX_SHARD_BYTES, log: Callable[[str], None] | None = None) -> ExportReport:
+    """Merge the package's LoRA adapter into the base and write a merged export at ``out_dir``.
+
+    See the module docstring for what is written, checked and verified. ``probe`` is ``"auto"`` (run the score
+    probe when the backbone has at most ``probe_max_params`` parameters), ``"on"`` or ``"off"``; it only applies
+    with ``verify=True``. ``log`` receives progress notes (e.g. ``print``). Returns an :class:`ExportReport`
+    (``os.fspath(report)`` is ``out_dir``). Raises :class:`CheckpointError` on bad inputs (nothing is written)
+    and on a failed verification (nothing is left behind).
+    """
+    if probe not in PROBE_MODES:
+        raise CheckpointError(f"probe must be one of {', '.join(PROBE_MODES)}, got {probe!r}")
+    say = log or (lambda _message: None)
+    start = time.perf_counter()
+    plan = plan_export(base_dir, package_dir, out_dir, max_length=max_length, overwrite=overwrite,
+                       max_shard_bytes=max_shard_bytes)
+    out_dir = plan.out_dir
+    report = ExportReport(out_dir=out_dir, shards=[], tensors=len(plan.items), merged=sorted(plan.pairs),
+                          copied=sum(1 for i in plan.items if i.module is None and i.source_dtype == "BF16"),
+                          cast=plan.cast, dropped=len(plan.dropped), parameters=plan.parameters, verified=verify)
+
+    created = _missing_parents(out_dir)
+    tmp = None
+    backup = None
+    finished = False
+    writer = None
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        writer = _ShardWriter(tmp, plan.shards)
+        check = report.tensor_check
+        by_file: dict[Path, list[_Item]] = {}
+        for item in plan.items:
+            by_file.setdefault(item.source_file, []).append(item)
+        from tqdm import tqdm
+
+        say(f"export: {len(plan.items)} tensors from {len(plan.files)} base shard(s) into {len(plan.shards)} "
+            f"output shard(s) in {tmp}" + (" (each merged tensor checked against PEFT)" if verify else ""))
+        with tqdm(plan.files, desc="export: merging shards", unit="shard", disable=not progress,
+                  file=sys.stderr) as bar:
+            for path in bar:
+                bar.set_postfix_str(path.name)
+                _stream_file(path, by_file.get(path, []), plan, writer, check if verify else None)
+        report.shards = writer.finish()
+        if verify and check.max_ulp > 1:
+            raise CheckpointError(f"verification failed: merged {check.worst_module} differs from PEFT's "
+                                  f"merge_and_unload() by {check.max_ulp} bf16 ulp (at most 1 is accepted)")
+        _write_text_files(plan, tmp)
+        _check_written(plan, tmp, max_shard_bytes)
+        write_manifest(tmp, plan.manifest)  # the last file written
+        _fsync_dir(tmp)
+
+        if verify:
+            _check_tokenizer(plan, tmp)
+            if probe == "off":
+                report.probe = ProbeCheck(skipped_reason="turned off (--probe off)")
+            elif probe == "auto" and plan.parameters > probe_max_params:
+                need = 2 * 4 * plan.parameters / 1e9
+                report.probe = ProbeCheck(skipped_reason=(
+                    f"the backbone has {plan.parameters / 1e9:.2f} B parameters, more than the "
+                    f"{probe_max_params / 1e9:.2f} B limit of the CPU fp32 probe (it would hold two fp32 copies, "
+                    f"about {need:.1f} GB); pass --probe on to run it anyway, or compare the export with the "
+                    "reference on a GPU"))
+            else:
+                say("verify: score probe: loading the export and the unmerged reference on CPU in fp32 ...")
+                try:
+                    report.probe = run_probe(tmp, plan.base_dir, plan.package_dir)
+                except CheckpointError as exc:
+                    raise CheckpointError(f"verification failed: the score probe could not load a model: {exc}") from exc
+                except Exception as exc:  # noqa: BLE001 - report any probe failure as a failed verification
+                    raise CheckpointError(f"verification failed: the score probe raised {type(exc).__name__}: {exc}; "
+                                          "rerun with --probe off to export without it") from exc
+                if not report.probe.same_tokens_max_abs_dp <= probe_tolerance:
+                    raise CheckpointError(
+                        f"verification failed: on the same token ids the export's probabilities differ from the "
+                        f"unmerged reference by {report.probe.same_tokens_max_abs_dp:.3e} (> {probe_tolerance}); "
+                        "the merged weights are wrong")
+
+        if out_dir.exists() or out_dir.is_symlink():
+            if not overwrite:
+                raise CheckpointError(f"{out_dir} appeared while exporting; pass --overwrite to replace it")
+            backup = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+            out_dir.rename(backup)
         tmp.rename(out_dir)
+        finished = True
+        _fsync_dir(out_dir.parent)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if writer is not None:
+            writer.abort()
+        if not finished:
+            if backup is not None and backup.exists() and not out_dir.exists():
+                backup.rename(out_dir)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            for parent in created:  # deepest first; only the ones this call made, only if still empty
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
         raise
-    return out_dir
+    finally:
+        if finished and backup is not None:
+            shutil.rmtree(backup, ignore_errors=True)
+    report.seconds = time.perf_counter() - start
+    return report

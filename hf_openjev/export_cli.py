@@ -1,0 +1,79 @@
+"""``hf-openjev export --base DIR --package DIR --out DIR [--max-length N] [--overwrite]``.
+
+Merges the published package's LoRA adapter into the base model and writes a merged export
+(``open-jev-text-merged/1``), then prints what it did and the verification figures (merged tensors against
+PEFT's ``merge_and_unload()``, and max |Δscore| / |Δp| of the export against the unmerged reference on probe
+requests). Bad inputs are refused before anything is written; nothing is left behind on failure or interrupt.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import threading
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3}
+
+
+def parse_size(text: str) -> int:
+    """``"5GB"``, ``"500MB"``, ``"123456"`` -> bytes (decimal units, as the 5 GB shard limit)."""
+    import argparse
+
+    match = _SIZE.match(str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 5GB, 500MB or a number of bytes)")
+    value = float(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"the shard size must be at least 1 byte, got {text!r}")
+    return int(value)
+
+
+def add_arguments(parser) -> None:
+    from .export import DEFAULT_PROBE_MAX_PARAMS, MAX_SHARD_BYTES, PROBE_MODES
+
+    parser.add_argument("--base", required=True, metavar="DIR",
+                        help="the Qwen3.5 base model directory (config.json, safetensors, tokenizer)")
+    parser.add_argument("--package", required=True, metavar="DIR",
+                        help="the published Open-Jev package (holding checkpoint/)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="where to write the merged export")
+    parser.add_argument("--max-length", type=int, default=4096, metavar="N",
+                        help="longest candidate sequence the export accepts, 1..16384 (default 4096)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it already exists")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="skip the verification (PEFT comparison and score probe)")
+    parser.add_argument("--probe", choices=PROBE_MODES, default="auto",
+                        help="score probe against the unmerged reference on CPU in fp32: auto (only for backbones "
+                             f"up to --probe-max-params, default {DEFAULT_PROBE_MAX_PARAMS:,}), on, off")
+    parser.add_argument("--probe-max-params", type=int, default=DEFAULT_PROBE_MAX_PARAMS, metavar="N",
+                        help="largest backbone (parameters) the automatic score probe runs on")
+    parser.add_argument("--max-shard-size", type=parse_size, default=MAX_SHARD_BYTES, metavar="SIZE",
+                        help="largest output shard, e.g. 2GB (default and maximum 5GB)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def run(args) -> int:
+    from .export import merge_lora
+
+    def log(message: str) -> None:
+        print(message, flush=True)
+
+    # SIGTERM (e.g. a job scheduler) unwinds like Ctrl-C, so the temporary directory is removed.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def _terminate(signum, frame):
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        report = merge_lora(args.base, args.package, args.out, max_length=args.max_length, overwrite=args.overwrite,
+                            verify=args.verify, probe=args.probe, probe_max_params=args.probe_max_params,
+                            progress=args.progress, max_shard_bytes=args.max_shard_size, log=log)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    for line in report.lines():
+        print(line)
+    sys.stdout.flush()
+    return 0
