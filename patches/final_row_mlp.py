@@ -43,7 +43,9 @@ class PackedTextModel(qwen.Qwen3_5TextModel):
 
 def packed_text_forward(model: qwen.Qwen3_5TextModel, pack) -> torch.Tensor:
     hidden = model.embed_tokens(pack.input_ids)  # [T, hidden]
-    cos, sin = model.rotary_emb(hidden[None], pack.positions[None])  # [1, T, rotary_dim]
+    # text positions are identical on the three mRoPE axes: [3, 1, T] (the layout every supported release reads)
+    positions = pack.positions[None, None].expand(3, 1, -1)
+    cos, sin = model.rotary_emb(hidden[None], positions)  # [1, T, rotary_dim]
     rotary = (cos[0], sin[0])
     layers = model.layers[: model.config.num_hidden_layers]
     last = len(layers) - 1

@@ -47,7 +47,8 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         rows = slice(level.lo, level.hi)
         gdn_init = torch.cat(gdn_bank).index_select(0, level.parent_rows)  # [n, Hv, Dk, Dv]
         conv_init = torch.cat(conv_bank).index_select(0, level.parent_rows)  # [n, C, K]
-        mixed, conv_final = causal_conv1d_packed(qkv[rows], conv_weight, level.cu_seqlens, conv_init)
+        mixed, conv_final = causal_conv1d_packed(qkv[rows], conv_weight, level.cu_seqlens, conv_init,
+                                                 level.chunk_indices)
         q, k, v = torch.split(mixed, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
         n = level.hi - level.lo
         q = q.reshape(n, m.num_k_heads, m.head_k_dim)

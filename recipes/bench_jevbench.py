@@ -1,0 +1,342 @@
+"""Benchmark driver: the 231-request JevBench workload on a random Open-Jev model shape (performance.md).
+
+One process, one set of weights, three arms:
+
+  A  stock Transformers, torch fallbacks (fla unbound), right-padded batches of up to 32 candidates
+  B  stock Transformers with fla-core bound (what a user gets by installing it)
+  C  hf_openjev's fast path (packed candidates + shared prefixes + final-row last layer)
+
+Per arm: warm-up pass, then measured passes in request order; each request timed with a device synchronize at
+both ends, from token ids in to the response dict out. Reports mean / p50 / p95 (sorted[int(0.95 N) - 1]), the
+kind x longest-candidate bucket table, peak memory, warm-up time, parity of C against A, and group-batched
+throughput (c requests scored in one call, c = 1, 8, 16).
+
+  python recipes/bench_jevbench.py --shape 27b --arms A,B,C --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES_FILE = ROOT / "recipes" / "data" / "jevbench231-shapes.json"  # a copy of shared/data (travels to the device)
+T27 = 2.5343690298472983
+FAST_OPTIONS: dict = {}
+BUCKETS = [(1, 128), (129, 512), (513, 2048), (2049, 4096), (4097, 16384)]
+
+SHAPES = {
+    # Open-Jev-27B text shape (checkpoints.md)
+    "27b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
+                num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
+                linear_key_head_dim=128, linear_value_head_dim=128),
+    # a tiny shape, for smoke runs of this driver on a CPU
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                 linear_key_head_dim=16, linear_value_head_dim=16),
+    # a mid-size shape with the real head dims and GVA (for parity runs)
+    "mid": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=8, num_attention_heads=8,
+                num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32,
+                linear_key_head_dim=128, linear_value_head_dim=128),
+}
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def reset_peak() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gb() -> float:
+    return torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else float("nan")
+
+
+def build_model(shape: str, *, seed: int, device: str = "cuda", dtype: torch.dtype = torch.bfloat16):
+    """Random bf16 weights from Transformers' own init (seeded), a random fp32 head, T of the 27B model."""
+    from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
+
+    from hf_openjev.manifest import ExportManifest
+    from hf_openjev.model import JevModel, _make_head
+
+    config = Qwen3_5TextConfig(vocab_size=248320, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1e7,
+                                                "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                                                "mrope_interleaved": True},
+                               **SHAPES[shape])
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            backbone = Qwen3_5TextModel(config).eval()
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():  # the zero-initialised (1 + w) norms get small random weights, as trained ones have
+        for name, p in backbone.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(0.0, 0.1)
+    generator = torch.Generator().manual_seed(seed + 1)
+    weight = torch.randn(1, config.hidden_size, generator=generator) / config.hidden_size**0.5 * 4
+    manifest = ExportManifest(model_id=f"random-{shape}", base_revision="random", checkpoint_revision="random",
+                              temperature=T27, max_length=16384, chat_prefix="", chat_suffix="",
+                              head_weight=tuple(weight.flatten().tolist()), head_bias=0.1)
+    head = _make_head(manifest.head_weight, manifest.head_bias, device)
+    return JevModel(backbone, head, None, manifest, method="random")
+
+
+def build_workload(path: Path, *, vocab: int, seed: int, limit: int | None = None):
+    """PreparedRequests with random token ids, identical within each request's shared prefix."""
+    from hf_openjev.contract import parse_request
+    from hf_openjev.scoring import PreparedRequest
+
+    data = json.loads(path.read_text())
+    rng = random.Random(seed)
+    work = []
+    for item in data["requests"][:limit]:
+        n = len(item["suffix_tokens"])
+        kind = item["kind"]
+        criteria = {"choice": {f"o{i}": None for i in range(n)}, "score": [f"level {i}" for i in range(n)],
+                    "noul": None}[kind]
+        question = {"type": kind, "instructions": "x"}
+        if criteria is not None:
+            question["criteria"] = criteria
+        parsed = parse_request({"state": "x", "questions": {"q": question}})
+        prefix = [rng.randrange(1000, vocab) for _ in range(item["prefix_tokens"])]
+        tokens = [[prefix + [rng.randrange(1000, vocab) for _ in range(s)] for s in item["suffix_tokens"]]]
+        work.append((item, PreparedRequest(parsed, tokens)))
+    return work
+
+
+def run_pass(model, work, *, fast: bool):
+    """Time every request (sync at both ends); returns per-request (seconds, response)."""
+    from hf_openjev.scoring import build_answer, score_prepared
+
+    out = []
+    for _, prepared in work:
+        sync()
+        start = time.perf_counter()
+        result = score_prepared(model, [prepared], fast=fast, **(FAST_OPTIONS if fast else {}))
+        response = build_answer(model, prepared, result.scores[0], seconds=result.seconds,
+                                prefix_cache=result.prefix_cache[0], method="fast" if fast else "reference")
+        sync()
+        out.append((time.perf_counter() - start, response))
+    return out
+
+
+def summarize(times_ms: list[float]) -> dict:
+    s = sorted(times_ms)
+    n = len(s)
+    return {"n": n, "mean_ms": statistics.fmean(s), "p50_ms": s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2,
+            "p95_ms": s[max(0, int(0.95 * n) - 1)], "max_ms": s[-1]}
+
+
+def bucket_of(n_tokens: int) -> str:
+    for lo, hi in BUCKETS:
+        if lo <= n_tokens <= hi:
+            return f"{lo}-{hi}"
+    return ">16384"
+
+
+def table(work, times_ms):
+    groups: dict[tuple[str, str], list[float]] = {}
+    for (item, _), t in zip(work, times_ms):
+        longest = item["prefix_tokens"] + max(item["suffix_tokens"])
+        groups.setdefault((item["kind"], bucket_of(longest)), []).append(t)
+    return {f"{k}|{b}": {"n": len(v), "mean_ms": statistics.fmean(v)} for (k, b), v in sorted(groups.items())}
+
+
+def probabilities(response) -> list[float]:
+    answer = response["answers"]["q"]
+    if answer["type"] == "noul":
+        return [1 - answer["noul"], answer["noul"]]
+    return list(answer["probabilities"].values())
+
+
+def parity(ref_responses, fast_responses) -> dict:
+    max_dp, flips, near_tie_flips = 0.0, 0, 0
+    for a, b in zip(ref_responses, fast_responses):
+        pa, pb = probabilities(a), probabilities(b)
+        max_dp = max(max_dp, max(abs(x - y) for x, y in zip(pa, pb)))
+        ia, ib = pa.index(max(pa)), pb.index(max(pb))
+        if ia != ib:
+            top = sorted(pa, reverse=True)
+            if len(top) > 1 and top[0] - top[1] < 0.01:
+                near_tie_flips += 1
+            else:
+                flips += 1
+    return {"max_abs_dp": max_dp, "decision_flips": flips, "near_tie_flips": near_tie_flips, "n": len(ref_responses)}
+
+
+def bind_fla(enabled: bool) -> None:
+    """Arm A unbinds fla from the stock module (torch fallback); arm B restores what Transformers bound."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
+
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+        current = getattr(qwen, name)
+        original = getattr(qwen, f"_hf_openjev_bound_{name}", None)
+        if original is None:
+            setattr(qwen, f"_hf_openjev_bound_{name}", current)
+            original = current
+        setattr(qwen, name, original if enabled else getattr(original, "__wrapped__", original))
+
+
+def versions() -> dict:
+    import transformers
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"}
+    for name in ("triton", "fla"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001
+            info[name] = None
+    return info
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="27b", choices=sorted(SHAPES))
+    parser.add_argument("--arms", default="A,B,C")
+    parser.add_argument("--passes", type=int, default=2, help="measured passes for C (A runs one)")
+    parser.add_argument("--b-passes", type=int, default=2, help="measured passes for B")
+    parser.add_argument("--limit", type=int, default=None, help="first N requests only (smoke runs)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--long-candidate", type=int, default=16384, help="also run one candidate this long on C")
+    parser.add_argument("--concurrency", default="1,8,16")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--fast-options", default="{}", help="JSON of score_fast options (e.g. min_shared_tokens)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    FAST_OPTIONS.update(json.loads(args.fast_options))
+    out.mkdir(parents=True, exist_ok=True)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    shapes_file = SHAPES_FILE
+    results = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
+               "arms": {}, "seed": args.seed}
+
+    def save():
+        (out / f"bench_{args.shape}_{args.dtype}.json").write_text(json.dumps(results, indent=1))
+
+    t0 = time.perf_counter()
+    model = build_model(args.shape, seed=args.seed, device="cuda" if torch.cuda.is_available() else "cpu",
+                        dtype=getattr(torch, args.dtype))
+    results["dtype"] = args.dtype
+    results["model_build_s"] = time.perf_counter() - t0
+    results["weights_gb"] = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+    work = build_workload(shapes_file, vocab=248320, seed=args.seed, limit=args.limit)
+    print(f"model {args.shape} built in {results['model_build_s']:.1f}s, {results['weights_gb']:.1f} GB; "
+          f"{len(work)} requests", flush=True)
+    responses = {}
+    for arm in arms:
+        fast = arm == "C"
+        bind_fla(arm == "B")
+        reset_peak()
+        start = time.perf_counter()
+        passes = []
+        if arm != "A":
+            run_pass(model, work, fast=fast)  # warm-up: autotuning, compilation
+        warmup_s = time.perf_counter() - start
+        for _ in range({"A": 1, "B": args.b_passes}.get(arm, args.passes)):
+            passes.append(run_pass(model, work, fast=fast))
+        times = [t * 1000 for p in passes for t, _ in p]
+        per_request = [statistics.fmean(p[i][0] * 1000 for p in passes) for i in range(len(work))]
+        responses[arm] = [r for _, r in passes[-1]]
+        results["arms"][arm] = {**summarize(times), "warmup_s": warmup_s, "passes": len(passes),
+                                "peak_memory_gb": peak_gb(),
+                                "table": table(work, per_request),
+                                "per_request_ms": per_request}
+        print(f"arm {arm}: " + ", ".join(f"{k}={v:.1f}" for k, v in results["arms"][arm].items()
+                                         if isinstance(v, float)), flush=True)
+        if "A" in responses:  # parity as soon as both sides exist, so a cut-short run keeps it
+            for other in ("B", "C"):
+                if other in responses and f"parity_{other}_vs_A" not in results:
+                    results[f"parity_{other}_vs_A"] = parity(responses["A"], responses[other])
+                    print(f"parity {other} vs A: {results[f'parity_{other}_vs_A']}", flush=True)
+        save()
+    bind_fla(True)
+    for arm in ("A", "B"):
+        if "C" in results["arms"] and arm in results["arms"]:
+            results[f"speedup_C_over_{arm}"] = results["arms"][arm]["mean_ms"] / results["arms"]["C"]["mean_ms"]
+    if "C" in arms:
+        from hf_openjev.scoring import score_prepared
+
+        concurrency = {}
+        for c in [int(x) for x in args.concurrency.split(",") if x]:
+            sync()
+            start = time.perf_counter()
+            latencies, decisions = [], 0
+            for i in range(0, len(work), c):
+                group = [p for _, p in work[i:i + c]]
+                t = time.perf_counter()
+                score_prepared(model, group, fast=True)
+                sync()
+                latencies += [(time.perf_counter() - t) * 1000] * len(group)
+                decisions += len(group)
+            total = time.perf_counter() - start
+            concurrency[str(c)] = {"decisions_per_s": decisions / total, **summarize(latencies)}
+            print(f"group-batched c={c}: {concurrency[str(c)]['decisions_per_s']:.1f} decisions/s", flush=True)
+        results["group_batched"] = concurrency
+        save()
+        if args.long_candidate:
+            from hf_openjev.contract import parse_request
+            from hf_openjev.scoring import PreparedRequest
+
+            parsed = parse_request({"state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}})
+            rng = random.Random(1)
+            long = PreparedRequest(parsed, [[[rng.randrange(1000, 248320) for _ in range(args.long_candidate)]]])
+            reset_peak()
+            sync()
+            t = time.perf_counter()
+            score_prepared(model, [long], fast=True)
+            sync()
+            results["long_candidate"] = {"tokens": args.long_candidate, "ms": (time.perf_counter() - t) * 1000,
+                                         "peak_memory_gb": peak_gb()}
+            print(f"long candidate: {results['long_candidate']}", flush=True)
+    save()
+    write_markdown(results, out / f"bench_{args.shape}_{args.dtype}.md")
+    return 0
+
+
+def write_markdown(results: dict, path: Path) -> None:
+    lines = [f"# JevBench-231 benchmark, {results['shape']} shape, {results['dtype']}, random weights", "",
+             f"Command: `{results['command']}`", "", "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
+             "", "| arm | n | mean ms | p50 ms | p95 ms | warm-up s | passes | peak GB |", "|---|---|---|---|---|---|---|---|"]
+    for arm, r in results["arms"].items():
+        lines.append(f"| {arm} | {r['n']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "
+                     f"{r['warmup_s']:.1f} | {r['passes']} | {r['peak_memory_gb']:.1f} |")
+    for key in ("speedup_C_over_A", "speedup_C_over_B"):
+        if key in results:
+            lines.append(f"\n{key}: {results[key]:.2f}x")
+    for key in ("parity_C_vs_A", "parity_B_vs_A"):
+        if key in results:
+            lines.append(f"\n{key}: {results[key]}")
+    for arm, r in results["arms"].items():
+        lines += ["", f"## arm {arm}: mean ms by kind x longest candidate", "", "| kind / bucket | n | mean ms |",
+                  "|---|---|---|"]
+        lines += [f"| {k} | {v['n']} | {v['mean_ms']:.1f} |" for k, v in r["table"].items()]
+    if "group_batched" in results:
+        lines += ["", "## group-batched throughput (c requests scored in one call; not closed-loop HTTP clients)", "",
+                  "| c | decisions/s | p50 ms | p95 ms |", "|---|---|---|---|"]
+        lines += [f"| {c} | {v['decisions_per_s']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} |"
+                  for c, v in results["group_batched"].items()]
+    if "long_candidate" in results:
+        lines.append(f"\nlong candidate: {results['long_candidate']}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
