@@ -110,10 +110,14 @@ def _load_backbone(weights_dir: Path, text_config, *, dtype: torch.dtype, device
     """``Qwen3_5TextModel.from_pretrained`` with every backbone weight required (no silent random init)."""
     from transformers import Qwen3_5TextModel
 
+    _check_weight_shapes(weights_dir, text_config)
     kwargs = {"config": text_config, "dtype": dtype, "output_loading_info": True}
     if device is not None:
         kwargs["device_map"] = str(torch.device(device)) if not isinstance(device, dict) else device
-    backbone, info = Qwen3_5TextModel.from_pretrained(str(weights_dir), **kwargs)
+    try:
+        backbone, info = Qwen3_5TextModel.from_pretrained(str(weights_dir), **kwargs)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"{weights_dir}: cannot load the backbone weights: {exc}") from exc
     missing = [k for k in info.get("missing_keys", []) if not k.endswith("inv_freq")]
     if missing:
         raise CheckpointError(
@@ -124,6 +128,26 @@ def _load_backbone(weights_dir: Path, text_config, *, dtype: torch.dtype, device
     if mismatched:
         raise CheckpointError(f"{weights_dir}: weights whose shapes do not match config.json: {list(mismatched)[:3]}")
     return backbone.eval()
+
+
+def _check_weight_shapes(weights_dir: Path, text_config) -> None:
+    """Compare the safetensors headers with the shapes ``config.json`` implies (names say which tensor is off)."""
+    from safetensors import safe_open
+    from transformers import Qwen3_5TextModel
+
+    from .export import base_weight_files, text_key
+
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in Qwen3_5TextModel(text_config).state_dict().items()}
+    for path in base_weight_files(weights_dir):
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                name = text_key(key)
+                if name in expected and tuple(handle.get_slice(key).get_shape()) != expected[name]:
+                    raise CheckpointError(
+                        f"{path}: tensor {key} has shape {tuple(handle.get_slice(key).get_shape())} but config.json "
+                        f"implies {expected[name]}; the weights and config.json do not match"
+                    )
 
 
 def _make_head(weight, bias, device) -> nn.Linear:
@@ -138,12 +162,23 @@ def _make_head(weight, bias, device) -> nn.Linear:
 
 
 def _load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
+    """The tokenizer exactly as shipped in ``tokenizer.json`` (no model-specific class rewriting it).
 
+    ``AutoTokenizer`` would pick a class from ``config.json`` (``qwen3_5`` vs ``qwen3_5_text``), and those
+    classes rebuild the pre-tokenizer: the base and its export would then tokenize differently.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    path = Path(path)
+    if not (path / "tokenizer.json").is_file():
+        raise CheckpointError(f"{path / 'tokenizer.json'} is missing; the checkpoint has no usable tokenizer")
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
     except Exception as exc:  # noqa: BLE001
         raise CheckpointError(f"cannot load the tokenizer from {path}: {exc}") from exc
+    if len(tokenizer) <= 1:
+        raise CheckpointError(f"the tokenizer in {path} is empty")
+    return tokenizer
 
 
 def load_export(export_dir: str | Path, *, dtype="auto", device=None) -> JevModel:

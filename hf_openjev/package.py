@@ -28,7 +28,10 @@ from .manifest import check_head, check_temperature
 PUBLISHED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "out_proj")
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 
-_LORA_KEY = re.compile(r"(?:^|\.)(layers\.\d+\.[\w.]+?)\.lora_([AB])(?:\.[\w]+)?\.weight$")
+# PEFT keys of text decoder layers: [base_model.model.][model.][language_model.]layers.N.<module>.lora_A|B[.adapter].weight
+_LORA_KEY = re.compile(
+    r"^(?:base_model\.model\.)?(?:model\.)?(?:language_model\.)?(layers\.\d+\.[\w.]+?)\.lora_([AB])(?:\.\w+)?\.weight$"
+)
 
 
 @dataclass(frozen=True)

@@ -34,27 +34,37 @@ class JevDecisionPipeline(Pipeline):
     _load_feature_extractor = False
     _load_video_processor = False
 
-    def __init__(self, model, *args, dtype=None, **kwargs):
+    def __init__(self, model, *args, dtype=None, batch_size=None, **kwargs):
+        # ``batch_size`` is the reference path's candidates per forward, not Transformers' input batching
+        # (which needs a tokenizer-collated model): keep it away from the base class.
+        self._reference_batch_size = batch_size
         if not isinstance(model, JevModel):
             source = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
             if not source:
                 raise TypeError("jev-decision needs a merged export directory or a hf_openjev.JevModel")
             model = load_export(source, dtype=dtype)  # re-raises the real CheckpointError if the export is bad
         elif dtype is not None and dtype != "auto":
-            model.backbone.to(resolve_dtype(dtype))
+            model.backbone.to(resolve_dtype(dtype))  # in place: a loaded model is not copied
         kwargs.pop("torch_dtype", None)
         super().__init__(model, *args, **kwargs)
 
-    def _sanitize_parameters(self, fast=None, batch_size=None, **unknown):
+    def _sanitize_parameters(self, fast=None, reference_batch_size=None, **unknown):
         if unknown:
             raise TypeError(f"unknown jev-decision option(s): {', '.join(sorted(unknown))}")
         forward = {"fast": fast}
-        if batch_size is not None:
-            forward["reference_batch_size"] = batch_size
+        batch = reference_batch_size or getattr(self, "_reference_batch_size", None)
+        if batch is not None:
+            if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+                raise ValueError(f"batch_size must be a positive integer, got {batch!r}")
+            forward["reference_batch_size"] = batch
         return {}, forward, {}
 
     def __call__(self, inputs, **kwargs):
+        if "batch_size" in kwargs:
+            kwargs["reference_batch_size"] = kwargs.pop("batch_size")
         if isinstance(inputs, list):
+            if not inputs:
+                return []
             for request in inputs:  # fail before doing work: validate every request first
                 prepare_request(self.model, request)
         return super().__call__(inputs, **kwargs)

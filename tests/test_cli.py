@@ -19,12 +19,20 @@ def _stamp(root: Path) -> dict:
 
 
 def test_build_parser_knows_every_subcommand():
-    parser = cli.build_parser()
+    parser = cli.build_parser("demo")
     sub = next(a for a in parser._actions if a.dest == "command")
     assert list(sub.choices) == ["demo", "export", "eval", "serve"]
     args = parser.parse_args(["demo", "--cache-dir", "/x", "--device", "cpu", "--dtype", "bfloat16"])
     assert (args.command, args.cache_dir, args.device, args.dtype) == ("demo", "/x", "cpu", "bfloat16")
     assert parser.parse_args(["demo"]).dtype == "float32"
+
+
+def test_only_the_chosen_command_module_is_imported():
+    code = ("import sys; from hf_openjev import cli; cli.build_parser('demo'); "
+            "print(sorted(m for m in ('hf_openjev.server', 'hf_openjev.evaluate', 'hf_openjev.export_cli') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_no_command_is_a_usage_error(capsys):

@@ -271,10 +271,6 @@ def test_the_pipeline_serves_the_export(exported):
     assert response["answers"] == direct["answers"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "model._load_tokenizer uses AutoTokenizer, which picks Qwen3_5Tokenizer (its own pre-tokenizer) for a qwen3_5 "
-    "base directory but TokenizersBackend (tokenizer.json as is) for a qwen3_5_text export directory; the files are "
-    "identical. Fix in model.py (e.g. PreTrainedTokenizerFast.from_pretrained), then drop this marker."))
 def test_export_tokenizes_like_the_base(src, exported):
     from hf_openjev.model import _load_tokenizer
 
