@@ -13,7 +13,7 @@ import pytest
 from hf_openjev import evaluate as ev
 from hf_openjev.evaluate import EvalInputError, evaluate
 
-EASY = Path("/work/shared/data/jevbench-sample/easy.jsonl")
+from shared_data import JEVBENCH_EASY as EASY  # noqa: E402
 TOL = 1e-12
 CPU = {"device": "cpu", "dtype": "float32", "progress": False}
 

@@ -1,0 +1,16 @@
+"""Where the project's shared data lies: ``shared/`` beside the checkout (CI's layout), else /work/shared."""
+
+from pathlib import Path
+
+_CANDIDATES = (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared"))
+
+
+def shared_path(relative: str) -> Path:
+    """The first existing ``<shared>/<relative>``; a missing file is an error, never a skip."""
+    for root in _CANDIDATES:
+        if (root / relative).exists():
+            return root / relative
+    raise FileNotFoundError(f"{relative} not found under {', '.join(map(str, _CANDIDATES))}")
+
+
+JEVBENCH_EASY = shared_path("data/jevbench-sample/easy.jsonl")
