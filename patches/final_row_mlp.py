@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 
+from .stacked_projections import projections
+
 
 class PackedDecoderLayer(qwen.Qwen3_5DecoderLayer):
     """``pack=None``: the stock layer. Otherwise ``[T, hidden] -> [T, hidden]`` (or ``[N, hidden]`` when
@@ -28,7 +30,8 @@ class PackedDecoderLayer(qwen.Qwen3_5DecoderLayer):
         if final_rows is not None:
             hidden_states = hidden_states.index_select(0, final_rows)  # [N, hidden]
         residual = hidden_states
-        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        gate, up = projections(self.mlp, self.post_attention_layernorm(hidden_states))
+        hidden_states = self.mlp.down_proj(self.mlp.act_fn(gate) * up)
         return residual + hidden_states
 
 

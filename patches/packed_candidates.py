@@ -16,6 +16,8 @@ from hf_openjev.ops.causal_conv import causal_conv1d_packed
 from hf_openjev.ops.gdn_prefill import gdn_prefill
 from hf_openjev.ops.packed_attention import packed_attention, prefix_attention
 
+from .stacked_projections import projections
+
 
 def _bank(zero_row: torch.Tensor, external: torch.Tensor | None) -> list[torch.Tensor]:
     return [zero_row] if external is None else [zero_row, external]
@@ -33,10 +35,10 @@ class PackedGatedDeltaNet(qwen.Qwen3_5GatedDeltaNet):
 def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -> torch.Tensor:
     """x [T, hidden] -> [T, hidden]."""
     T = x.shape[0]
-    qkv = m.in_proj_qkv(x)  # [T, 2*Kd + Vd]
-    z = m.in_proj_z(x)  # [T, Vd]
-    beta = m.in_proj_b(x).sigmoid()  # [T, Hv]
-    g = -m.A_log.float().exp() * F.softplus(m.in_proj_a(x).float() + m.dt_bias)  # [T, Hv] fp32
+    qkv, z, b, a = projections(m, x)  # [T, 2*Kd + Vd], [T, Vd], [T, Hv], [T, Hv]
+    qkv = qkv.contiguous()
+    beta = b.sigmoid()
+    g = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias)  # [T, Hv] fp32
     conv_weight = m.conv1d.weight.squeeze(1)  # [C, K]
     layer = m.layer_idx
     gdn_bank = _bank(x.new_zeros(1, m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32),
@@ -77,11 +79,12 @@ class PackedAttention(qwen.Qwen3_5Attention):
 def packed_gated_attention(m: qwen.Qwen3_5Attention, x: torch.Tensor, pack, rotary) -> torch.Tensor:
     """x [T, hidden], rotary = (cos, sin) [T, rotary_dim] -> [T, hidden]."""
     T, D = x.shape[0], m.head_dim
-    query, gate = torch.chunk(m.q_proj(x).view(T, -1, 2 * D), 2, dim=-1)  # [T, H, D] each
+    query_gate, key, value = projections(m, x)
+    query, gate = torch.chunk(query_gate.reshape(T, -1, 2 * D), 2, dim=-1)  # [T, H, D] each
     gate = gate.reshape(T, -1)
     query = m.q_norm(query)
-    key = m.k_norm(m.k_proj(x).view(T, -1, D))  # [T, Hkv, D]
-    value = m.v_proj(x).view(T, -1, D)
+    key = m.k_norm(key.reshape(T, -1, D))  # [T, Hkv, D]
+    value = value.reshape(T, -1, D)
     cos, sin = rotary
     query, key = qwen.apply_rotary_pos_emb(query, key, cos, sin, unsqueeze_dim=1)
     layer = m.layer_idx

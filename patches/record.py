@@ -15,6 +15,7 @@ from torch import nn
 
 from .final_row_mlp import PackedDecoderLayer, PackedTextModel
 from .packed_candidates import PackedAttention, PackedGatedDeltaNet
+from .stacked_projections import stack_projections
 
 SUPPORTED_TRANSFORMERS = ((5, 17), (5, 25))  # [min, max) major.minor
 RECORD_ATTRIBUTE = "_hf_openjev_patches"
@@ -25,6 +26,7 @@ class PatchOptions:
     packed_candidates: bool = True  # pack several candidates into one varlen forward
     shared_prefix: bool = True  # compute shared prefixes once and hand their states on
     final_row_mlp: bool = True  # last layer: post-norm + MLP + final norm on the scored rows only
+    stacked_projections: bool = True  # one GEMM for GDN qkv|z|b|a, attention q|k|v, MLP gate|up (no weight copies)
 
 
 @dataclass
@@ -67,13 +69,19 @@ def patch_record(model) -> PatchRecord | None:
 
 
 def apply_patches(model, *, packed_candidates: bool = True, shared_prefix: bool = True,
-                  final_row_mlp: bool = True) -> PatchRecord:
-    """Patch ``model`` in place (idempotent: a second call only updates the options) and return the record."""
-    options = PatchOptions(packed_candidates, shared_prefix, final_row_mlp)
+                  final_row_mlp: bool = True, stacked_projections: bool = True) -> PatchRecord:
+    """Patch ``model`` in place (idempotent: a second call only updates the options) and return the record.
+
+    ``stacked_projections`` re-points the projection weights at slices of one stacked weight per module (same
+    Parameter objects, same values, no extra memory); that layout stays after ``revert_patches``.
+    """
+    options = PatchOptions(packed_candidates, shared_prefix, final_row_mlp, stacked_projections)
     text_model = text_model_of(model)
     record = getattr(text_model, RECORD_ATTRIBUTE, None)
     if record is not None:
         record.options = options
+        if stacked_projections:
+            stack_projections(text_model)
         return record
     check_transformers_version()
     classes = _patch_classes()
@@ -83,6 +91,8 @@ def apply_patches(model, *, packed_candidates: bool = True, shared_prefix: bool 
         if patched is not None:
             record.replaced.append((module, type(module)))
             module.__class__ = patched
+    if stacked_projections:
+        stack_projections(text_model)
     setattr(text_model, RECORD_ATTRIBUTE, record)
     return record
 
