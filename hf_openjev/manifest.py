@@ -74,6 +74,20 @@ def check_head(weight, bias, hidden_size: int | None = None) -> tuple[tuple[floa
     return tuple(float(v) for v in weight), float(bias)
 
 
+def read_json_object(path: Path, what: str | None = None) -> dict:
+    """A JSON file that must hold an object; ``what`` names it in the errors."""
+    suffix = f" ({what})" if what else ""
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing{suffix}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object{suffix}")
+    return data
+
+
 def read_manifest(export_dir: str | Path) -> ExportManifest:
     """Read and validate ``<export_dir>/open_jev_export.json``."""
     path = Path(export_dir) / MANIFEST_NAME
@@ -84,12 +98,7 @@ def read_manifest(export_dir: str | Path) -> ExportManifest:
             f"{path} is missing: {export_dir} is not a complete merged Open-Jev export "
             "(make one with `hf-openjev export --base DIR --package DIR --out DIR`)"
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc}); re-run the export") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} must hold a JSON object")
+    data = read_json_object(path)
     fmt = data.get("format")
     if fmt != EXPORT_FORMAT:
         raise CheckpointError(f"{path}: unknown format {fmt!r}; this version reads {EXPORT_FORMAT!r}")

@@ -23,6 +23,7 @@ from safetensors import safe_open
 
 from .errors import CheckpointError
 from .manifest import check_head, check_temperature
+from .manifest import read_json_object as _read_json
 
 # The modules LoRA adapts in Open-Jev (checkpoints.md): attention q/k/v/o, GDN in_proj_qkv and out_proj.
 PUBLISHED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "out_proj")
@@ -59,18 +60,6 @@ class OpenJevPackage:
     @property
     def revision(self) -> str:
         return str(self.model_info.get("revision", ""))
-
-
-def _read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing ({what})")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} must hold a JSON object ({what})")
-    return data
 
 
 def find_checkpoint_dir(package_dir: str | Path) -> Path:
