@@ -1,0 +1,386 @@
+"""The fast path (packed candidates, shared prefixes, final-row last layer) against the reference path.
+
+CPU, fp32, several random tiny Qwen3.5 configs (4..8 layers with both layer types, GDN value heads a multiple of
+key heads, hidden <= 128), token-id requests crafted for the prefix tree: long shared prefixes, prefixes just
+below/at/above multiples of 64, one-token suffixes, identical candidates, 1-option choices, 10-level scores,
+several questions per request with and without their own shared prefix. Gate (design.md, Numerics): max |dp| <=
+1e-4 and the same decisions, for the default plan, for plans split across packs (states handed over between
+forwards) and with each patch switched off in turn. Sabotage tests show that the gate fails when a state is
+not handed over.
+
+Models are built here (no tokenizer); ``tiny_model`` is not used, so the patches the fast path applies stay on
+these private models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import types
+
+import pytest
+import torch
+from transformers import Qwen3_5TextModel
+
+from hf_openjev.contract import answers_from_scores, parse_request
+from hf_openjev.manifest import ExportManifest
+from hf_openjev.model import JevModel, _make_head
+from hf_openjev.patches import PatchOptions, apply_patches, patch_record
+from hf_openjev.planner import plan_requests
+from hf_openjev.scoring import PreparedRequest, build_answer, score_prepared, use_fast_path
+from hf_openjev.tiny import tiny_text_config
+
+torch.set_num_threads(1)
+
+TOLERANCE = 1e-4
+TIE = 1e-6
+TEMPERATURE = 1.7
+
+# (name, tiny_text_config overrides): 4..8 layers, both layer types (last layer of either type), GQA, GDN value
+# heads 1x/2x/3x the key heads, hidden 48..128
+CONFIGS = {
+    "l4-h64": dict(vocab_size=256, hidden_size=64, num_layers=4),  # L L L F, Hv = 3 Hk
+    "l6-h96-lastlinear": dict(vocab_size=300, hidden_size=96, num_layers=6,
+                              layer_types=["full_attention", "linear_attention", "linear_attention",
+                                           "full_attention", "linear_attention", "linear_attention"],
+                              num_attention_heads=4, num_key_value_heads=1, linear_num_key_heads=1,
+                              linear_num_value_heads=2, linear_key_head_dim=32, linear_value_head_dim=24),
+    "l8-h128": dict(vocab_size=400, hidden_size=128, num_layers=8, num_attention_heads=8, num_key_value_heads=2,
+                    head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                     "mrope_section": [4, 2, 2], "mrope_interleaved": True}),
+    "l5-h48": dict(vocab_size=200, hidden_size=48, num_layers=5,
+                   layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention",
+                                "full_attention"],
+                   num_attention_heads=2, num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=2),
+}
+REQUESTS_PER_CONFIG = 60
+
+
+def build_model(name: str, seed: int) -> JevModel:
+    """A random fp32 CPU JevModel: non-zero norm weights, slow-decaying GDN heads (long memory), random head."""
+    config = tiny_text_config(initializer_range=0.05, **CONFIGS[name])
+    torch.manual_seed(seed)
+    backbone = Qwen3_5TextModel(config).float().eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for pname, p in backbone.named_parameters():
+            if pname.endswith("linear_attn.norm.weight"):  # gated RMSNorm: weight * x
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif pname.endswith("norm.weight"):  # zero-centred RMSNorm: (1 + weight) * x
+                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+            elif pname.endswith("A_log"):  # half the heads remember for hundreds of tokens
+                decay = torch.rand(p.shape, generator=gen) * 0.05 + 0.002
+                decay[::2] = torch.rand(p[::2].shape, generator=gen) * 4 + 0.5
+                p.copy_(decay.log())
+            elif pname.endswith("dt_bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    weight = torch.randn(1, config.hidden_size, generator=gen) * 3 / config.hidden_size**0.5
+    manifest = ExportManifest(model_id=f"random-{name}", base_revision="random", checkpoint_revision="random",
+                              temperature=TEMPERATURE, max_length=4096, chat_prefix="", chat_suffix="",
+                              head_weight=tuple(weight.flatten().tolist()), head_bias=0.1)
+    return JevModel(backbone, _make_head(manifest.head_weight, manifest.head_bias, "cpu"), None, manifest,
+                    method="random")
+
+
+# --- random requests with a crafted prefix structure --------------------------------------------------------------
+
+def random_question(rng: random.Random, q: int) -> dict:
+    kind = rng.choice(["choice", "choice", "score", "noul"])
+    if kind == "choice":
+        n = rng.choice([1, 1, 2, 3, 4, 6])
+        return {"type": "choice", "instructions": f"q{q}", "criteria": {f"o{i}": None for i in range(n)}}
+    if kind == "score":
+        n = rng.choice([10, 10, 2, 3, 5])
+        return {"type": "score", "instructions": f"q{q}", "criteria": [f"level {i}" for i in range(n)]}
+    return {"type": "noul", "instructions": f"q{q}"}
+
+
+def random_request(rng: random.Random, vocab: int, max_len: int = 300) -> PreparedRequest:
+    """Request prefix, then per question an optional question prefix, then each candidate's own tokens."""
+    questions = {f"q{q}": random_question(rng, q) for q in range(rng.choice([1, 1, 2, 3, 4]))}
+    parsed = parse_request({"state": "x", "questions": questions})
+
+    def tokens(n):
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    rp = rng.choice([0, 1, 5, 63, 64, 65, 100, 127, 128, 129, 191, 192, 193, 230])
+    prefix = tokens(rp)
+    same_question_prefix = rng.random() < 0.25  # then the questions' common prefix extends the request prefix
+    shared_qp = tokens(rng.choice([1, 63, 64, 65]))
+    identical = rng.random() < 0.15
+    out = []
+    for question in parsed.questions:
+        room = max_len - rp - 12
+        qp = shared_qp if same_question_prefix else tokens(min(room, rng.choice([0, 0, 2, 63, 64, 65, 70, 128])))
+        own_len = rng.choice([1, 1, 1, 2, 3, 5, 9])
+        first = tokens(own_len)
+        cands = []
+        for _ in question.prompts:
+            own = first if identical else tokens(rng.choice([own_len, 1, 2, 4]))
+            cands.append(prefix + qp + own)
+        out.append(cands)
+    return PreparedRequest(parsed, out)
+
+
+def probabilities(parsed, scores) -> dict[str, list[float]]:
+    """Every probability the response reports (choice/score distributions; noul as [1 - p, p])."""
+    out = {}
+    for qid, a in answers_from_scores(parsed, scores, TEMPERATURE).items():
+        out[qid] = [1.0 - a["noul"], a["noul"]] if a["type"] == "noul" else list(a["probabilities"].values())
+    return out
+
+
+def decision(p: list[float]) -> int:
+    """The decision of a question: the first most probable candidate (noul: yes iff p > 1/2)."""
+    return max(range(len(p)), key=lambda i: (p[i], -i))
+
+
+def max_dp(prepared, reference, fast) -> float:
+    worst = 0.0
+    for p, ref, got in zip(prepared, reference, fast, strict=True):
+        p_ref, p_got = probabilities(p.parsed, ref), probabilities(p.parsed, got)
+        for qid in p_ref:
+            worst = max(worst, max(abs(x - y) for x, y in zip(p_ref[qid], p_got[qid], strict=True)))
+    return worst
+
+
+def compare(prepared, reference, fast) -> float:
+    """Max |dp| over every probability of every answer; asserts the same decisions.
+
+    Identical candidates (exact ties in the reference) are broken by rounding noise; a different pick is accepted
+    only between candidates whose reference probabilities are equal to within TIE (100x below the gate).
+    """
+    worst, decided = 0.0, 0
+    for p, ref, got in zip(prepared, reference, fast, strict=True):
+        p_ref, p_got = probabilities(p.parsed, ref), probabilities(p.parsed, got)
+        for qid in p_ref:
+            a, b = p_ref[qid], p_got[qid]
+            worst = max(worst, max(abs(x - y) for x, y in zip(a, b, strict=True)))
+            i, j = decision(a), decision(b)
+            if i != j:
+                assert abs(a[i] - a[j]) <= TIE, f"decision flip on {qid}: {a} vs {b}"
+            else:
+                decided += 1
+    assert decided >= len(prepared)  # almost every decision is a real one
+    return worst
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def workload(request):
+    name = request.param
+    seed = list(CONFIGS).index(name)
+    model = build_model(name, seed)
+    rng = random.Random(1000 + seed)
+    prepared = [random_request(rng, model.config.vocab_size) for _ in range(REQUESTS_PER_CONFIG)]
+    reference = score_prepared(model, prepared, fast=False, batch_size=16)
+    return types.SimpleNamespace(name=name, model=model, prepared=prepared, reference=reference.scores)
+
+
+def test_workload_covers_the_cases(workload):
+    prepared = workload.prepared
+    lengths = [len(s) for p in prepared for s in p.sequences]
+    assert max(lengths) <= 300
+    kinds = [(q.type, len(q.prompts)) for p in prepared for q in p.parsed.questions]
+    assert ("choice", 1) in kinds and ("score", 10) in kinds and any(k == "noul" for k, _ in kinds)
+    assert any(len(p.parsed.questions) >= 3 for p in prepared)
+    plan = plan_requests([p.tokens for p in prepared])
+    by_len = [len(s.tokens) for s in plan.segments if s.leaf is None]
+    assert sum(plan.shared_tokens) > 0 and max(by_len) >= 192
+    prefixes = {s.id for s in plan.segments if s.leaf is None}
+    assert any(s.parent in prefixes and plan.segments[s.parent].parent is not None for s in plan.segments)  # 2 levels
+    assert any(s.leaf is not None and len(s.tokens) == 1 and s.parent is not None for s in plan.segments)
+    ends = {s.end % 64 for s in plan.segments if s.leaf is None}
+    assert ends == {0}
+    # sequences whose common prefix is not a multiple of 64 (the planner cuts below it)
+    assert any(len(s.tokens) > 1 and s.parent is not None and s.leaf is not None for s in plan.segments)
+
+
+def run_fast(workload, **options):
+    result = score_prepared(workload.model, workload.prepared, fast=True, **options)
+    assert all(math.isfinite(x) for p in result.scores for q in p for x in q)
+    return result
+
+
+def test_default_fast_path_matches_the_reference(workload):
+    apply_patches(workload.model)
+    fast = run_fast(workload)
+    worst = compare(workload.prepared, workload.reference, fast.scores)
+    assert worst <= TOLERANCE
+    expected = plan_requests([p.tokens for p in workload.prepared]).shared_tokens
+    assert [c["shared_tokens"] for c in fast.prefix_cache] == expected
+    assert all(c["enabled"] and c["mode"] == "prefix-tree" for c in fast.prefix_cache)
+
+
+@pytest.mark.parametrize("limits", [dict(max_sequences=3, max_tokens=4096), dict(max_sequences=16, max_tokens=80),
+                                    dict(max_sequences=1, max_tokens=4096)])
+def test_plans_split_across_packs_match_the_reference(workload, limits):
+    apply_patches(workload.model)
+    plan = plan_requests([p.tokens for p in workload.prepared], **limits)
+    assert any(pack.external for pack in plan.packs)  # states really are handed to later forwards
+    fast = run_fast(workload, **limits)
+    assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
+
+
+@pytest.mark.parametrize("flag", ["packed_candidates", "shared_prefix", "final_row_mlp"])
+def test_each_patch_switched_off_matches_the_reference(workload, flag):
+    record = apply_patches(workload.model, **{flag: False})
+    try:
+        assert record.options == dataclasses.replace(PatchOptions(), **{flag: False})
+        fast = run_fast(workload)
+        assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
+        sharing = flag != "shared_prefix"
+        assert all(c["enabled"] is sharing for c in fast.prefix_cache)
+        if not sharing:
+            assert all(c == {"enabled": False, "mode": "none", "shared_tokens": 0} for c in fast.prefix_cache)
+    finally:
+        apply_patches(workload.model)
+
+
+def test_requests_scored_one_at_a_time_match_those_scored_together(workload):
+    apply_patches(workload.model)
+    together = run_fast(workload).scores
+    for p, scores in zip(workload.prepared[:12], together):
+        alone = score_prepared(workload.model, [p], fast=True).scores[0]
+        assert [len(q) for q in alone] == [len(q) for q in scores]
+        assert max(abs(a - b) for qa, qb in zip(alone, scores) for a, b in zip(qa, qb)) <= 1e-5
+
+
+# --- edge cases, defaults, and proof that the gate can fail ------------------------------------------------------
+
+def crafted_requests(vocab: int) -> list[PreparedRequest]:
+    rng = random.Random(7)
+
+    def t(n):
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    def req(questions, tokens):
+        return PreparedRequest(parse_request({"state": "x", "questions": questions}), tokens)
+
+    one = {"q": {"type": "choice", "instructions": "x", "criteria": {"only": None}}}
+    noul = {"q": {"type": "noul", "instructions": "x"}}
+    two = {"q": {"type": "choice", "instructions": "x", "criteria": {"a": None, "b": None}}}
+    ten = {"q": {"type": "score", "instructions": "x", "criteria": [str(i) for i in range(10)]}}
+    p64, p128, p129, p255 = t(64), t(128), t(129), t(255)
+    return [
+        req(one, [[t(1)]]),  # a one-token sequence
+        req(noul, [[t(64)]]), req(noul, [[t(128)]]), req(noul, [[t(129)]]),  # alone, at chunk multiples
+        req(two, [[p64 + t(1), p64 + t(1)]]),  # common 64, shortest 65: 64 shared, one-token suffixes
+        req(two, [[p64, p64 + t(5)]]),  # one candidate is a prefix of the other: nothing shared
+        req(two, [[p128 + t(1), p128]]),  # 64 shared, then 64 (+1) own tokens
+        req(two, [[p129, p129]]),  # identical: 128 shared, one own token each
+        req(ten, [[p255 + [i] for i in range(10)]]),  # ten one-token suffixes after 192 shared tokens
+        req({"a": two["q"], "b": ten["q"], "c": noul["q"]},  # request prefix 128, question prefixes 64
+            [[p128 + p64 + t(2), p128 + p64 + t(3)], [p128 + p129 + [i] for i in range(10)], [p128 + t(40)]]),
+    ]
+
+
+@pytest.fixture(scope="module")
+def sensitive():
+    """One config, crafted requests plus long-prefix one-token-suffix requests, and their reference scores."""
+    model = build_model("l6-h96-lastlinear", 11)
+    vocab = model.config.vocab_size
+    rng = random.Random(5)
+    prepared = crafted_requests(vocab)
+    for n in (130, 200, 250):
+        prefix = [rng.randrange(vocab) for _ in range(n)]
+        questions = {"s": {"type": "score", "instructions": "x", "criteria": [str(i) for i in range(10)]},
+                     "c": {"type": "choice", "instructions": "x", "criteria": {"a": None, "b": None, "c": None}}}
+        tokens = [[prefix + [rng.randrange(vocab)] for _ in range(10)],
+                  [prefix + [rng.randrange(vocab) for _ in range(3)] for _ in range(3)]]
+        prepared.append(PreparedRequest(parse_request({"state": "x", "questions": questions}), tokens))
+    reference = score_prepared(model, prepared, fast=False).scores
+    return types.SimpleNamespace(model=model, prepared=prepared, reference=reference)
+
+
+@pytest.mark.parametrize("limits", [{}, dict(max_sequences=2), dict(max_sequences=1, max_tokens=64)])
+def test_crafted_edge_cases_match_the_reference(sensitive, limits):
+    apply_patches(sensitive.model)
+    fast = score_prepared(sensitive.model, sensitive.prepared, fast=True, **limits)
+    assert compare(sensitive.prepared, sensitive.reference, fast.scores) <= TOLERANCE
+    plan = plan_requests([p.tokens for p in sensitive.prepared])
+    assert [c["shared_tokens"] for c in fast.prefix_cache] == plan.shared_tokens
+    assert plan.shared_tokens[:6] == [0, 0, 0, 0, 64, 0]
+    assert plan.shared_tokens[6:10] == [64, 128, 192 * 9, 128 * 12 + 64 + 128 * 9]
+
+
+def _zero(tensors: dict) -> dict:
+    return {k: torch.zeros_like(v) for k, v in tensors.items()}
+
+
+def _sabotage(kind: str, ctx) -> None:
+    if kind == "external_gdn":
+        ctx.external_gdn = _zero(ctx.external_gdn)
+    elif kind == "external_conv":
+        ctx.external_conv = _zero(ctx.external_conv)
+    elif kind == "external_kv":
+        ctx.external_value = _zero(ctx.external_value)
+    elif kind == "parent_states":
+        for level in ctx.levels:
+            level.parent_rows = torch.zeros_like(level.parent_rows)
+    elif kind == "parent_chain":
+        for level in ctx.levels:
+            if level.has_parents:
+                level.chain_index = torch.zeros_like(level.chain_index)
+    elif kind == "positions":
+        for level in ctx.levels:
+            if level.has_parents:
+                ctx.positions[level.lo:level.hi] += 3
+
+
+@pytest.mark.parametrize("kind, limits", [
+    ("external_gdn", dict(max_sequences=3)), ("external_conv", dict(max_sequences=3)),
+    ("external_kv", dict(max_sequences=3)), ("parent_states", {}), ("parent_chain", {}), ("positions", {}),
+])
+def test_the_parity_gate_fails_when_a_state_is_not_handed_over(sensitive, monkeypatch, kind, limits):
+    import hf_openjev.fast_path as fast_path
+
+    build = fast_path.build_pack_context
+    hit = []
+
+    def sabotaged(*args, **kwargs):
+        ctx = build(*args, **kwargs)
+        if ctx.n_external or any(level.has_parents for level in ctx.levels):
+            hit.append(True)
+            _sabotage(kind, ctx)
+        return ctx
+
+    apply_patches(sensitive.model)
+    monkeypatch.setattr(fast_path, "build_pack_context", sabotaged)
+    fast = score_prepared(sensitive.model, sensitive.prepared, fast=True, **limits)
+    assert hit
+    worst = max_dp(sensitive.prepared, sensitive.reference, fast.scores)
+    print(f"sabotage {kind}: max |dp| = {worst:.3g}")
+    assert worst > 100 * TOLERANCE
+
+
+def test_fast_is_the_default_on_cuda_only(sensitive):
+    assert use_fast_path(types.SimpleNamespace(device=torch.device("cuda", 0)), None) is True
+    assert use_fast_path(types.SimpleNamespace(device=torch.device("cuda", 0)), False) is False
+    assert use_fast_path(sensitive.model, None) is False
+    assert use_fast_path(sensitive.model, True) is True
+
+
+def test_usage_and_metadata_fast_vs_reference(sensitive):
+    model = sensitive.model
+    apply_patches(model)
+    fast = score_prepared(model, sensitive.prepared, fast=True)
+    default = score_prepared(model, sensitive.prepared)  # CPU: the reference path
+    assert default.prefix_cache == [{"enabled": False, "mode": "none", "shared_tokens": 0}] * len(sensitive.prepared)
+    assert default.scores == sensitive.reference
+    for p, ref, got, cache in zip(sensitive.prepared, sensitive.reference, fast.scores, fast.prefix_cache):
+        a = build_answer(model, p, ref, seconds=0.0, prefix_cache={"enabled": False, "mode": "none",
+                                                                   "shared_tokens": 0}, method="reference")
+        b = build_answer(model, p, got, seconds=0.0, prefix_cache=cache, method="fast")
+        assert a["usage"] == b["usage"] == {"input_tokens": sum(len(s) for s in p.sequences), "output_tokens": 0}
+        assert b["metadata"]["prefix_cache"] == cache
+        assert a["metadata"]["candidate_sequences"] == b["metadata"]["candidate_sequences"]
+
+
+def test_patches_stay_applied_and_fast_path_applies_defaults(sensitive):
+    model = build_model("l4-h64", 3)
+    assert patch_record(model) is None
+    request = crafted_requests(model.config.vocab_size)[4]
+    score_prepared(model, [request], fast=True)
+    assert patch_record(model).options == PatchOptions()
