@@ -108,6 +108,8 @@ def build_tree(request_index: int, questions: Sequence[Sequence[Sequence[int]]],
         return seg.id
 
     all_sequences = [seq for question in questions for seq in question]
+    if any(len(seq) == 0 for seq in all_sequences):
+        raise ValueError(f"request {request_index}: every candidate sequence needs at least one token")
     root, root_len = None, 0
     if shared_prefix:
         length = shareable_length(all_sequences, align=align)
@@ -128,28 +130,44 @@ def build_tree(request_index: int, questions: Sequence[Sequence[Sequence[int]]],
 
 
 def _subtree_packs(tree: list[Segment], *, max_sequences: int, max_tokens: int) -> list[Pack]:
-    """Split one tree that does not fit a pack: prefixes first (exported), then candidates in packs."""
+    """Split one tree that does not fit a pack: prefixes first, then candidates, each in packs within the limits.
+
+    A segment whose parent ran in an earlier pack lists it in ``external``; a prefix is exported exactly when a
+    later pack continues it. A single prefix longer than ``max_tokens`` runs alone.
+    """
+    packs: list[Pack] = []
+    pack_of: dict[int, int] = {}  # segment id -> index of its pack
     prefixes = [s for s in tree if s.leaf is None]
     leaves = [s for s in tree if s.leaf is not None]
-    prefix_ids = {s.id for s in prefixes}
-    packs = [Pack(segments=[s.id for s in prefixes], export=[s.id for s in prefixes])] if prefixes else []
-    current = Pack()
-    for leaf in leaves:
-        size = len(leaf.tokens)
-        if current.segments and (len(current.segments) >= max_sequences or _leaf_tokens(current, tree) + size > max_tokens):
-            packs.append(current)
-            current = Pack()
-        current.segments.append(leaf.id)
-        if leaf.parent is not None and leaf.parent in prefix_ids and leaf.parent not in current.external:
-            current.external.append(leaf.parent)
-    if current.segments:
-        packs.append(current)
-    return packs
 
+    def place(segments: list[Segment], fits) -> None:
+        current: Pack | None = None
+        for seg in segments:
+            if current is None or not fits(current, seg):
+                current = Pack()
+                packs.append(current)
+            current.segments.append(seg.id)
+            pack_of[seg.id] = len(packs) - 1
+            parent = seg.parent
+            if parent is not None and pack_of[parent] != len(packs) - 1 and parent not in current.external:
+                current.external.append(parent)
 
-def _leaf_tokens(pack: Pack, tree: list[Segment]) -> int:
     by_id = {s.id: s for s in tree}
-    return sum(len(by_id[i].tokens) for i in pack.segments)
+
+    def tokens(pack: Pack) -> int:
+        return sum(len(by_id[i].tokens) for i in pack.segments)
+
+    place(prefixes, lambda pack, seg: tokens(pack) + len(seg.tokens) <= max_tokens)
+    place(leaves, lambda pack, seg: (len(pack.segments) < max_sequences
+                                     and tokens(pack) + len(seg.tokens) <= max_tokens))
+    for pack in packs:
+        for parent in pack.external:
+            source = packs[pack_of[parent]]
+            if parent not in source.export:
+                source.export.append(parent)
+    for pack in packs:
+        pack.export.sort()
+    return packs
 
 
 def plan_requests(requests: Sequence[Sequence[Sequence[Sequence[int]]]], *, shared_prefix: bool = True,

@@ -111,11 +111,15 @@ def revert_patches(model) -> bool:
 
 @contextmanager
 def patched(model, **options):
-    """``with patched(model): ...`` applies the patches and reverts them on exit (if it applied them)."""
-    already = patch_record(model) is not None
+    """``with patched(model, **options): ...``: on exit, reverts the patches if it applied them, or restores the
+    options the model had if it was already patched."""
+    previous = patch_record(model)
+    previous_options = previous.options if previous is not None else None
     record = apply_patches(model, **options)
     try:
         yield record
     finally:
-        if not already:
+        if previous is None:
             revert_patches(model)
+        else:
+            record.options = previous_options

@@ -450,8 +450,6 @@ def test_invalid_options_are_refused(option):
         plan_requests([make_request(0, [(0, [1])])], **option)
 
 
-@pytest.mark.xfail(strict=True, reason="planner accepts an empty candidate sequence and plans a 0-token leaf "
-                                       "(its 'scored row' would be the previous token); decide where to refuse it")
 def test_an_empty_candidate_is_refused():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one token"):
         plan_requests([[[[1, 2, 3], []]]])
