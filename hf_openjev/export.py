@@ -32,7 +32,7 @@ a) every merged tensor is compared with PEFT's ``merge_and_unload()`` on the sam
    as bitwise identical or as the largest difference in bf16 ulps; more than one ulp fails the export;
 b) the export's tokenizer must render the same chat halves as the base's;
 c) score probe: the export (``load_export``) and the unmerged PEFT reference (``load_reference``) are loaded on
-   CPU in fp32 and answer :data:`PROBE_REQUESTS` with ``answer_requests(fast=False)``; max |Δscore| and max |Δp|
+   CPU in fp32 and answer :data:`~hf_openjev.export_verify.PROBE_REQUESTS` with ``answer_requests(fast=False)``; max |Δscore| and max |Δp|
    are reported and a |Δp| above ``probe_tolerance`` fails the export. The probe holds two fp32 copies of the
    model, so with ``probe="auto"`` it is skipped (and says so) when the backbone has more than
    ``probe_max_params`` parameters.
@@ -40,8 +40,6 @@ c) score probe: the export (``load_export``) and the unmerged PEFT reference (``
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -61,7 +59,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .errors import CheckpointError
-from .manifest import MANIFEST_NAME, ExportManifest, check_max_length, write_manifest
+from .export_verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
+from .manifest import ExportManifest, check_max_length, write_manifest
 from .package import read_base_text_config, read_lora_pairs, read_package
 
 MAX_SHARD_BYTES = 5 * 1000**3  # "shards of at most 5 GB" (checkpoints.md); a file's total size, header included
@@ -76,36 +75,6 @@ _TOKENIZER_FILES = re.compile(r"^(tokenizer.*|special_tokens_map\.json|vocab.*|m
 _FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
 _HEADER_SLACK = 256  # bytes reserved per shard for the header's fixed part
 _COPY_CHUNK_BYTES = 64 * 1024**2  # tensors that are copied or cast stream through in pieces of this size
-
-# Probe requests: every question type, several candidates, multilingual and structured state.
-PROBE_REQUESTS = [
-    {
-        "state": "Where is my package? I ordered it last week and it still hasn't arrived.",
-        "questions": {
-            "intent": {"type": "choice", "instructions": "Which intent does the user's message express?",
-                       "criteria": {"track_order": "Wants to know where an order is", "cancel_order": "Wants to cancel",
-                                    "billing_question": None}},
-            "urgency": {"type": "score", "instructions": "How urgent is the message?",
-                        "criteria": ["not urgent", "somewhat urgent", "very urgent"]},
-            "late": {"type": "noul", "instructions": "Is the customer's order late?",
-                     "criteria": {"true": "it should have arrived", "false": "it is on time"}},
-        },
-    },
-    {
-        "state": {"ticket": 4471, "messages": ["Das Paket kam beschädigt an.", "Bitte ersetzen."]},
-        "questions": {
-            "replace": {"type": "noul", "instructions": "Does the customer ask for a replacement?"},
-            "tone": {"type": "choice", "instructions": "What is the tone?",
-                     "criteria": {"calm": None, "angry": None}},
-        },
-    },
-    {
-        "state": "Über naïve café — 日本語のテキスト, emoji 🙂 and numbers 0123456789.",
-        "questions": {"severity": {"type": "score", "instructions": "Rate the severity from low to high.",
-                                   "criteria": ["low", "medium", "high", "critical"]}},
-    },
-]
-
 
 # --------------------------------------------------------------------------------------------------------------
 # Small helpers (public where the tests or other commands may want them)
@@ -157,47 +126,6 @@ def merge_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: 
     return delta.to(torch.bfloat16)
 
 
-def bf16_ulp_distance(x: torch.Tensor, y: torch.Tensor) -> int:
-    """Largest distance between two bf16 tensors in units in the last place (0 means bitwise identical)."""
-    def ordered(t: torch.Tensor) -> torch.Tensor:
-        bits = t.contiguous().view(torch.int16).to(torch.int32)
-        magnitude = bits & 0x7FFF
-        return torch.where(bits < 0, -magnitude, magnitude)  # +0 and -0 both map to 0
-
-    if x.shape != y.shape:
-        raise ValueError(f"shapes differ: {tuple(x.shape)} vs {tuple(y.shape)}")
-    if x.numel() == 0:
-        return 0
-    return int((ordered(x.to(torch.bfloat16)) - ordered(y.to(torch.bfloat16))).abs().max())
-
-
-def peft_merge_and_unload(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, rank: int,
-                          alpha: float) -> torch.Tensor:
-    """What PEFT's ``merge_and_unload()`` makes of one ``nn.Linear`` holding ``weight`` with LoRA ``(a, b)``.
-
-    The linear keeps ``weight``'s dtype (bf16 for the published bases); the adapter is fp32, as in the reference.
-    """
-    from peft import LoraConfig, get_peft_model
-    from torch import nn
-
-    holder = nn.Module()
-    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-    linear.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
-    holder.proj = linear
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none", target_modules=["proj"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = get_peft_model(holder, config, autocast_adapter_dtype=True)
-    layer = model.base_model.model.proj
-    with torch.no_grad():
-        layer.lora_A["default"].weight.copy_(a)
-        layer.lora_B["default"].weight.copy_(b)
-    if layer.lora_A["default"].weight.dtype != torch.float32:
-        raise RuntimeError("PEFT did not keep the adapter in fp32")
-    merged = model.merge_and_unload()
-    return merged.proj.weight.detach()
-
-
 # --------------------------------------------------------------------------------------------------------------
 # The plan: everything checked and decided before anything is written
 
@@ -242,60 +170,6 @@ class _Plan:
     manifest: ExportManifest
     tokenizer_files: list[Path]
     parameters: int
-
-
-@dataclass
-class TensorCheck:
-    """Merged tensors against PEFT ``merge_and_unload()`` on the same inputs."""
-
-    modules: int = 0
-    bitwise: int = 0
-    max_ulp: int = 0
-    worst_module: str | None = None
-
-    def describe(self) -> str:
-        if self.modules == 0:
-            return "merged tensors: not compared with PEFT (verification off)"
-        if self.bitwise == self.modules:
-            how = "bitwise identical"
-        else:
-            how = (f"{self.bitwise} bitwise identical, the others within {self.max_ulp} bf16 ulp "
-                   f"(worst: {self.worst_module})")
-        return f"merged tensors vs PEFT merge_and_unload() on the same inputs: {self.modules} modules, {how}"
-
-
-@dataclass
-class ProbeCheck:
-    """Export vs the unmerged PEFT reference on :data:`PROBE_REQUESTS` (CPU, fp32, ``fast=False``)."""
-
-    ran: bool = False
-    skipped_reason: str = ""
-    requests: int = 0
-    candidates: int = 0
-    max_abs_dscore: float = float("nan")  # end to end: each side with its own tokenizer
-    max_abs_dp: float = float("nan")
-    decision_flips: int = 0
-    token_mismatches: int = 0  # probe candidates the export's and the base's tokenizers tokenize differently
-    same_tokens_max_abs_dscore: float = float("nan")  # the weights alone: both score the reference's token ids
-    same_tokens_max_abs_dp: float = float("nan")
-    export_tokenizer: str = ""
-    reference_tokenizer: str = ""
-    seconds: float = 0.0
-
-    def describe(self) -> list[str]:
-        if not self.ran:
-            return [f"score probe skipped: {self.skipped_reason}"]
-        out = [f"score probe (export vs unmerged PEFT reference, CPU fp32, fast=False, {self.requests} requests, "
-               f"{self.candidates} candidates): max |Δscore| = {self.max_abs_dscore:.3e}, "
-               f"max |Δp| = {self.max_abs_dp:.3e}, decision flips = {self.decision_flips}"]
-        if self.token_mismatches:
-            out.append(
-                f"WARNING: {self.token_mismatches} of {self.candidates} probe candidates tokenize differently when "
-                f"the tokenizer is loaded from the export ({self.export_tokenizer}) than from the base "
-                f"({self.reference_tokenizer}), although the tokenizer files are identical (Transformers picks the "
-                "tokenizer class from config.json's model_type); on the same token ids: max |Δscore| = "
-                f"{self.same_tokens_max_abs_dscore:.3e}, max |Δp| = {self.same_tokens_max_abs_dp:.3e}")
-        return out
 
 
 @dataclass
@@ -777,101 +651,6 @@ def _check_tokenizer(plan: _Plan, tmp: Path) -> None:
     halves = render_chat_halves(_load_tokenizer(tmp))
     if halves != (plan.manifest.chat_prefix, plan.manifest.chat_suffix):
         raise CheckpointError("verification failed: the exported tokenizer renders different chat halves than the base")
-
-
-def _flat_probabilities(response: dict) -> tuple[list[float], list[str]]:
-    values, decisions = [], []
-    for qid, answer in response["answers"].items():
-        if answer["type"] == "noul":
-            values.append(float(answer["noul"]))
-            decisions.append(f"{qid}:{answer['noul'] > 0.5}")
-        else:
-            values.extend(float(v) for v in answer["probabilities"].values())
-            ps = answer["probabilities"]
-            decisions.append(f"{qid}:{max(ps, key=ps.get)}")
-    return values, decisions
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """Silence Transformers' load reports, warnings and progress bars while the probe loads two models."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def _compare(responses_a, responses_b) -> tuple[float, int]:
-    dp, flips = 0.0, 0
-    for response_a, response_b in zip(responses_a, responses_b):
-        p_a, d_a = _flat_probabilities(response_a)
-        p_b, d_b = _flat_probabilities(response_b)
-        dp = max([dp] + [abs(x - y) for x, y in zip(p_a, p_b)])
-        flips += sum(x != y for x, y in zip(d_a, d_b))
-    return dp, flips
-
-
-def run_probe(export_dir, base_dir, package_dir, requests=None) -> ProbeCheck:
-    """Answer probe requests with the export and with the unmerged reference (CPU, fp32, reference path).
-
-    End to end: each model tokenizes with its own tokenizer (the export's from the export directory, the
-    reference's from the base directory) and answers through the steps of ``answer_requests(fast=False)``
-    (``prepare_request`` -> ``score_prepared`` -> ``build_answer``, called one by one so that the raw head scores
-    can be compared as well as the probabilities). When the two tokenizers disagree on a probe candidate, that
-    is reported (``token_mismatches``) and the export also scores the reference's token ids (``same_tokens_*``),
-    so the merge and the tokenizer loading can be told apart.
-    """
-    from .model import load_export, load_reference
-    from .scoring import build_answer, prepare_request, score_prepared
-
-    requests = PROBE_REQUESTS if requests is None else requests
-    start = time.perf_counter()
-    models = []
-    with _quiet_transformers():
-        for model in (load_export(export_dir, dtype="float32", device="cpu"),
-                      load_reference(base_dir, package_dir, dtype="float32", device="cpu")):
-            # The probe requests are fixed; score them whatever --max-length the export was given.
-            model.manifest = dataclasses.replace(model.manifest, max_length=16384)
-            models.append(model)
-    export_model, reference_model = models
-
-    def answer(model, prepared):
-        result = score_prepared(model, prepared, fast=False)
-        responses = [build_answer(model, p, s, seconds=result.seconds, prefix_cache=c, method="reference")
-                     for p, s, c in zip(prepared, result.scores, result.prefix_cache)]
-        return [s for req in result.scores for q in req for s in q], responses
-
-    with torch.no_grad():
-        prepared = [[prepare_request(m, r) for r in requests] for m in models]
-        (export_scores, export_responses), (reference_scores, reference_responses) = (
-            answer(m, p) for m, p in zip(models, prepared))
-        sequences = [[seq for p in per_model for seq in p.sequences] for per_model in prepared]
-        mismatches = sum(a != b for a, b in zip(*sequences)) + abs(len(sequences[0]) - len(sequences[1]))
-        check = ProbeCheck(ran=True, requests=len(requests), candidates=len(reference_scores),
-                           max_abs_dscore=max(abs(x - y) for x, y in zip(export_scores, reference_scores)),
-                           token_mismatches=mismatches)
-        check.max_abs_dp, check.decision_flips = _compare(export_responses, reference_responses)
-        if mismatches:
-            same_scores, same_responses = answer(export_model, prepared[1])
-            check.same_tokens_max_abs_dscore = max(abs(x - y) for x, y in zip(same_scores, reference_scores))
-            check.same_tokens_max_abs_dp, _ = _compare(same_responses, reference_responses)
-            check.export_tokenizer = type(export_model.tokenizer).__name__
-            check.reference_tokenizer = type(reference_model.tokenizer).__name__
-        else:
-            check.same_tokens_max_abs_dscore, check.same_tokens_max_abs_dp = check.max_abs_dscore, check.max_abs_dp
-    del export_model, reference_model, models
-    check.seconds = time.perf_counter() - start
-    return check
 
 
 def _missing_parents(path: Path) -> list[Path]:

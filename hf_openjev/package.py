@@ -13,7 +13,6 @@ with a message that says what to fix.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path

@@ -23,7 +23,8 @@ from safetensors.torch import load_file, save_file
 
 import hf_openjev.export as export_mod
 from hf_openjev.errors import CheckpointError
-from hf_openjev.export import PROBE_REQUESTS, bf16_ulp_distance, merge_lora
+from hf_openjev.export import merge_lora
+from hf_openjev.export_verify import PROBE_REQUESTS, bf16_ulp_distance
 from hf_openjev.tiny import TINY_MODEL_ID, write_tiny_base_and_package
 
 PUBLISHED = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "linear_attn": ("in_proj_qkv", "out_proj")}
