@@ -257,6 +257,9 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", default="1,8,16")
     parser.add_argument("--out", required=True)
     parser.add_argument("--fast-options", default="{}", help="JSON of score_fast options (e.g. min_shared_tokens)")
+    parser.add_argument("--sweep-min-shared", default="",
+                        help="e.g. 64,128,256,512: after the arms, one warm pass of C per prefix-sharing threshold "
+                             "(the break-even measurement behind planner.DEFAULT_MIN_SHARED_TOKENS)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     FAST_OPTIONS.update(json.loads(args.fast_options))
@@ -309,6 +312,18 @@ def main(argv=None) -> int:
     for arm in ("A", "B"):
         if "C" in results["arms"] and arm in results["arms"]:
             results[f"speedup_C_over_{arm}"] = results["arms"][arm]["mean_ms"] / results["arms"]["C"]["mean_ms"]
+    if args.sweep_min_shared:
+        sweep = {}
+        for threshold in [int(x) for x in args.sweep_min_shared.split(",") if x]:
+            FAST_OPTIONS["min_shared_tokens"] = threshold
+            run_pass(model, work, fast=True)  # warm: new shapes autotune here
+            times = [t * 1000 for t, _ in run_pass(model, work, fast=True)]
+            sweep[str(threshold)] = {**summarize(times), "table": table(work, times)}
+            print(f"min_shared_tokens={threshold}: mean {sweep[str(threshold)]['mean_ms']:.1f} ms", flush=True)
+        results["min_shared_sweep"] = sweep
+        FAST_OPTIONS.clear()  # back to the options the arms ran with
+        FAST_OPTIONS.update(json.loads(args.fast_options))
+        save()
     if "C" in arms:
         concurrency = {}
         for c in [int(x) for x in args.concurrency.split(",") if x]:
@@ -359,6 +374,11 @@ def write_markdown(results: dict, path: Path) -> None:
                   "| in flight | decisions/s | p50 ms | p95 ms | forwards |", "|---|---|---|---|---|"]
         lines += [f"| {c} | {v['decisions_per_s']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | {v['groups']} |"
                   for c, v in results["closed_loop"].items()]
+    if "min_shared_sweep" in results:
+        lines += ["", "## prefix-sharing threshold sweep (arm C, one warm pass each)", "",
+                  "| min_shared_tokens | mean ms | p50 ms | p95 ms |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['mean_ms']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} |"
+                  for k, v in results["min_shared_sweep"].items()]
     if "long_candidate" in results:
         lines.append(f"\nlong candidate: {results['long_candidate']}")
     path.write_text("\n".join(lines) + "\n")

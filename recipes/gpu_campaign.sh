@@ -4,11 +4,12 @@
 #   bash recipes/gpu_campaign.sh parity     # fast path vs reference, fp32 and bf16, mid-size shape (issue 5)
 #   bash recipes/gpu_campaign.sh bench      # the 27B benchmark, arms C, A, B (issue 8)
 #   bash recipes/gpu_campaign.sh serve      # closed-loop clients at 1/8/16 in flight, 27B (issues 7, 8)
+#   bash recipes/gpu_campaign.sh threshold  # prefix-sharing break-even: C at several min_shared_tokens (issue 5)
 # Each writes under $OUT/<stage>/ (markdown + JSON); copy them to recipes/results/<device>-<date>/ and commit.
 # Call with carry [".whl"] (recipes/device_wheels.sh fetches the wheels). fla autotunes each new shape
 # (~1-2 min on a fresh machine), so each stage starts with that cost.
 set -uo pipefail
-stage=${1:?stage: ops | parity | bench | serve}
+stage=${1:?stage: ops | parity | bench | serve | threshold}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -30,5 +31,8 @@ case "$stage" in
   serve)
     timeout 570 python3 "$REPO/recipes/bench_jevbench.py" --shape 27b --arms C --passes 1 \
       --concurrency 1,8,16 --long-candidate 0 --out "$out" 2>&1 | grep -v Loading | tail -12 ;;
+  threshold)
+    timeout 570 python3 "$REPO/recipes/bench_jevbench.py" --shape 27b --arms C --passes 1 --concurrency "" \
+      --long-candidate 0 --sweep-min-shared 64,128,256,512 --out "$out" 2>&1 | grep -v Loading | tail -12 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
