@@ -32,9 +32,18 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
             remaining_children[seg] = remaining_children.get(seg, 0) + 1
     store = {}
     leaf_scores: dict[int, torch.Tensor] = {}
+    use_graphs = options.cuda_graphs and device.type == "cuda"
     for pack in plan.packs:
-        ctx = build_pack_context(plan, pack, store, device, final_row_mlp=options.final_row_mlp)
-        rows = text_model(pack=ctx)  # [N, hidden]
+        graphed = use_graphs and not pack.external and not pack.export
+        ctx = build_pack_context(plan, pack, store, device, final_row_mlp=options.final_row_mlp, pad=graphed)
+        if graphed:
+            if record.graphs is None:
+                from .patches.cuda_graphs import PackGraphs
+
+                record.graphs = PackGraphs(text_model)
+            rows = record.graphs.run(ctx)[: len(ctx.leaf_ids)]  # a static buffer: the head reads it right away
+        else:
+            rows = text_model(pack=ctx)  # [N, hidden]
         if ctx.leaf_ids:
             scores = model.head(rows.float()).squeeze(-1)  # [N] fp32
             leaf_scores.update(zip(ctx.leaf_ids, scores))

@@ -21,6 +21,8 @@ import torch
 
 from hf_openjev.ops.varlen import prepare_varlen_metadata
 
+from .graph_buckets import bucket_sequences, bucket_tokens, pad_level
+
 
 @dataclass
 class SegmentState:
@@ -66,6 +68,16 @@ class PackContext:
     # exports: segment id -> (bank row, chain token rows of [external ; pack] K/V, chain length)
     exports: dict[int, tuple[int, torch.Tensor, int]] = field(default_factory=dict)
     exported: dict[int, SegmentState] = field(default_factory=dict)  # filled during the forward
+    graph_key: tuple | None = None  # set for a padded (graph-ready) context: equal keys, equal tensor shapes
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Every device input of the forward, in a fixed order (what a graph replay copies in)."""
+        out = [self.input_ids, self.positions, self.final_rows]
+        for level in self.levels:
+            out += [level.cu_seqlens, level.chunk_indices, level.parent_rows]
+            if level.has_parents:
+                out += [level.chain_index, level.cu_chain, level.chain_of_segment]
+        return out
 
     def record_recurrent(self, layer: int, gdn_bank: torch.Tensor, conv_bank: torch.Tensor) -> None:
         for seg, (row, _, length) in self.exports.items():
@@ -78,8 +90,17 @@ class PackContext:
             state.key[layer], state.value[layer] = key.index_select(0, chain), value.index_select(0, chain)
 
 
-def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, final_row_mlp: bool = True) -> PackContext:
-    """Lay out ``pack`` (a planner Pack of ``plan``) and route states; ``store`` holds earlier packs' exports."""
+def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, final_row_mlp: bool = True,
+                       pad: bool = False) -> PackContext:
+    """Lay out ``pack`` (a planner Pack of ``plan``) and route states; ``store`` holds earlier packs' exports.
+
+    ``pad=True`` (packs without external states or exports only) pads every level with dummy sequences to its
+    shape bucket (:mod:`.graph_buckets`) and sets ``graph_key``: contexts with equal keys have equal tensor
+    shapes, so one captured CUDA graph replays them all. Dummy tokens start from zero states, read no prefix and
+    are never scored, so the real sequences' results do not change.
+    """
+    if pad and (pack.external or pack.export):
+        raise ValueError("only packs without external states or exports can be padded for graph replay")
     segments = plan.segments
     in_pack = set(pack.segments)
     external = list(pack.external)
@@ -143,22 +164,38 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         for seg_id in ids:
             bank_row[seg_id] = next_row
             next_row += 1
+        if pad:  # dummy sequences: token 0 from position 0, zero state, no prefix block; their bank rows unused
+            for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
+                token_ids.extend([0] * length)
+                positions.extend(range(length))
+                cu.append(len(token_ids) - lo)
+                parent_rows.append(0)
+                chain_of_segment.append(0)
+                next_row += 1
         meta = prepare_varlen_metadata(cu, device=device)
+        has_parents = any(r != 0 for r in parent_rows)
         spec = LevelSpec(lo=lo, hi=len(token_ids), cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
-                         max_seqlen=meta.max_seqlen, has_parents=any(r != 0 for r in parent_rows),
+                         max_seqlen=(len(token_ids) - lo) if pad else meta.max_seqlen, has_parents=has_parents,
                          parent_rows=torch.tensor(parent_rows, dtype=torch.long, device=device))
-        if spec.has_parents:
+        if has_parents:
+            chain = [r for b in blocks for r in b]
             cu_chain = [0]
             for block in blocks:
                 cu_chain.append(cu_chain[-1] + len(block))
-            spec.chain_index = torch.tensor([r for b in blocks for r in b], dtype=torch.long, device=device)
+            spec.max_chain = max(len(b) for b in blocks)
+            if pad:  # rows past the last block are never read; empty blocks are never referenced
+                spec.max_chain = bucket_tokens(len(chain))
+                chain += [0] * (spec.max_chain - len(chain))
+                cu_chain += [cu_chain[-1]] * (bucket_sequences(len(cu_chain)) - len(cu_chain))
+            spec.chain_index = torch.tensor(chain, dtype=torch.long, device=device)
             spec.cu_chain = torch.tensor(cu_chain, dtype=torch.int32, device=device)
             spec.chain_of_segment = torch.tensor(chain_of_segment, dtype=torch.int32, device=device)
-            spec.max_chain = max(len(b) for b in blocks)
         levels.append(spec)
 
     leaf_ids = [s for s in pack.segments if segments[s].leaf is not None]
     final_rows = [start_of[s] + len(segments[s].tokens) - 1 for s in leaf_ids]
+    if pad:  # extra rows re-read row 0; callers keep the first len(leaf_ids) outputs
+        final_rows += [0] * (bucket_sequences(len(final_rows)) - len(final_rows))
     ctx = PackContext(
         input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -168,6 +205,10 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         final_row_mlp=final_row_mlp,
         n_external=len(external),
     )
+    if pad:
+        ctx.graph_key = (final_row_mlp, len(final_rows), tuple(
+            (level.hi - level.lo, tuple(level.cu_seqlens.shape), tuple(level.chunk_indices.shape), level.has_parents,
+             level.max_chain, tuple(level.cu_chain.shape) if level.has_parents else None) for level in levels))
     if external:
         first = store[external[0]]
         for layer in first.gdn:

@@ -27,12 +27,14 @@ class PatchOptions:
     shared_prefix: bool = True  # compute shared prefixes once and hand their states on
     final_row_mlp: bool = True  # last layer: post-norm + MLP + final norm on the scored rows only
     stacked_projections: bool = True  # one GEMM for GDN qkv|z|b|a, attention q|k|v, MLP gate|up (no weight copies)
+    cuda_graphs: bool = False  # replay packed forwards as CUDA graphs per shape bucket (not yet verified on a GPU)
 
 
 @dataclass
 class PatchRecord:
     options: PatchOptions
     replaced: list[tuple[nn.Module, type]] = field(default_factory=list)  # (module, its original class)
+    graphs: object | None = None  # a cuda_graphs.PackGraphs, created on the first graph-replayed pack
 
 
 def _patch_classes() -> dict[type, type]:
@@ -69,13 +71,14 @@ def patch_record(model) -> PatchRecord | None:
 
 
 def apply_patches(model, *, packed_candidates: bool = True, shared_prefix: bool = True,
-                  final_row_mlp: bool = True, stacked_projections: bool = True) -> PatchRecord:
+                  final_row_mlp: bool = True, stacked_projections: bool = True,
+                  cuda_graphs: bool = False) -> PatchRecord:
     """Patch ``model`` in place (idempotent: a second call only updates the options) and return the record.
 
     ``stacked_projections`` re-points the projection weights at slices of one stacked weight per module (same
     Parameter objects, same values, no extra memory); that layout stays after ``revert_patches``.
     """
-    options = PatchOptions(packed_candidates, shared_prefix, final_row_mlp, stacked_projections)
+    options = PatchOptions(packed_candidates, shared_prefix, final_row_mlp, stacked_projections, cuda_graphs)
     text_model = text_model_of(model)
     record = getattr(text_model, RECORD_ATTRIBUTE, None)
     if record is not None:

@@ -257,6 +257,7 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", default="1,8,16")
     parser.add_argument("--out", required=True)
     parser.add_argument("--fast-options", default="{}", help="JSON of score_fast options (e.g. min_shared_tokens)")
+    parser.add_argument("--cuda-graphs", action="store_true", help="arm C replays CUDA graphs per shape bucket")
     parser.add_argument("--sweep-min-shared", default="",
                         help="e.g. 64,128,256,512: after the arms, one warm pass of C per prefix-sharing threshold "
                              "(the break-even measurement behind planner.DEFAULT_MIN_SHARED_TOKENS)")
@@ -281,6 +282,11 @@ def main(argv=None) -> int:
     work = build_workload(shapes_file, vocab=248320, seed=args.seed, limit=args.limit)
     print(f"model {args.shape} built in {results['model_build_s']:.1f}s, {results['weights_gb']:.1f} GB; "
           f"{len(work)} requests", flush=True)
+    if args.cuda_graphs:
+        from hf_openjev.patches import apply_patches
+
+        apply_patches(model, cuda_graphs=True)
+    results["cuda_graphs"] = args.cuda_graphs
     responses = {}
     for arm in arms:
         fast = arm == "C"
@@ -302,6 +308,13 @@ def main(argv=None) -> int:
                                 "per_request_ms": per_request}
         print(f"arm {arm}: " + ", ".join(f"{k}={v:.1f}" for k, v in results["arms"][arm].items()
                                          if isinstance(v, float)), flush=True)
+        if arm == "C":
+            from hf_openjev.patches import patch_record
+
+            record = patch_record(model)
+            if record is not None and record.graphs is not None:
+                results["arms"][arm]["graphs"] = record.graphs.stats()
+                print(f"graphs: {record.graphs.stats()}", flush=True)
         if "A" in responses:  # parity as soon as both sides exist, so a cut-short run keeps it
             for other in ("B", "C"):
                 if other in responses and f"parity_{other}_vs_A" not in results:
@@ -334,7 +347,7 @@ def main(argv=None) -> int:
         save()
         if args.long_candidate:
             from hf_openjev.contract import parse_request
-            from hf_openjev.scoring import PreparedRequest
+            from hf_openjev.scoring import PreparedRequest, score_prepared
 
             parsed = parse_request({"state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}})
             rng = random.Random(1)

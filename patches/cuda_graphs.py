@@ -1,0 +1,70 @@
+"""CUDA-graph replay of packed forwards, one graph per shape bucket (:mod:`.graph_buckets`).
+
+The first pack of a new bucket runs once eagerly on a side stream (Triton autotuning, lazy allocations), is
+captured, and replays; later packs of the bucket copy their inputs into the captured context's tensors and
+replay. All graphs share one memory pool (they never run concurrently, and each graph's output is read before
+the next replay). At most ``capacity`` graphs are kept (least recently used first out); ``stats()`` reports
+captures, replays and evictions.
+
+Status: written against PyTorch's ``torch.cuda.CUDAGraph`` API and fla-core 0.6; the padding it relies on is
+tested on the CPU (padded and unpadded packs give the same rows), the capture itself has not run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+DEFAULT_CAPACITY = 256
+
+
+class PackGraphs:
+    """A bounded cache of captured packed forwards of one text model."""
+
+    def __init__(self, text_model, *, capacity: int = DEFAULT_CAPACITY):
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.text_model = text_model
+        self.capacity = capacity
+        self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, object, torch.Tensor]] = OrderedDict()
+        self.pool = None
+        self.captures = self.replays = self.evictions = 0
+
+    def stats(self) -> dict:
+        return {"graphs": len(self.graphs), "capacity": self.capacity, "captures": self.captures,
+                "replays": self.replays, "evictions": self.evictions}
+
+    def run(self, ctx) -> torch.Tensor:
+        """Rows ``[R_b, hidden]`` of a padded context (``ctx.graph_key`` set); keep the first ``len(leaf_ids)``."""
+        if ctx.graph_key is None:
+            raise ValueError("PackGraphs.run needs a padded context (build_pack_context(..., pad=True))")
+        entry = self.graphs.get(ctx.graph_key)
+        if entry is None:
+            return self._capture(ctx)
+        self.graphs.move_to_end(ctx.graph_key)
+        graph, static, output = entry
+        for dst, src in zip(static.static_tensors(), ctx.static_tensors()):
+            dst.copy_(src, non_blocking=True)
+        graph.replay()
+        self.replays += 1
+        return output
+
+    def _capture(self, ctx) -> torch.Tensor:
+        if len(self.graphs) >= self.capacity:
+            self.graphs.popitem(last=False)
+            self.evictions += 1
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: autotuning and first-call allocations stay out of the graph
+            self.text_model(pack=ctx)
+        torch.cuda.current_stream().wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            output = self.text_model(pack=ctx)
+        graph.replay()  # capture records the work without running it
+        self.graphs[ctx.graph_key] = (graph, ctx, output)
+        self.captures += 1
+        return output

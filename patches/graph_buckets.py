@@ -1,0 +1,51 @@
+"""Shape buckets for CUDA-graph replay of packed forwards (pure functions, tested on the CPU).
+
+A captured graph fixes, per level of a pack: the number of sequences, of tokens and of 64-token chunks (fla-core
+0.6's gated-delta-rule kernels size their grids from the chunk count and have no sentinel rows to skip). Each
+level is therefore padded with *dummy sequences* (>= 1 token each, zero initial state, outputs never read) whose
+lengths bring the level to ``N_b`` sequences and ``T_b`` tokens with a chunk count that only depends on the real
+chunk count, the padding and the number of dummies.
+"""
+
+from __future__ import annotations
+
+CHUNK = 64
+TOKEN_STEPS = ((512, 64), (1024, 128), (2048, 256), (4096, 512))  # (up to, granularity); beyond: 1024
+
+
+def bucket_sequences(n: int) -> int:
+    """The next power of two >= n (at least 1)."""
+    size = 1
+    while size < n:
+        size *= 2
+    return size
+
+
+def bucket_tokens(t: int) -> int:
+    """Round ``t`` up to a granularity that grows with it (at most ~12% padding past 512 tokens)."""
+    for limit, step in TOKEN_STEPS:
+        if t <= limit:
+            return -(-t // step) * step
+    return -(-t // 1024) * 1024
+
+
+def dummy_lengths(padding_tokens: int, count: int) -> list[int]:
+    """``count`` lengths >= 1 summing to ``padding_tokens``, with max(count, ceil(padding/64)) chunks in total."""
+    if count < 1 or padding_tokens < count:
+        raise ValueError(f"cannot split {padding_tokens} padding tokens into {count} non-empty dummy sequences")
+    if -(-padding_tokens // CHUNK) >= count:  # full 64-token dummies, the rest in the last one
+        return [CHUNK] * (count - 1) + [padding_tokens - CHUNK * (count - 1)]
+    base, extra = divmod(padding_tokens, count)  # every dummy within 1..64 tokens: one chunk each
+    return [base + 1] * extra + [base] * (count - extra)
+
+
+def chunks(lengths) -> int:
+    return sum(-(-length // CHUNK) for length in lengths)
+
+
+def pad_level(lengths: list[int]) -> list[int]:
+    """Dummy sequence lengths that pad a level with these real sequence lengths to its bucket."""
+    n, tokens = len(lengths), sum(lengths)
+    count = bucket_sequences(n + 1) - n  # always >= 1 dummy, so any padding has somewhere to go
+    padded_tokens = bucket_tokens(tokens + count)
+    return dummy_lengths(padded_tokens - tokens, count)
