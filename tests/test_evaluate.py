@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_openjev import evaluate as ev
+from hf_openjev.eval_tasks import task_from_row
 from hf_openjev.evaluate import EvalInputError, evaluate
 
 from shared_data import JEVBENCH_EASY as EASY  # noqa: E402
@@ -119,17 +120,17 @@ def test_probabilities_equal_the_pipeline_answers(easy_run, tiny_export):
 
 def test_task_request_orders_criteria_by_labels():
     row = easy_rows()[0]
-    task = ev.task_from_row(row, tier="easy", file="easy.jsonl", line=1)
+    task = task_from_row(row, tier="easy", file="easy.jsonl", line=1)
     question = task.request["questions"][row["id"]]
     assert list(question["criteria"]) == row["labels"] != sorted(row["labels"])
     assert task.request["state"] == row["state"] and question["type"] == "choice"
     score = {"id": "s", "state": {"a": 1}, "labels": ["0", "1", "2"], "expected": 2,
              "question": {"type": "score", "instructions": "How bad?", "criteria": ["low", "mid", "high"]}}
-    task = ev.task_from_row(score, tier="t", file="f", line=2)
+    task = task_from_row(score, tier="t", file="f", line=2)
     assert task.expected == "2" and task.request["questions"]["s"]["criteria"] == ["low", "mid", "high"]
     noul = {"state": "s", "labels": ["no", "yes"], "expected": "yes",
             "question": {"type": "noul", "instructions": "Is it?"}}
-    task = ev.task_from_row(noul, tier="t", file="f", line=7)
+    task = task_from_row(noul, tier="t", file="f", line=7)
     assert task.id == "t:7" and "criteria" not in task.request["questions"]["q"]
 
 
