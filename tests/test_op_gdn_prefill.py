@@ -42,6 +42,9 @@ def test_reference_matches_stock_transformers_per_sequence(state):
     for i in range(len(lengths)):
         sl = slice(cu[i], cu[i + 1])
         per_seq = [args[n][sl].unsqueeze(0) for n in ("q", "k", "v", "g", "beta")]
+        # value head h reads key head h // (HV // HK): spell the grouping out (transformers 5.17's stock function
+        # expects it done by its caller; later releases do it inside, a no-op on already-equal head counts)
+        per_seq[0], per_seq[1] = (x.repeat_interleave(HV // HK, dim=2) for x in per_seq[:2])
         h0 = args["initial_state"][i : i + 1]
         for stock in (torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule):
             o_ref, s_ref = stock(
