@@ -1,0 +1,37 @@
+"""recipes/bench_jevbench.py end to end on the tiny shape (CPU), so a broken driver never costs GPU time."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "bench_jevbench.py"
+
+
+def _load_recipe():
+    spec = importlib.util.spec_from_file_location("bench_jevbench", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
+    torch.set_num_threads(1)
+    bench = _load_recipe()
+    rc = bench.main(["--shape", "tiny", "--limit", "6", "--arms", "C,A", "--passes", "1", "--long-candidate", "40",
+                     "--concurrency", "1,3", "--sweep-min-shared", "64", "--dtype", "float32", "--out", str(tmp_path)])
+    assert rc == 0
+    results = json.loads((tmp_path / "bench_tiny_float32.json").read_text())
+    assert set(results["arms"]) == {"C", "A"}
+    assert results["arms"]["C"]["n"] == 6 and results["arms"]["A"]["n"] == 6
+    parity = results["parity_C_vs_A"]
+    assert parity["n"] == 6 and parity["max_abs_dp"] < 1e-4 and parity["decision_flips"] == 0  # fp32 on the CPU
+    assert set(results["closed_loop"]) == {"1", "3"}
+    assert all(v["decisions_per_s"] > 0 for v in results["closed_loop"].values())
+    assert set(results["min_shared_sweep"]) == {"64"}
+    assert results["long_candidate"]["tokens"] == 40
+    markdown = (tmp_path / "bench_tiny_float32.md").read_text()
+    assert "| C |" in markdown and "closed-loop" in markdown and "threshold sweep" in markdown
