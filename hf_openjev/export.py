@@ -212,7 +212,7 @@ class ExportReport:
         return out
 
 
-def _read_headers(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+def read_safetensors_headers(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """``{key: (shape, dtype)}`` from a safetensors header (no tensor data is read)."""
     try:
         with safe_open(str(path), framework="pt") as handle:
@@ -225,7 +225,7 @@ def _read_headers(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
         raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from exc
 
 
-def _expected_backbone(text_config) -> dict[str, tuple[int, ...]]:
+def expected_backbone_shapes(text_config) -> dict[str, tuple[int, ...]]:
     """Names and shapes of every weight ``Qwen3_5TextModel(text_config)`` loads (built on the meta device)."""
     from transformers import Qwen3_5TextModel
 
@@ -316,7 +316,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
         )
 
     files = base_weight_files(base_dir)
-    headers = {path: _read_headers(path) for path in files}
+    headers = {path: read_safetensors_headers(path) for path in files}
     index = base_dir / "model.safetensors.index.json"
     if index.is_file():
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
@@ -325,7 +325,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
             raise CheckpointError(f"{index}: tensors not found in the shard it names, e.g. {wrong[:3]}; "
                                   "the base download is inconsistent")
 
-    expected = _expected_backbone(text_config)
+    expected = expected_backbone_shapes(text_config)
     seen: dict[str, str] = {}
     found: dict[str, tuple[Path, str, tuple[int, ...], str]] = {}
     dropped: list[str] = []
@@ -638,7 +638,7 @@ def _check_written(plan: _Plan, tmp: Path, max_shard_bytes: int) -> None:
         size = path.stat().st_size
         if size > max_shard_bytes and len(shard.items) > 1:
             raise RuntimeError(f"{shard.filename} is {size} bytes, over the {max_shard_bytes}-byte shard limit")
-        headers = _read_headers(path)
+        headers = read_safetensors_headers(path)
         want = {item.name: (item.shape, "BF16") for item in shard.items}
         if headers != want:
             raise RuntimeError(f"{shard.filename}: written header does not match the plan")
