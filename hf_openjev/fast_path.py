@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .patches.cuda_graphs import MAX_GRAPH_TOKENS
 from .patches.pack_context import build_pack_context
 from .patches.record import apply_patches, patch_record, text_model_of
 from .planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, plan_requests
@@ -34,7 +35,7 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
     leaf_scores: dict[int, torch.Tensor] = {}
     use_graphs = options.cuda_graphs and device.type == "cuda"
     for pack in plan.packs:
-        graphed = use_graphs and not pack.external and not pack.export
+        graphed = use_graphs and not pack.external and not pack.export and pack.tokens(plan) <= MAX_GRAPH_TOKENS
         ctx = build_pack_context(plan, pack, store, device, final_row_mlp=options.final_row_mlp, pad=graphed)
         if graphed:
             if record.graphs is None:

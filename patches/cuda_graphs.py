@@ -6,17 +6,19 @@ replay. All graphs share one memory pool (they never run concurrently, and each 
 the next replay). At most ``capacity`` graphs are kept (least recently used first out); ``stats()`` reports
 captures, replays and evictions.
 
-Status: written against PyTorch's ``torch.cuda.CUDAGraph`` API and fla-core 0.6; the padding it relies on is
-tested on the CPU (padded and unpadded packs give the same rows), the capture itself has not run on a GPU yet.
+Captures use ``capture_error_mode="thread_local"``: the server's event-loop thread may touch CUDA while its
+worker thread captures. ``stats()`` also reports the seconds spent capturing (warm-up run included).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 
 import torch
 
 DEFAULT_CAPACITY = 256
+MAX_GRAPH_TOKENS = 4096  # larger packs run eagerly: their host overhead is negligible, their activations are not
 
 
 class PackGraphs:
@@ -30,10 +32,11 @@ class PackGraphs:
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, object, torch.Tensor]] = OrderedDict()
         self.pool = None
         self.captures = self.replays = self.evictions = 0
+        self.capture_s = 0.0
 
     def stats(self) -> dict:
         return {"graphs": len(self.graphs), "capacity": self.capacity, "captures": self.captures,
-                "replays": self.replays, "evictions": self.evictions}
+                "replays": self.replays, "evictions": self.evictions, "capture_s": round(self.capture_s, 3)}
 
     def run(self, ctx) -> torch.Tensor:
         """Rows ``[R_b, hidden]`` of a padded context (``ctx.graph_key`` set); keep the first ``len(leaf_ids)``."""
@@ -51,6 +54,7 @@ class PackGraphs:
         return output
 
     def _capture(self, ctx) -> torch.Tensor:
+        start = time.perf_counter()
         if len(self.graphs) >= self.capacity:
             self.graphs.popitem(last=False)
             self.evictions += 1
@@ -62,9 +66,10 @@ class PackGraphs:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             output = self.text_model(pack=ctx)
         graph.replay()  # capture records the work without running it
         self.graphs[ctx.graph_key] = (graph, ctx, output)
         self.captures += 1
+        self.capture_s += time.perf_counter() - start
         return output

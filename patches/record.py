@@ -27,7 +27,7 @@ class PatchOptions:
     shared_prefix: bool = True  # compute shared prefixes once and hand their states on
     final_row_mlp: bool = True  # last layer: post-norm + MLP + final norm on the scored rows only
     stacked_projections: bool = True  # one GEMM for GDN qkv|z|b|a, attention q|k|v, MLP gate|up (no weight copies)
-    cuda_graphs: bool = False  # replay packed forwards as CUDA graphs per shape bucket (not yet verified on a GPU)
+    cuda_graphs: bool = False  # replay packed forwards as CUDA graphs per shape bucket (patches/cuda_graphs.py)
 
 
 @dataclass

@@ -4,7 +4,9 @@ One process, one set of weights, three arms:
 
   A  stock Transformers, torch fallbacks (fla unbound), right-padded batches of up to 32 candidates
   B  stock Transformers with fla-core bound (what a user gets by installing it)
-  C  hf_openjev's fast path (packed candidates + shared prefixes + final-row last layer)
+  C  hf_openjev's fast path (packed candidates + shared prefixes + final-row last layer); with --cuda-graphs
+     its packs replay CUDA graphs
+  E  (optional, with --cuda-graphs) the same fast path eager, to separate graph replay from the rest
 
 Per arm: warm-up pass, then measured passes in request order; each request timed with a device synchronize at
 both ends, from token ids in to the response dict out. Reports mean / p50 / p95 (sorted[int(0.95 N) - 1]), the
@@ -139,7 +141,8 @@ def closed_loop(model, work, in_flight: int, *, max_wait_ms: float = 2.0) -> dic
     """``in_flight`` closed-loop clients over the workload through the server's batcher (fast path).
 
     Each client sends its next request as soon as its previous answer is back; the batcher groups whatever is
-    waiting under its token budget into one forward. Decisions = answered questions.
+    waiting under its token budget into one forward. Decisions = answered questions. One unmeasured run over the
+    workload first (groups of new shapes autotune / capture there), then the measured run.
     """
     import asyncio
 
@@ -170,7 +173,44 @@ def closed_loop(model, work, in_flight: int, *, max_wait_ms: float = 2.0) -> dic
         return {"in_flight": in_flight, "decisions_per_s": decisions / total, "groups": batcher.groups,
                 **summarize(latencies)}
 
-    return asyncio.run(run())
+    warm = asyncio.run(run())  # warm-up: batches of new shapes compile / capture here
+    before = graph_stats(model)
+    result = asyncio.run(run())
+    result["warmup_groups"] = warm["groups"]
+    after = graph_stats(model)
+    if after:
+        result["captures_while_measured"] = after["captures"] - before["captures"]
+    return result
+
+
+def graph_stats(model) -> dict | None:
+    from hf_openjev.patches import patch_record
+
+    record = patch_record(model)
+    return record.graphs.stats() if record is not None and record.graphs is not None else None
+
+
+def time_single(model, tokens: int, *, repeats: int) -> dict:
+    """One noul request with one candidate of ``tokens`` random tokens on the fast path: the first call (may
+    autotune / capture) and the median of the next ``repeats`` (timed like run_pass), peak memory."""
+    from hf_openjev.contract import parse_request
+    from hf_openjev.scoring import PreparedRequest, score_prepared
+
+    parsed = parse_request({"state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}})
+    rng = random.Random(tokens)
+    request = PreparedRequest(parsed, [[[rng.randrange(1000, 248320) for _ in range(tokens)]]])
+    reset_peak()
+    times = []
+    for _ in range(1 + repeats):
+        sync()
+        t = time.perf_counter()
+        score_prepared(model, [request], fast=True, **FAST_OPTIONS)
+        sync()
+        times.append((time.perf_counter() - t) * 1000)
+    out = {"tokens": tokens, "first_ms": times[0], "peak_memory_gb": peak_gb()}
+    if repeats:
+        out["median_ms"] = statistics.median(times[1:])
+    return out
 
 
 def summarize(times_ms: list[float]) -> dict:
@@ -255,6 +295,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--long-candidate", type=int, default=16384, help="also run one candidate this long on C")
     parser.add_argument("--concurrency", default="1,8,16")
+    parser.add_argument("--single", default="107,3400", help="also time one candidate of each length on C")
     parser.add_argument("--out", required=True)
     parser.add_argument("--fast-options", default="{}", help="JSON of score_fast options (e.g. min_shared_tokens)")
     parser.add_argument("--cuda-graphs", action="store_true", help="arm C replays CUDA graphs per shape bucket")
@@ -282,14 +323,16 @@ def main(argv=None) -> int:
     work = build_workload(shapes_file, vocab=248320, seed=args.seed, limit=args.limit)
     print(f"model {args.shape} built in {results['model_build_s']:.1f}s, {results['weights_gb']:.1f} GB; "
           f"{len(work)} requests", flush=True)
-    if args.cuda_graphs:
-        from hf_openjev.patches import apply_patches
+    from hf_openjev.patches import apply_patches
 
-        apply_patches(model, cuda_graphs=True)
     results["cuda_graphs"] = args.cuda_graphs
+    if "E" in arms and not args.cuda_graphs:
+        parser.error("arm E (fast path, eager) is only meaningful with --cuda-graphs")
     responses = {}
     for arm in arms:
-        fast = arm == "C"
+        fast = arm in ("C", "E")
+        if fast:
+            apply_patches(model, cuda_graphs=args.cuda_graphs and arm == "C")
         bind_fla(arm == "B")
         reset_peak()
         start = time.perf_counter()
@@ -297,7 +340,8 @@ def main(argv=None) -> int:
         if arm != "A":
             run_pass(model, work, fast=fast)  # warm-up: autotuning, compilation
         warmup_s = time.perf_counter() - start
-        for _ in range({"A": 1, "B": args.b_passes}.get(arm, args.passes)):
+        before = graph_stats(model) if arm == "C" else None
+        for _ in range({"A": 1, "B": args.b_passes, "E": 1}.get(arm, args.passes)):
             passes.append(run_pass(model, work, fast=fast))
         times = [t * 1000 for p in passes for t, _ in p]
         per_request = [statistics.fmean(p[i][0] * 1000 for p in passes) for i in range(len(work))]
@@ -308,23 +352,24 @@ def main(argv=None) -> int:
                                 "per_request_ms": per_request}
         print(f"arm {arm}: " + ", ".join(f"{k}={v:.1f}" for k, v in results["arms"][arm].items()
                                          if isinstance(v, float)), flush=True)
-        if arm == "C":
-            from hf_openjev.patches import patch_record
-
-            record = patch_record(model)
-            if record is not None and record.graphs is not None:
-                results["arms"][arm]["graphs"] = record.graphs.stats()
-                print(f"graphs: {record.graphs.stats()}", flush=True)
-        if "A" in responses:  # parity as soon as both sides exist, so a cut-short run keeps it
-            for other in ("B", "C"):
-                if other in responses and f"parity_{other}_vs_A" not in results:
-                    results[f"parity_{other}_vs_A"] = parity(responses["A"], responses[other])
-                    print(f"parity {other} vs A: {results[f'parity_{other}_vs_A']}", flush=True)
+        if before is not None:
+            stats = graph_stats(model)
+            stats["captures_while_measured"] = stats["captures"] - before["captures"]
+            results["arms"][arm]["graphs"] = stats
+            print(f"graphs: {stats}", flush=True)
+        # parity as soon as both sides exist, so a cut-short run keeps it
+        for ref, other in (("A", "B"), ("A", "C"), ("A", "E"), ("E", "C")):
+            key = f"parity_{other}_vs_{ref}"
+            if ref in responses and other in responses and key not in results:
+                results[key] = parity(responses[ref], responses[other])
+                print(f"parity {other} vs {ref}: {results[key]}", flush=True)
         save()
     bind_fla(True)
     for arm in ("A", "B"):
         if "C" in results["arms"] and arm in results["arms"]:
             results[f"speedup_C_over_{arm}"] = results["arms"][arm]["mean_ms"] / results["arms"]["C"]["mean_ms"]
+    if "C" in arms:  # the sweep and the closed loop run arm C as measured (graphs on with --cuda-graphs)
+        apply_patches(model, cuda_graphs=args.cuda_graphs)
     if args.sweep_min_shared:
         sweep = {}
         for threshold in [int(x) for x in args.sweep_min_shared.split(",") if x]:
@@ -345,20 +390,14 @@ def main(argv=None) -> int:
                   f"p50 {concurrency[str(c)]['p50_ms']:.1f} ms, p95 {concurrency[str(c)]['p95_ms']:.1f} ms", flush=True)
         results["closed_loop"] = concurrency
         save()
+        if args.single:
+            results["single_candidate"] = {}
+            for n in [int(x) for x in args.single.split(",") if x]:
+                results["single_candidate"][str(n)] = time_single(model, n, repeats=5)
+                print(f"single {n}-token candidate: {results['single_candidate'][str(n)]}", flush=True)
+            save()
         if args.long_candidate:
-            from hf_openjev.contract import parse_request
-            from hf_openjev.scoring import PreparedRequest, score_prepared
-
-            parsed = parse_request({"state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}})
-            rng = random.Random(1)
-            long = PreparedRequest(parsed, [[[rng.randrange(1000, 248320) for _ in range(args.long_candidate)]]])
-            reset_peak()
-            sync()
-            t = time.perf_counter()
-            score_prepared(model, [long], fast=True)
-            sync()
-            results["long_candidate"] = {"tokens": args.long_candidate, "ms": (time.perf_counter() - t) * 1000,
-                                         "peak_memory_gb": peak_gb()}
+            results["long_candidate"] = time_single(model, args.long_candidate, repeats=1)
             print(f"long candidate: {results['long_candidate']}", flush=True)
     save()
     write_markdown(results, out / f"bench_{args.shape}_{args.dtype}.md")
@@ -375,23 +414,30 @@ def write_markdown(results: dict, path: Path) -> None:
     for key in ("speedup_C_over_A", "speedup_C_over_B"):
         if key in results:
             lines.append(f"\n{key}: {results[key]:.2f}x")
-    for key in ("parity_C_vs_A", "parity_B_vs_A"):
+    for key in ("parity_C_vs_A", "parity_B_vs_A", "parity_E_vs_A", "parity_C_vs_E"):
         if key in results:
             lines.append(f"\n{key}: {results[key]}")
+    for arm, r in results["arms"].items():
+        if "graphs" in r:
+            lines.append(f"\narm {arm} CUDA graphs: {r['graphs']}")
     for arm, r in results["arms"].items():
         lines += ["", f"## arm {arm}: mean ms by kind x longest candidate", "", "| kind / bucket | n | mean ms |",
                   "|---|---|---|"]
         lines += [f"| {k} | {v['n']} | {v['mean_ms']:.1f} |" for k, v in r["table"].items()]
     if "closed_loop" in results:
         lines += ["", "## closed-loop clients through the server's batcher (arm C)", "",
-                  "| in flight | decisions/s | p50 ms | p95 ms | forwards |", "|---|---|---|---|---|"]
-        lines += [f"| {c} | {v['decisions_per_s']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | {v['groups']} |"
-                  for c, v in results["closed_loop"].items()]
+                  "| in flight | decisions/s | p50 ms | p95 ms | forwards | graph captures while measured |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {c} | {v['decisions_per_s']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | {v['groups']} | "
+                  f"{v.get('captures_while_measured', '-')} |" for c, v in results["closed_loop"].items()]
     if "min_shared_sweep" in results:
         lines += ["", "## prefix-sharing threshold sweep (arm C, one warm pass each)", "",
                   "| min_shared_tokens | mean ms | p50 ms | p95 ms |", "|---|---|---|---|"]
         lines += [f"| {k} | {v['mean_ms']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} |"
                   for k, v in results["min_shared_sweep"].items()]
+    for n, v in results.get("single_candidate", {}).items():
+        lines.append(f"\nsingle {n}-token candidate (C): median {v['median_ms']:.1f} ms of 5 (first call "
+                     f"{v['first_ms']:.1f} ms), peak {v['peak_memory_gb']:.1f} GB")
     if "long_candidate" in results:
         lines.append(f"\nlong candidate: {results['long_candidate']}")
     path.write_text("\n".join(lines) + "\n")

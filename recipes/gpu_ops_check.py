@@ -9,7 +9,8 @@
 3. median kernel time (CUDA events) at 107, 936, 3399 and 8192 tokens packed as 4/8/12/16 sequences, eager
    and graph-replayed; for the elementwise group also ``torch.compile`` of the plain code (+ graph-replayed).
 
-Writes ``ops_check.json`` and ``ops_check.md`` under --out. Exits 1 when an accuracy or capture check fails.
+Writes ``ops_check.json`` and ``ops_check.md`` under --out (after every section). ``--sections`` picks
+``accuracy,capture`` (correctness: may share the GPU) or ``bench`` (timing: run it alone). Exits 1 when an accuracy or capture check fails.
 """
 
 from __future__ import annotations
@@ -211,6 +212,8 @@ def main() -> int:
     parser.add_argument("--compile-budget-s", type=float, default=150.0,
                         help="skip further torch.compile benchmarks once this many seconds have passed")
     parser.add_argument("--ops", nargs="*", default=list(CASES), help="subset of: " + ", ".join(CASES))
+    parser.add_argument("--sections", default="accuracy,capture,bench",
+                        help="comma-separated: accuracy (bf16 and fp32), capture, bench (micro-benchmark)")
     parser.add_argument("--cpu-smoke", action="store_true", help="run only the accuracy section, on the CPU")
     cli = parser.parse_args()
     if cli.cpu_smoke:
@@ -224,22 +227,36 @@ def main() -> int:
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    sections = set(cli.sections.split(","))
     t0 = time.perf_counter()
-    result = dict(device=torch.cuda.get_device_name(), versions=versions(), accuracy=[], capture=[], bench=[])
-    # bf16 first (the serving dtype); fp32 accuracy last, since it re-autotunes fla's kernels for fp32
-    for name in cli.ops:
-        guarded(result["accuracy"], accuracy, name, torch.bfloat16)
-    for name in cli.ops:
-        guarded(result["capture"], capture, name)
-    for name in cli.ops:
-        for tokens in TOKENS:
-            guarded(result["bench"], bench, name, tokens, time.perf_counter() - t0 < cli.compile_budget_s)
-    for name in cli.ops:
-        guarded(result["accuracy"], accuracy, name, torch.float32)
-    result["elapsed_s"] = time.perf_counter() - t0
+    result = dict(device=torch.cuda.get_device_name(), versions=versions(), sections=sorted(sections),
+                  accuracy=[], capture=[], bench=[])
     cli.out.mkdir(parents=True, exist_ok=True)
-    (cli.out / "ops_check.json").write_text(json.dumps(result, indent=1, default=str))
-    (cli.out / "ops_check.md").write_text(markdown(result))
+
+    def save():  # after every section, so a run cut short by its time limit keeps what it measured
+        result["elapsed_s"] = time.perf_counter() - t0
+        (cli.out / "ops_check.json").write_text(json.dumps(result, indent=1, default=str))
+        (cli.out / "ops_check.md").write_text(markdown(result))
+
+    # bf16 first (the serving dtype); fp32 accuracy after, since it re-autotunes fla's kernels for fp32
+    if "accuracy" in sections:
+        for name in cli.ops:
+            guarded(result["accuracy"], accuracy, name, torch.bfloat16)
+        save()
+    if "capture" in sections:
+        for name in cli.ops:
+            guarded(result["capture"], capture, name)
+        save()
+    if "accuracy" in sections:
+        for name in cli.ops:
+            guarded(result["accuracy"], accuracy, name, torch.float32)
+        save()
+    if "bench" in sections:
+        for name in cli.ops:
+            for tokens in TOKENS:
+                guarded(result["bench"], bench, name, tokens, time.perf_counter() - t0 < cli.compile_budget_s)
+            save()
+    save()
     print(markdown(result))
     failed = [r["op"] for r in result["accuracy"] + result["capture"] if not r["ok"]]
     print(f"{'FAILED: ' + ', '.join(failed) if failed else 'all checks passed'} ({result['elapsed_s']:.0f} s)")

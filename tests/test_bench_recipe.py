@@ -21,11 +21,13 @@ def _load_recipe():
 def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     torch.set_num_threads(1)
     bench = _load_recipe()
-    rc = bench.main(["--shape", "tiny", "--limit", "6", "--arms", "C,A", "--passes", "1", "--long-candidate", "40",
-                     "--concurrency", "1,3", "--sweep-min-shared", "64", "--dtype", "float32", "--out", str(tmp_path)])
+    rc = bench.main(["--shape", "tiny", "--limit", "6", "--arms", "C,E,A", "--passes", "1", "--long-candidate", "40",
+                     "--single", "7,30", "--cuda-graphs", "--concurrency", "1,3", "--sweep-min-shared", "64",
+                     "--dtype", "float32", "--out", str(tmp_path)])
     assert rc == 0
     results = json.loads((tmp_path / "bench_tiny_float32.json").read_text())
-    assert set(results["arms"]) == {"C", "A"}
+    assert set(results["arms"]) == {"C", "E", "A"}  # on the CPU --cuda-graphs changes nothing: C is E
+    assert results["parity_C_vs_E"]["max_abs_dp"] == 0.0
     assert results["arms"]["C"]["n"] == 6 and results["arms"]["A"]["n"] == 6
     parity = results["parity_C_vs_A"]
     assert parity["n"] == 6 and parity["max_abs_dp"] < 1e-4 and parity["decision_flips"] == 0  # fp32 on the CPU
@@ -33,5 +35,7 @@ def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     assert all(v["decisions_per_s"] > 0 for v in results["closed_loop"].values())
     assert set(results["min_shared_sweep"]) == {"64"}
     assert results["long_candidate"]["tokens"] == 40
+    assert set(results["single_candidate"]) == {"7", "30"}
+    assert all(v["median_ms"] > 0 for v in results["single_candidate"].values())
     markdown = (tmp_path / "bench_tiny_float32.md").read_text()
     assert "| C |" in markdown and "closed-loop" in markdown and "threshold sweep" in markdown
