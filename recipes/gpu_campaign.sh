@@ -3,19 +3,21 @@
 #   bash recipes/gpu_campaign.sh check   # correctness, concurrently: ops vs references + capture (issue 4), the
 #                                        # -m gpu tests, fast path vs stock at the mid shape in fp32 and bf16 with
 #                                        # graphs (issue 5); then, alone, the ops micro-benchmark (issue 4)
+#   bash recipes/gpu_campaign.sh graphs  # the whole-model graph test and the mid-shape parity runs alone (a rerun
+#                                        # of check's parts that its first run missed)
 #   bash recipes/gpu_campaign.sh perf    # the 27B benchmark, arms C (graphs), A, B; singles; 16k candidate (issue 8)
 #   bash recipes/gpu_campaign.sh perf2   # 27B: prefix-sharing threshold sweep (issue 5), closed loop 1/8/16 (7, 8)
 # Each stage leaves its files under $OUT/<stage>/ and a tarball of them, $OUT/<stage>.tgz (the device returns at
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"] (and ".tcache"
 # when a previous call brought back $OUT/triton_cache.tgz: copy it to .tcache/ so fla need not recompile).
 set -uo pipefail
-stage=${1:?stage: check | perf | perf2}
+stage=${1:?stage: check | graphs | perf | perf2}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
 mkdir -p "$out"
 cd /tmp
-bench() { python3 "$REPO/recipes/bench_jevbench.py" "$@"; }
+bench="python3 $REPO/recipes/bench_jevbench.py"  # a command for timeout (a shell function would not run)
 start=$SECONDS
 case "$stage" in
   check)
@@ -27,11 +29,11 @@ case "$stage" in
     (timeout 280 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO"/tests/test_op_*.py \
       "$REPO/tests/test_cuda_graphs.py" -m gpu -q -p no:cacheprovider >"$out/pytest_gpu.log" 2>&1;
      echo "pytest rc=$?" >>"$out/pytest_gpu.log") &
-    (timeout 150 bench --shape mid --dtype float32 --arms C,A --passes 1 --limit 120 --concurrency "" \
+    (timeout 150 $bench --shape mid --dtype float32 --arms C,A --passes 1 --limit 120 --concurrency "" \
       --long-candidate 0 --single "" --out "$out/parity" >"$out/parity_fp32.log" 2>&1;
      echo "fp32 parity rc=$?" >>"$out/parity_fp32.log"
      left=$((280 - (SECONDS - start))); [ "$left" -lt 30 ] && left=30
-     timeout "$left" bench --shape mid --dtype bfloat16 --cuda-graphs --arms C,E,A --passes 1 \
+     timeout "$left" $bench --shape mid --dtype bfloat16 --cuda-graphs --arms C,E,A --passes 1 \
       --concurrency "" --long-candidate 0 --single "" --out "$out/parity" >"$out/parity_bf16.log" 2>&1;
      echo "bf16 parity rc=$?" >>"$out/parity_bf16.log") &
     wait
@@ -43,11 +45,25 @@ case "$stage" in
     timeout "$left" python3 "$REPO/recipes/gpu_ops_check.py" --sections bench --compile-budget-s $((left - 120)) \
       --out "$out/opsbench" >"$out/opsbench.log" 2>&1
     tail -n 5 "$out/opsbench.log" ;;
+  graphs)
+    # the whole-model CUDA-graph test alone (stack dump if it stalls), beside the mid-shape parity runs
+    export OMP_NUM_THREADS=4 FLA_CACHE_RESULTS=0
+    (timeout 280 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_cuda_graphs.py" \
+      -m gpu -q -p no:cacheprovider -o faulthandler_timeout=150 --durations=5 >"$out/pytest_graphs.log" 2>&1;
+     echo "pytest rc=$?" >>"$out/pytest_graphs.log") &
+    (timeout 200 $bench --shape mid --dtype float32 --arms C,A --passes 1 --limit 120 --concurrency "" \
+      --long-candidate 0 --single "" --out "$out/parity" >"$out/parity_fp32.log" 2>&1;
+     echo "fp32 parity rc=$?" >>"$out/parity_fp32.log") &
+    (timeout 280 $bench --shape mid --dtype bfloat16 --cuda-graphs --arms C,E,A --passes 1 \
+      --concurrency "" --long-candidate 0 --single "" --out "$out/parity" >"$out/parity_bf16.log" 2>&1;
+     echo "bf16 parity rc=$?" >>"$out/parity_bf16.log") &
+    wait
+    for f in "$out"/*.log; do echo "=== $f"; grep -v Loading "$f" | tail -n 14; done ;;
   perf)
-    timeout 565 bench --shape 27b --cuda-graphs --arms C,A,B --passes 2 --b-passes 1 --concurrency "" \
+    timeout 565 $bench --shape 27b --cuda-graphs --arms C,A,B --passes 2 --b-passes 1 --concurrency "" \
       --single 107,3400 --long-candidate 16384 --out "$out" 2>&1 | grep -v Loading | tail -n 25 ;;
   perf2)
-    timeout 565 bench --shape 27b --cuda-graphs --arms C --passes 1 --concurrency 1,8,16 --single "" \
+    timeout 565 $bench --shape 27b --cuda-graphs --arms C --passes 1 --concurrency 1,8,16 --single "" \
       --long-candidate 0 --sweep-min-shared 128,256,512,1000000 --out "$out" 2>&1 | grep -v Loading | tail -n 25 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
