@@ -1,7 +1,9 @@
 """The fast path: plan (prefix tree + packs), run each pack through the patched backbone, head in fp32.
 
 ``score_fast(model, requests_tokens)`` scores ``requests_tokens[r][q][c]`` (token ids) and returns the flat
-scores in request/question/candidate order plus one ``prefix_cache`` report per request.
+scores in request/question/candidate order plus one ``prefix_cache`` report per request. On CUDA (patch option
+``cuda_graphs``, on by default) every pack that neither receives nor hands on prefix states and has at most
+``MAX_GRAPH_TOKENS`` tokens is padded to its shape bucket and replayed as a CUDA graph; other packs run eagerly.
 """
 
 from __future__ import annotations

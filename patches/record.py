@@ -27,7 +27,7 @@ class PatchOptions:
     shared_prefix: bool = True  # compute shared prefixes once and hand their states on
     final_row_mlp: bool = True  # last layer: post-norm + MLP + final norm on the scored rows only
     stacked_projections: bool = True  # one GEMM for GDN qkv|z|b|a, attention q|k|v, MLP gate|up (no weight copies)
-    cuda_graphs: bool = False  # replay packed forwards as CUDA graphs per shape bucket (patches/cuda_graphs.py)
+    cuda_graphs: bool = True  # on CUDA, replay packed forwards as CUDA graphs per shape bucket (cuda_graphs.py)
 
 
 @dataclass
@@ -72,7 +72,7 @@ def patch_record(model) -> PatchRecord | None:
 
 def apply_patches(model, *, packed_candidates: bool = True, shared_prefix: bool = True,
                   final_row_mlp: bool = True, stacked_projections: bool = True,
-                  cuda_graphs: bool = False) -> PatchRecord:
+                  cuda_graphs: bool = True) -> PatchRecord:
     """Patch ``model`` in place (idempotent: a second call only updates the options) and return the record.
 
     ``stacked_projections`` re-points the projection weights at slices of one stacked weight per module (same

@@ -6,7 +6,7 @@ One process, one set of weights, three arms:
   B  stock Transformers with fla-core bound (what a user gets by installing it)
   C  hf_openjev's fast path (packed candidates + shared prefixes + final-row last layer); with --cuda-graphs
      its packs replay CUDA graphs
-  E  (optional, with --cuda-graphs) the same fast path eager, to separate graph replay from the rest
+  E  (optional) the same fast path eager, beside graph-replayed C, to separate graph replay from the rest
 
 Per arm: warm-up pass, then measured passes in request order; each request timed with a device synchronize at
 both ends, from token ids in to the response dict out. Reports mean / p50 / p95 (sorted[int(0.95 N) - 1]), the
@@ -298,7 +298,9 @@ def main(argv=None) -> int:
     parser.add_argument("--single", default="107,3400", help="also time one candidate of each length on C")
     parser.add_argument("--out", required=True)
     parser.add_argument("--fast-options", default="{}", help="JSON of score_fast options (e.g. min_shared_tokens)")
-    parser.add_argument("--cuda-graphs", action="store_true", help="arm C replays CUDA graphs per shape bucket")
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="arm C replays CUDA graphs per shape bucket (the library's default on CUDA); "
+                             "--no-cuda-graphs measures the eager fast path")
     parser.add_argument("--sweep-min-shared", default="",
                         help="e.g. 64,128,256,512: after the arms, one warm pass of C per prefix-sharing threshold "
                              "(the break-even measurement behind planner.DEFAULT_MIN_SHARED_TOKENS)")
@@ -327,7 +329,7 @@ def main(argv=None) -> int:
 
     results["cuda_graphs"] = args.cuda_graphs
     if "E" in arms and not args.cuda_graphs:
-        parser.error("arm E (fast path, eager) is only meaningful with --cuda-graphs")
+        parser.error("arm E (fast path, eager) is only meaningful beside graph-replayed C (drop --no-cuda-graphs)")
     responses = {}
     for arm in arms:
         fast = arm in ("C", "E")
@@ -383,12 +385,12 @@ def main(argv=None) -> int:
         FAST_OPTIONS.update(json.loads(args.fast_options))
         save()
     if "C" in arms:
-        concurrency = {}
+        concurrency = results["closed_loop"] = {}
         for c in [int(x) for x in args.concurrency.split(",") if x]:
             concurrency[str(c)] = closed_loop(model, work, c)
+            save()  # after every level, so a run cut short keeps the levels it finished
             print(f"closed loop, {c} in flight: {concurrency[str(c)]['decisions_per_s']:.1f} decisions/s, "
                   f"p50 {concurrency[str(c)]['p50_ms']:.1f} ms, p95 {concurrency[str(c)]['p95_ms']:.1f} ms", flush=True)
-        results["closed_loop"] = concurrency
         save()
         if args.single:
             results["single_candidate"] = {}

@@ -63,8 +63,8 @@ case "$stage" in
     timeout 565 $bench --shape 27b --cuda-graphs --arms C,A,B --passes 2 --b-passes 1 --concurrency "" \
       --single 107,3400 --long-candidate 16384 --out "$out" 2>&1 | grep -v Loading | tail -n 25 ;;
   perf2)
-    timeout 565 $bench --shape 27b --cuda-graphs --arms C --passes 1 --concurrency 1,8,16 --single "" \
-      --long-candidate 0 --sweep-min-shared 128,256,512,1000000 --out "$out" 2>&1 | grep -v Loading | tail -n 25 ;;
+    timeout 440 $bench --shape 27b --cuda-graphs --arms C --passes 1 --concurrency 1,8,16 --single "" \
+      --long-candidate 0 --sweep-min-shared 256,1000000 --out "$out" 2>&1 | grep -v Loading | tail -n 25 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .

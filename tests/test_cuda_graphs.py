@@ -94,3 +94,32 @@ def test_graph_replay_matches_eager_on_cuda(tiny_checkpoint):
     for e, f, a in zip(eager, first, again):
         assert f == a
         assert max(abs(x - y) for x, y in zip(e, f)) < 0.05  # bf16: padded GEMM shapes round differently
+
+
+def test_a_bounded_graph_cache_covers_the_jevbench_workload():
+    """The 231 JevBench request shapes (recipes/data) need fewer graph buckets than the cache holds, at <= 20%
+    padding, and almost every pack is graph-ready (design: a cache smaller than the shapes in use thrashes)."""
+    import json
+    from pathlib import Path
+
+    from hf_openjev.patches.cuda_graphs import DEFAULT_CAPACITY, MAX_GRAPH_TOKENS
+
+    shapes = json.loads((Path(__file__).resolve().parents[1] / "recipes/data/jevbench231-shapes.json").read_text())
+    rng = random.Random(0)
+    keys, packs, eager, real, padded = set(), 0, 0, 0, 0
+    for item in shapes["requests"]:
+        prefix = [rng.randrange(5, 1000) for _ in range(item["prefix_tokens"])]
+        plan = plan_requests([[[prefix + [rng.randrange(5, 1000) for _ in range(n)] for n in item["suffix_tokens"]]]])
+        for pack in plan.packs:
+            packs += 1
+            if pack.external or pack.export or pack.tokens(plan) > MAX_GRAPH_TOKENS:
+                eager += 1
+                continue
+            ctx = build_pack_context(plan, pack, {}, "cpu", pad=True)
+            keys.add(ctx.graph_key)
+            real += pack.tokens(plan)
+            padded += ctx.input_ids.shape[0]
+    assert len(shapes["requests"]) == 231
+    assert 10 < len(keys) <= DEFAULT_CAPACITY // 2  # room to spare for the server's merged groups
+    assert eager <= packs // 50
+    assert padded <= 1.2 * real
