@@ -38,7 +38,8 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
     use_graphs = options.cuda_graphs and device.type == "cuda"
     for pack in plan.packs:
         graphed = use_graphs and not pack.external and not pack.export and pack.tokens(plan) <= MAX_GRAPH_TOKENS
-        ctx = build_pack_context(plan, pack, store, device, final_row_mlp=options.final_row_mlp, pad=graphed)
+        ctx = build_pack_context(plan, pack, store, device, final_row_mlp=options.final_row_mlp,
+                                 compile_elementwise=options.compile_elementwise, pad=graphed)
         if graphed:
             if record.graphs is None:
                 from .patches.cuda_graphs import PackGraphs

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 
+from .compiled_elementwise import elementwise_functions
 from .stacked_projections import projections
 
 
@@ -20,19 +21,26 @@ class PackedDecoderLayer(qwen.Qwen3_5DecoderLayer):
     def forward(self, hidden_states, *args, pack=None, rotary=None, final_rows=None, **kwargs):
         if pack is None:
             return super().forward(hidden_states, *args, **kwargs)
+        ew = elementwise_functions(pack.compile_elementwise, hidden_states.device)
         residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
+        norm = self.input_layernorm
+        hidden_states = ew.rms_norm(hidden_states, norm.weight, norm.eps)
         if self.block_type == "linear_attention":
             hidden_states = self.linear_attn(hidden_states, pack=pack)
         else:
             hidden_states, _ = self.self_attn(hidden_states, pack=pack, rotary=rotary)
-        hidden_states = residual + hidden_states
-        if final_rows is not None:
-            hidden_states = hidden_states.index_select(0, final_rows)  # [N, hidden]
-        residual = hidden_states
-        gate, up = projections(self.mlp, self.post_attention_layernorm(hidden_states))
-        hidden_states = self.mlp.down_proj(self.mlp.act_fn(gate) * up)
-        return residual + hidden_states
+        norm = self.post_attention_layernorm
+        if final_rows is None:
+            hidden_states, residual = ew.add_rms_norm(hidden_states, residual, norm.weight, norm.eps)
+        else:
+            residual = (residual + hidden_states).index_select(0, final_rows)  # [N, hidden]
+            hidden_states = ew.rms_norm(residual, norm.weight, norm.eps)
+        gate, up = projections(self.mlp, hidden_states)
+        if self.mlp.config.hidden_act == "silu":
+            hidden_states = ew.silu_mul(gate, up)
+        else:
+            hidden_states = self.mlp.act_fn(gate) * up
+        return residual + self.mlp.down_proj(hidden_states)
 
 
 class PackedTextModel(qwen.Qwen3_5TextModel):

@@ -8,7 +8,6 @@ with a :class:`~hf_openjev.patches.pack_context.PackContext` they run every leve
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 
 import hf_openjev.ops  # noqa: F401 - registers torch.ops.hf_openjev.*
@@ -16,6 +15,7 @@ from hf_openjev.ops.causal_conv import causal_conv1d_packed
 from hf_openjev.ops.gdn_prefill import gdn_prefill
 from hf_openjev.ops.packed_attention import packed_attention, prefix_attention
 
+from .compiled_elementwise import elementwise_functions
 from .stacked_projections import projections
 
 
@@ -37,8 +37,8 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
     T = x.shape[0]
     qkv, z, b, a = projections(m, x)  # [T, 2*Kd + Vd], [T, Vd], [T, Hv], [T, Hv]
     qkv = qkv.contiguous()
-    beta = b.sigmoid()
-    g = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias)  # [T, Hv] fp32
+    ew = elementwise_functions(pack.compile_elementwise, x.device)
+    g, beta = ew.gdn_gates(a, b, m.A_log, m.dt_bias)  # [T, Hv] fp32, [T, Hv]
     conv_weight = m.conv1d.weight.squeeze(1)  # [C, K]
     layer = m.layer_idx
     gdn_bank = _bank(x.new_zeros(1, m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32),
@@ -63,7 +63,8 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
     if pack.exports:
         pack.record_recurrent(layer, torch.cat(gdn_bank), torch.cat(conv_bank))
     core = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # [T, Hv, Dv]
-    core = m.norm(core.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim)).reshape(T, -1)
+    core = ew.gated_rms_norm(core.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim), m.norm.weight,
+                             m.norm.variance_epsilon).reshape(T, -1)
     return m.out_proj(core)
 
 
@@ -82,8 +83,9 @@ def packed_gated_attention(m: qwen.Qwen3_5Attention, x: torch.Tensor, pack, rota
     query_gate, key, value = projections(m, x)
     query, gate = torch.chunk(query_gate.reshape(T, -1, 2 * D), 2, dim=-1)  # [T, H, D] each
     gate = gate.reshape(T, -1)
-    query = m.q_norm(query)
-    key = m.k_norm(key.reshape(T, -1, D))  # [T, Hkv, D]
+    ew = elementwise_functions(pack.compile_elementwise, x.device)
+    query = ew.rms_norm(query, m.q_norm.weight, m.q_norm.eps)
+    key = ew.rms_norm(key.reshape(T, -1, D), m.k_norm.weight, m.k_norm.eps)  # [T, Hkv, D]
     value = value.reshape(T, -1, D)
     cos, sin = rotary
     query, key = qwen.apply_rotary_pos_emb(query, key, cos, sin, unsqueeze_dim=1)
@@ -108,5 +110,5 @@ def packed_gated_attention(m: qwen.Qwen3_5Attention, x: torch.Tensor, pack, rota
     if pack.exports:
         pack.record_kv(layer, all_key, all_value)
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # [T, H, D]
-    out = out.reshape(T, -1) * torch.sigmoid(gate)
+    out = ew.sigmoid_gate(out.reshape(T, -1), gate)
     return m.o_proj(out)

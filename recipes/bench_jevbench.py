@@ -298,6 +298,8 @@ def main(argv=None) -> int:
     parser.add_argument("--single", default="107,3400", help="also time one candidate of each length on C")
     parser.add_argument("--out", required=True)
     parser.add_argument("--fast-options", default="{}", help="JSON of score_fast options (e.g. min_shared_tokens)")
+    parser.add_argument("--patch-options", default="{}",
+                        help='JSON of apply_patches options for C and E, e.g. {"compile_elementwise": true}')
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                         help="arm C replays CUDA graphs per shape bucket (the library's default on CUDA); "
                              "--no-cuda-graphs measures the eager fast path")
@@ -328,13 +330,15 @@ def main(argv=None) -> int:
     from hf_openjev.patches import apply_patches
 
     results["cuda_graphs"] = args.cuda_graphs
+    patch_options = json.loads(args.patch_options)
+    results["patch_options"] = patch_options
     if "E" in arms and not args.cuda_graphs:
         parser.error("arm E (fast path, eager) is only meaningful beside graph-replayed C (drop --no-cuda-graphs)")
     responses = {}
     for arm in arms:
         fast = arm in ("C", "E")
         if fast:
-            apply_patches(model, cuda_graphs=args.cuda_graphs and arm == "C")
+            apply_patches(model, **patch_options, cuda_graphs=args.cuda_graphs and arm == "C")
         bind_fla(arm == "B")
         reset_peak()
         start = time.perf_counter()
@@ -371,7 +375,7 @@ def main(argv=None) -> int:
         if "C" in results["arms"] and arm in results["arms"]:
             results[f"speedup_C_over_{arm}"] = results["arms"][arm]["mean_ms"] / results["arms"]["C"]["mean_ms"]
     if "C" in arms:  # the sweep and the closed loop run arm C as measured (graphs on with --cuda-graphs)
-        apply_patches(model, cuda_graphs=args.cuda_graphs)
+        apply_patches(model, **patch_options, cuda_graphs=args.cuda_graphs)
     if args.sweep_min_shared:
         sweep = {}
         for threshold in [int(x) for x in args.sweep_min_shared.split(",") if x]:
@@ -409,6 +413,7 @@ def main(argv=None) -> int:
 def write_markdown(results: dict, path: Path) -> None:
     lines = [f"# JevBench-231 benchmark, {results['shape']} shape, {results['dtype']}, random weights", "",
              f"Command: `{results['command']}`", "", "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
+             "", f"CUDA graphs: {results.get('cuda_graphs')}; patch options: {results.get('patch_options', {})}",
              "", "| arm | n | mean ms | p50 ms | p95 ms | warm-up s | passes | peak GB |", "|---|---|---|---|---|---|---|---|"]
     for arm, r in results["arms"].items():
         lines.append(f"| {arm} | {r['n']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "

@@ -123,3 +123,11 @@ def test_a_bounded_graph_cache_covers_the_jevbench_workload():
     assert 10 < len(keys) <= DEFAULT_CAPACITY // 2  # room to spare for the server's merged groups
     assert eager <= packs // 50
     assert padded <= 1.2 * real
+
+
+def test_graph_keys_tell_compiled_from_plain_elementwise():
+    plan = plan_requests([[[[7] * 70 + [8], [7] * 70 + [9]]]])
+    plain = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True)
+    compiled = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True, compile_elementwise=True)
+    assert compiled.compile_elementwise and not plain.compile_elementwise
+    assert compiled.graph_key != plain.graph_key  # a graph captured with one never replays for the other

@@ -1,0 +1,53 @@
+"""patches/compiled_elementwise.py: which functions a packed forward gets, and the compiled ones against the plain."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_openjev.patches.compiled_elementwise import PLAIN, _compiled, elementwise_functions, gdn_gates
+
+torch.set_num_threads(1)
+
+
+def test_compiled_only_when_asked_and_on_cuda():
+    assert elementwise_functions(False, torch.device("cpu")) is PLAIN
+    assert elementwise_functions(True, torch.device("cpu")) is PLAIN  # CPU: plain code either way
+    assert elementwise_functions(False, torch.device("cuda")) is PLAIN
+    compiled = elementwise_functions(True, torch.device("cuda"))  # wrappers only: nothing compiles until called
+    assert compiled is not PLAIN and set(vars(compiled)) == set(vars(PLAIN))
+
+
+def test_gdn_gates_are_the_stock_gate_math():
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(7, 6, generator=gen).bfloat16(), torch.randn(7, 6, generator=gen).bfloat16()
+    A_log, dt_bias = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
+    assert g.dtype == torch.float32 and beta.dtype == torch.bfloat16
+    assert (g <= 0).all()  # a log decay
+    expected = -A_log.exp() * torch.log1p((a.float() + dt_bias).exp())  # softplus written out
+    torch.testing.assert_close(g, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(beta, torch.sigmoid(b.float()).bfloat16())
+
+
+@pytest.mark.slow
+def test_compiled_functions_match_the_plain_ones_on_odd_sizes():
+    """Inductor (CPU here, CUDA in production) with dynamic shapes: two token counts, one compile each function."""
+    compiled = _compiled()
+    gen = torch.Generator().manual_seed(1)
+
+    def r(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    for tokens in (37, 300):
+        cases = {
+            "rms_norm": (r(tokens, 3, 32), r(32) * 0.1, 1e-6),
+            "add_rms_norm": (r(tokens, 48), r(tokens, 48), r(48) * 0.1, 1e-6),
+            "gated_rms_norm": (r(tokens * 3, 16), r(tokens * 3, 16), r(16), 1e-6),
+            "silu_mul": (r(tokens, 40), r(tokens, 40)),
+            "sigmoid_gate": (r(tokens, 24), r(tokens, 24)),
+            "gdn_gates": (r(tokens, 6), r(tokens, 6), r(6), r(6)),
+        }
+        for name, args in cases.items():
+            torch.testing.assert_close(getattr(compiled, name)(*args), getattr(PLAIN, name)(*args),
+                                       rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
