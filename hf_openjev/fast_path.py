@@ -39,7 +39,8 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
     for pack in plan.packs:
         graphed = use_graphs and not pack.external and not pack.export and pack.tokens(plan) <= MAX_GRAPH_TOKENS
         ctx = build_pack_context(plan, pack, store, device, final_row_mlp=options.final_row_mlp,
-                                 compile_elementwise=options.compile_elementwise, pad=graphed)
+                                 compile_elementwise=options.compile_elementwise, gdn_fp32=options.gdn_fp32,
+                                 pad=graphed)
         if graphed:
             if record.graphs is None:
                 from .patches.cuda_graphs import PackGraphs

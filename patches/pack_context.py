@@ -61,6 +61,7 @@ class PackContext:
     leaf_ids: list[int]
     final_row_mlp: bool = True
     compile_elementwise: bool = False  # the layers' elementwise work through Inductor (compiled_elementwise.py)
+    gdn_fp32: bool = False  # Gated DeltaNet kernel fed fp32 q/k/v (more precise intermediates, slower)
     n_external: int = 0
     external_gdn: dict[int, torch.Tensor] = field(default_factory=dict)  # [E, Hv, Dk, Dv]
     external_conv: dict[int, torch.Tensor] = field(default_factory=dict)  # [E, C, K]
@@ -92,7 +93,7 @@ class PackContext:
 
 
 def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, final_row_mlp: bool = True,
-                       compile_elementwise: bool = False, pad: bool = False) -> PackContext:
+                       compile_elementwise: bool = False, gdn_fp32: bool = False, pad: bool = False) -> PackContext:
     """Lay out ``pack`` (a planner Pack of ``plan``) and route states; ``store`` holds earlier packs' exports.
 
     ``pad=True`` (packs without external states or exports only) pads every level with dummy sequences to its
@@ -205,10 +206,11 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         leaf_ids=leaf_ids,
         final_row_mlp=final_row_mlp,
         compile_elementwise=compile_elementwise,
+        gdn_fp32=gdn_fp32,
         n_external=len(external),
     )
     if pad:
-        ctx.graph_key = (final_row_mlp, compile_elementwise, len(final_rows), tuple(
+        ctx.graph_key = (final_row_mlp, compile_elementwise, gdn_fp32, len(final_rows), tuple(
             (level.hi - level.lo, tuple(level.cu_seqlens.shape), tuple(level.chunk_indices.shape), level.has_parents,
              level.max_chain, tuple(level.cu_chain.shape) if level.has_parents else None) for level in levels))
     if external:

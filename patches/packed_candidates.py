@@ -56,8 +56,10 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         q = q.reshape(n, m.num_k_heads, m.head_k_dim)
         k = k.reshape(n, m.num_k_heads, m.head_k_dim)
         v = v.reshape(n, m.num_v_heads, m.head_v_dim)
+        if pack.gdn_fp32:  # fla then keeps its WY factors and chunk states in fp32 too (the stock fallback does)
+            q, k, v = q.float(), k.float(), v.float()
         out, gdn_final = gdn_prefill(q, k, v, g[rows], beta[rows], level.cu_seqlens, gdn_init, level.chunk_indices)
-        outputs.append(out)
+        outputs.append(out.to(x.dtype))
         gdn_bank.append(gdn_final)
         conv_bank.append(conv_final)
     if pack.exports:

@@ -29,6 +29,7 @@ class PatchOptions:
     stacked_projections: bool = True  # one GEMM for GDN qkv|z|b|a, attention q|k|v, MLP gate|up (no weight copies)
     cuda_graphs: bool = True  # on CUDA, replay packed forwards as CUDA graphs per shape bucket (cuda_graphs.py)
     compile_elementwise: bool = False  # on CUDA, norms / SiLU-mul / gates through torch.compile (not yet measured)
+    gdn_fp32: bool = False  # feed the GDN kernel fp32 q/k/v, for parity with the stock fp32 fallback (not yet measured)
 
 
 @dataclass
@@ -73,14 +74,15 @@ def patch_record(model) -> PatchRecord | None:
 
 def apply_patches(model, *, packed_candidates: bool = True, shared_prefix: bool = True,
                   final_row_mlp: bool = True, stacked_projections: bool = True,
-                  cuda_graphs: bool = True, compile_elementwise: bool = False) -> PatchRecord:
+                  cuda_graphs: bool = True, compile_elementwise: bool = False,
+                  gdn_fp32: bool = False) -> PatchRecord:
     """Patch ``model`` in place (idempotent: a second call only updates the options) and return the record.
 
     ``stacked_projections`` re-points the projection weights at slices of one stacked weight per module (same
     Parameter objects, same values, no extra memory); that layout stays after ``revert_patches``.
     """
     options = PatchOptions(packed_candidates, shared_prefix, final_row_mlp, stacked_projections, cuda_graphs,
-                           compile_elementwise)
+                           compile_elementwise, gdn_fp32)
     text_model = text_model_of(model)
     record = getattr(text_model, RECORD_ATTRIBUTE, None)
     if record is not None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 campaign in three commands, each inside the device's 10-minute limit. Run one stage per call:
+# H200 campaigns in stages, each inside the device's 10-minute command limit. Run one stage per call:
 #   bash recipes/gpu_campaign.sh check   # correctness, concurrently: ops vs references + capture (issue 4), the
 #                                        # -m gpu tests, fast path vs stock at the mid shape in fp32 and bf16 with
 #                                        # graphs (issue 5); then, alone, the ops micro-benchmark (issue 4)
@@ -7,11 +7,15 @@
 #                                        # of check's parts that its first run missed)
 #   bash recipes/gpu_campaign.sh perf    # the 27B benchmark, arms C (graphs), A, B; singles; 16k candidate (issue 8)
 #   bash recipes/gpu_campaign.sh perf2   # 27B: prefix-sharing threshold sweep (issue 5), closed loop 1/8/16 (7, 8)
+# Prepared for the next campaign (not run yet):
+#   bash recipes/gpu_campaign.sh profile # kernel profile of 107/3,400-token forwards, plain and compile_elementwise;
+#                                        # the 27B workload with compile_elementwise (issue 8)
+#   bash recipes/gpu_campaign.sh parity2 # mid shape C/B/A and the fp32-fed GDN (issue 5); 16 in flight (issues 7, 8)
 # Each stage leaves its files under $OUT/<stage>/ and a tarball of them, $OUT/<stage>.tgz (the device returns at
-# most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"] (and ".tcache"
-# when a previous call brought back $OUT/triton_cache.tgz: copy it to .tcache/ so fla need not recompile).
+# most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
+# back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2}
+stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -65,8 +69,26 @@ case "$stage" in
   perf2)
     timeout 440 $bench --shape 27b --cuda-graphs --arms C --passes 1 --concurrency 1,8,16 --single "" \
       --long-candidate 0 --sweep-min-shared 256,1000000 --out "$out" 2>&1 | grep -v Loading | tail -n 25 ;;
+  profile)
+    # next campaign: where a 107- and a 3,400-token forward spend their GPU time, with and without Inductor on the
+    # elementwise work; then the 27B workload with it (arm C only; A and B as measured in perf)
+    timeout 200 python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --out "$out/plain" 2>&1 | tail -n 3
+    timeout 200 python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --out "$out/compiled" \
+      --patch-options '{"compile_elementwise": true}' 2>&1 | tail -n 3
+    left=$((560 - (SECONDS - start)))
+    timeout "$left" $bench --shape 27b --arms C --passes 2 --concurrency "" --long-candidate 0 \
+      --patch-options '{"compile_elementwise": true}' --out "$out/bench" 2>&1 | grep -v Loading | tail -n 12 ;;
+  parity2)
+    # next campaign: the parity gap at the mid shape split between fla (B vs A) and the fast path (C vs B), and
+    # the fp32-fed GDN kernel (C2); then the 16-in-flight closed loop at 27B
+    timeout 240 $bench --shape mid --arms C,B,A --passes 1 --b-passes 1 --concurrency "" --single "" \
+      --long-candidate 0 --out "$out/mid" 2>&1 | grep -v Loading | tail -n 8
+    timeout 120 $bench --shape mid --arms C,A --passes 1 --concurrency "" --single "" --long-candidate 0 \
+      --patch-options '{"gdn_fp32": true}' --out "$out/mid_gdn_fp32" 2>&1 | grep -v Loading | tail -n 6
+    left=$((560 - (SECONDS - start)))
+    timeout "$left" $bench --shape 27b --arms C --passes 1 --concurrency 16,8 --single "" --long-candidate 0 \
+      --out "$out/closed_loop" 2>&1 | grep -v Loading | tail -n 8 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
-tar czf "${OUT:-/tmp/out}/triton_cache.tgz" -C /tmp triton_cache 2>/dev/null
 ls -la "${OUT:-/tmp/out}"

@@ -223,6 +223,22 @@ def test_plans_split_across_packs_match_the_reference(workload, limits):
     assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
 
 
+@pytest.mark.parametrize("flag", ["compile_elementwise", "gdn_fp32"])
+def test_each_experimental_option_switched_on_matches_the_reference(workload, flag):
+    """On the CPU both options keep the plain fp32 path (compiling is CUDA-only; the reference GDN is fp32
+    inside), so the scores equal the default's exactly; what they change on the GPU is measured there."""
+    apply_patches(workload.model)
+    default = run_fast(workload).scores
+    record = apply_patches(workload.model, **{flag: True})
+    try:
+        assert getattr(record.options, flag)
+        fast = run_fast(workload)
+        assert fast.scores == default
+        assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
+    finally:
+        apply_patches(workload.model)
+
+
 @pytest.mark.parametrize("flag", ["packed_candidates", "shared_prefix", "final_row_mlp"])
 def test_each_patch_switched_off_matches_the_reference(workload, flag):
     record = apply_patches(workload.model, **{flag: False})

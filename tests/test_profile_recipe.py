@@ -1,0 +1,41 @@
+"""recipes/profile_forward.py on the tiny shape (CPU ops), so a broken profiler never costs GPU time."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "profile_forward.py"
+
+
+def _load_recipe():
+    spec = importlib.util.spec_from_file_location("profile_forward", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kernel_categories():
+    recipe = _load_recipe()
+    assert recipe.category("sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
+    assert recipe.category("aten::mm") == "gemm"
+    assert recipe.category("flash_fwd_kernel") == "attention (flash)"
+    assert recipe.category("chunk_gated_delta_rule_fwd_kernel_h_blockdim64") == "gdn / conv (fla)"
+    assert recipe.category("triton_per_fused_add_mean_mul_pow_rsqrt_0") == "elementwise / reductions"
+    assert recipe.category("void at::native::index_elementwise_kernel") == "copies / indexing"
+    assert recipe.category("something_else") == "other"
+
+
+def test_the_profiler_runs_on_the_tiny_shape(tmp_path):
+    torch.set_num_threads(1)
+    recipe = _load_recipe()
+    assert recipe.main(["--shape", "tiny", "--tokens", "37", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "profile_tiny.json").read_text())
+    (request,) = result["requests"]
+    assert request["tokens"] == 37 and request["wall_graphs_ms"] > 0 and request["kernel_sum_ms"] > 0
+    assert abs(sum(request["by_category_ms"].values()) - request["kernel_sum_ms"]) < 1e-6
+    assert "gemm" in request["by_category_ms"]  # the projections' matmuls are found
+    assert "one 37-token candidate" in (tmp_path / "profile_tiny.md").read_text()
