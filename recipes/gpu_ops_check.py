@@ -238,19 +238,14 @@ def main() -> int:
         (cli.out / "ops_check.json").write_text(json.dumps(result, indent=1, default=str))
         (cli.out / "ops_check.md").write_text(markdown(result))
 
-    # bf16 first (the serving dtype); fp32 accuracy after, since it re-autotunes fla's kernels for fp32
-    if "accuracy" in sections:
-        for name in cli.ops:
-            guarded(result["accuracy"], accuracy, name, torch.bfloat16)
-        save()
-    if "capture" in sections:
-        for name in cli.ops:
-            guarded(result["capture"], capture, name)
-        save()
-    if "accuracy" in sections:
-        for name in cli.ops:
-            guarded(result["accuracy"], accuracy, name, torch.float32)
-        save()
+    # bf16 accuracy first (the serving dtype), then capture, then fp32 accuracy (it re-autotunes fla for fp32)
+    steps = [("accuracy", "accuracy", accuracy, (torch.bfloat16,)), ("capture", "capture", capture, ()),
+             ("accuracy", "accuracy", accuracy, (torch.float32,))]
+    for section, key, fn, extra in steps:
+        if section in sections:
+            for name in cli.ops:
+                guarded(result[key], fn, name, *extra)
+            save()
     if "bench" in sections:
         for name in cli.ops:
             for tokens in TOKENS:

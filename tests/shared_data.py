@@ -1,5 +1,7 @@
-"""Where the project's shared data lies: ``shared/`` beside the checkout (CI's layout), else /work/shared."""
+"""Where the project's shared data lies (``shared/`` beside the checkout, CI's layout, else /work/shared), and the
+recipes loaded as modules."""
 
+import importlib.util
 from pathlib import Path
 
 _CANDIDATES = (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared"))
@@ -14,3 +16,12 @@ def shared_path(relative: str) -> Path:
 
 
 JEVBENCH_EASY = shared_path("data/jevbench-sample/easy.jsonl")
+
+
+def load_recipe(name: str):
+    """A script of ``recipes/`` imported as a module (they are scripts, not part of the package)."""
+    path = Path(__file__).resolve().parents[1] / "recipes" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

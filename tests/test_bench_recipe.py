@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import torch
-
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "bench_jevbench.py"
-
-
-def _load_recipe():
-    spec = importlib.util.spec_from_file_location("bench_jevbench", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from shared_data import load_recipe
 
 
 def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     torch.set_num_threads(1)
-    bench = _load_recipe()
+    bench = load_recipe("bench_jevbench")
     rc = bench.main(["--shape", "tiny", "--limit", "6", "--arms", "C,E,A", "--passes", "1", "--long-candidate", "40",
                      "--single", "7,30", "--cuda-graphs", "--concurrency", "1,3", "--sweep-min-shared", "64",
                      "--dtype", "float32", "--out", str(tmp_path)])

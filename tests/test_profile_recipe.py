@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import torch
-
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "profile_forward.py"
-
-
-def _load_recipe():
-    spec = importlib.util.spec_from_file_location("profile_forward", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from shared_data import load_recipe
 
 
 def test_kernel_categories():
-    recipe = _load_recipe()
+    recipe = load_recipe("profile_forward")
     assert recipe.category("sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
     assert recipe.category("aten::mm") == "gemm"
     assert recipe.category("flash_fwd_kernel") == "attention (flash)"
@@ -31,7 +21,7 @@ def test_kernel_categories():
 
 def test_the_profiler_runs_on_the_tiny_shape(tmp_path):
     torch.set_num_threads(1)
-    recipe = _load_recipe()
+    recipe = load_recipe("profile_forward")
     assert recipe.main(["--shape", "tiny", "--tokens", "37", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "profile_tiny.json").read_text())
     (request,) = result["requests"]
