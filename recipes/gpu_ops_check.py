@@ -219,9 +219,10 @@ def main() -> int:
     if cli.cpu_smoke:
         global DEVICE
         DEVICE = "cpu"
+        rows: list = []
         for name in cli.ops:
-            guarded([], accuracy, name, torch.float32)
-        return 0
+            guarded(rows, accuracy, name, torch.float32)
+        return 0 if all(r["ok"] for r in rows) else 1
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
