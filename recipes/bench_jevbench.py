@@ -7,6 +7,7 @@ One process, one set of weights, three arms:
   C  hf_openjev's fast path (packed candidates + shared prefixes + final-row last layer); with --cuda-graphs
      its packs replay CUDA graphs
   E  (optional) the same fast path eager, beside graph-replayed C, to separate graph replay from the rest
+  A1 (optional) arm A with one candidate per batch: the stock model against itself, a floor for parity
 
 Per arm: warm-up pass, then measured passes in request order; each request timed with a device synchronize at
 both ends, from token ids in to the response dict out. Reports mean / p50 / p95 (sorted[int(0.95 N) - 1]), the
@@ -98,8 +99,9 @@ def build_model(shape: str, *, seed: int, device: str = "cuda", dtype: torch.dty
     return JevModel(backbone, head, None, manifest, method="random")
 
 
-def build_workload(path: Path, *, vocab: int, seed: int, limit: int | None = None):
-    """PreparedRequests with random token ids, identical within each request's shared prefix."""
+def build_workload(path: Path, *, vocab: int, seed: int, limit: int | None = None, max_length: int | None = None):
+    """PreparedRequests with random token ids, identical within each request's shared prefix (optionally only
+    those whose longest sequence is at most ``max_length`` tokens; the ids do not depend on the filter)."""
     from hf_openjev.contract import parse_request
     from hf_openjev.scoring import PreparedRequest
 
@@ -117,19 +119,21 @@ def build_workload(path: Path, *, vocab: int, seed: int, limit: int | None = Non
         parsed = parse_request({"state": "x", "questions": {"q": question}})
         prefix = [rng.randrange(1000, vocab) for _ in range(item["prefix_tokens"])]
         tokens = [[prefix + [rng.randrange(1000, vocab) for _ in range(s)] for s in item["suffix_tokens"]]]
-        work.append((item, PreparedRequest(parsed, tokens)))
+        if max_length is None or item["prefix_tokens"] + max(item["suffix_tokens"]) <= max_length:
+            work.append((item, PreparedRequest(parsed, tokens)))
     return work
 
 
-def run_pass(model, work, *, fast: bool):
-    """Time every request (sync at both ends); returns per-request (seconds, response)."""
+def run_pass(model, work, *, fast: bool, batch_size: int = 32):
+    """Time every request (sync at both ends); returns per-request (seconds, response). ``batch_size``: the
+    reference path's right-padded batch (fast=False)."""
     from hf_openjev.scoring import build_answer, score_prepared
 
     out = []
     for _, prepared in work:
         sync()
         start = time.perf_counter()
-        result = score_prepared(model, [prepared], fast=fast, **(FAST_OPTIONS if fast else {}))
+        result = score_prepared(model, [prepared], fast=fast, **(FAST_OPTIONS if fast else {"batch_size": batch_size}))
         response = build_answer(model, prepared, result.scores[0], seconds=result.seconds,
                                 prefix_cache=result.prefix_cache[0], method="fast" if fast else "reference")
         sync()
@@ -291,6 +295,8 @@ def main(argv=None) -> int:
     parser.add_argument("--passes", type=int, default=2, help="measured passes for C (A runs one)")
     parser.add_argument("--b-passes", type=int, default=2, help="measured passes for B")
     parser.add_argument("--limit", type=int, default=None, help="first N requests only (smoke runs)")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="only requests whose longest candidate sequence has at most this many tokens")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--long-candidate", type=int, default=16384, help="also run one candidate this long on C")
@@ -324,7 +330,7 @@ def main(argv=None) -> int:
     results["dtype"] = args.dtype
     results["model_build_s"] = time.perf_counter() - t0
     results["weights_gb"] = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
-    work = build_workload(shapes_file, vocab=248320, seed=args.seed, limit=args.limit)
+    work = build_workload(shapes_file, vocab=248320, seed=args.seed, limit=args.limit, max_length=args.max_length)
     print(f"model {args.shape} built in {results['model_build_s']:.1f}s, {results['weights_gb']:.1f} GB; "
           f"{len(work)} requests", flush=True)
     from hf_openjev.patches import apply_patches
@@ -343,12 +349,13 @@ def main(argv=None) -> int:
         reset_peak()
         start = time.perf_counter()
         passes = []
-        if arm != "A":
+        batch_size = 1 if arm == "A1" else 32
+        if arm not in ("A", "A1"):
             run_pass(model, work, fast=fast)  # warm-up: autotuning, compilation
         warmup_s = time.perf_counter() - start
         before = graph_stats(model) if arm == "C" else None
-        for _ in range({"A": 1, "B": args.b_passes, "E": 1}.get(arm, args.passes)):
-            passes.append(run_pass(model, work, fast=fast))
+        for _ in range({"A": 1, "A1": 1, "B": args.b_passes, "E": 1}.get(arm, args.passes)):
+            passes.append(run_pass(model, work, fast=fast, batch_size=batch_size))
         times = [t * 1000 for p in passes for t, _ in p]
         per_request = [statistics.fmean(p[i][0] * 1000 for p in passes) for i in range(len(work))]
         responses[arm] = [r for _, r in passes[-1]]
@@ -364,7 +371,7 @@ def main(argv=None) -> int:
             results["arms"][arm]["graphs"] = stats
             print(f"graphs: {stats}", flush=True)
         # parity as soon as both sides exist, so a cut-short run keeps it
-        for ref, other in (("A", "B"), ("A", "C"), ("A", "E"), ("E", "C")):
+        for ref, other in (("A", "B"), ("A", "C"), ("A", "E"), ("E", "C"), ("A", "A1")):
             key = f"parity_{other}_vs_{ref}"
             if ref in responses and other in responses and key not in results:
                 results[key] = parity(responses[ref], responses[other])

@@ -11,12 +11,13 @@ from shared_data import load_recipe
 def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     torch.set_num_threads(1)
     bench = load_recipe("bench_jevbench")
-    rc = bench.main(["--shape", "tiny", "--limit", "6", "--arms", "C,E,A", "--passes", "1", "--long-candidate", "40",
+    rc = bench.main(["--shape", "tiny", "--limit", "6", "--arms", "C,E,A,A1", "--passes", "1", "--long-candidate", "40",
                      "--single", "7,30", "--cuda-graphs", "--concurrency", "1,3", "--sweep-min-shared", "64",
                      "--dtype", "float32", "--out", str(tmp_path)])
     assert rc == 0
     results = json.loads((tmp_path / "bench_tiny_float32.json").read_text())
-    assert set(results["arms"]) == {"C", "E", "A"}  # on the CPU --cuda-graphs changes nothing: C is E
+    assert set(results["arms"]) == {"C", "E", "A", "A1"}  # on the CPU --cuda-graphs changes nothing: C is E
+    assert results["parity_A1_vs_A"]["max_abs_dp"] < 1e-5  # the stock model alone vs batched, fp32
     assert results["parity_C_vs_E"]["max_abs_dp"] == 0.0
     assert results["arms"]["C"]["n"] == 6 and results["arms"]["A"]["n"] == 6
     parity = results["parity_C_vs_A"]
@@ -29,3 +30,13 @@ def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     assert all(v["median_ms"] > 0 for v in results["single_candidate"].values())
     markdown = (tmp_path / "bench_tiny_float32.md").read_text()
     assert "| C |" in markdown and "closed-loop" in markdown and "threshold sweep" in markdown
+
+
+def test_the_length_filter_keeps_the_same_token_ids():
+    bench = load_recipe("bench_jevbench")
+    every = bench.build_workload(bench.SHAPES_FILE, vocab=248320, seed=0)
+    short = bench.build_workload(bench.SHAPES_FILE, vocab=248320, seed=0, max_length=128)
+    assert len(every) == 231 and 0 < len(short) < 231
+    assert all(item["prefix_tokens"] + max(item["suffix_tokens"]) <= 128 for item, _ in short)
+    kept = [(i, p) for i, p in every if i["prefix_tokens"] + max(i["suffix_tokens"]) <= 128]
+    assert [p.tokens for _, p in kept] == [p.tokens for _, p in short]
