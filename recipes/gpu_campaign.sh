@@ -80,7 +80,7 @@ case "$stage" in
       --patch-options '{"compile_elementwise": true}' --out "$out/bench" 2>&1 | grep -v Loading | tail -n 12 ;;
   parity2)
     # next campaign: the parity gap at the mid shape split between fla (B vs A) and the fast path (C vs B), the
-    # stock model against itself batched differently (A1 vs A: the floor any implementation meets), and
+    # stock model against itself batched differently (A1 vs A: how far rounding alone moves p on this model), and
     # the fp32-fed GDN kernel (C2); then the 16-in-flight closed loop at 27B
     timeout 240 $bench --shape mid --arms C,B,A,A1 --passes 1 --b-passes 1 --concurrency "" --single "" \
       --long-candidate 0 --out "$out/mid" 2>&1 | grep -v Loading | tail -n 8
