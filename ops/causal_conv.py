@@ -3,16 +3,23 @@
 For sequence i with inputs x_i [L, C] and state s_i [C, K] (the last K inputs before the sequence; zeros if
 none, transformers' conv-cache layout), with xs = s_i^T ++ x_i:
 
-    y[t] = SiLU(sum_j weight[:, j] * xs[t + 1 + j])         (j = 0..K-1; fp32 math, output in x.dtype)
+    c[t] = sum_j weight[:, j] * xs[t + 1 + j]               (j = 0..K-1; fp32 math, rounded to x.dtype)
+    y[t] = SiLU(c[t])                                       (in x.dtype)
     final_state_i = xs[-K:]^T                               [C, K] in x.dtype
+
+The conv is rounded to the model dtype before the SiLU, as the stock module does (a bf16 ``F.conv1d``, then
+the activation): a fused fp32 conv + SiLU rounds once instead, and on random bf16 models that one difference
+moved probabilities 3x further from stock Transformers (recipes/results/cpu-2026-11-29/). For fp32 inputs the
+rounding is a no-op.
 
 No bias (the Qwen3.5 conv has none).
 
-CUDA: with ``chunk_indices`` (the [C, 2] rows from ``ops.varlen.prepare_varlen_metadata``; fla's conv uses the
-same 64-token chunking as GDN) it runs fla-core's Triton varlen ``causal_conv1d`` (per-sequence initial states,
-final states from its ``causal_conv1d_update_states`` kernel). Without ``chunk_indices`` fla would compute
-them with a host sync, so the CUDA path then uses ``causal_conv1d_packed_torch``: a gather-based torch
-implementation without host sync (K gathers of [T, C]; slower, but capture-safe).
+CUDA: with ``chunk_indices`` (the [C, 2] rows from ``ops.varlen.prepare_varlen_metadata``; fla's conv uses
+the same 64-token chunking as GDN) it runs fla-core's Triton varlen ``causal_conv1d`` without activation
+(per-sequence initial states, final states from its ``causal_conv1d_update_states`` kernel), then the SiLU.
+Without ``chunk_indices`` fla would compute them with a host sync, so the CUDA path then uses
+``causal_conv1d_packed_torch``: a gather-based torch implementation without host sync (K gathers of [T, C];
+slower, but capture-safe).
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ def causal_conv1d_packed_reference(x, weight, cu_seqlens, initial_state, chunk_i
         L = e - s
         y[s:e] = sum(w[j] * xs[1 + j : 1 + j + L] for j in range(K))
         states.append(xs[-K:].t())
-    return F.silu(y).to(x.dtype), torch.stack(states).to(x.dtype).contiguous()
+    return F.silu(y.to(x.dtype)), torch.stack(states).to(x.dtype).contiguous()
 
 
 def causal_conv1d_packed_torch(x, weight, cu_seqlens, initial_state):
@@ -70,7 +77,7 @@ def causal_conv1d_packed_torch(x, weight, cu_seqlens, initial_state):
     n = torch.arange(N, device=x.device)
     p = (cu[1:] - cu[:-1])[:, None] - K + torch.arange(K, device=x.device)  # [N, K] last K positions
     final_state = src[rows(n[:, None], p, cu[:-1, None])].transpose(1, 2).contiguous()  # [N, C, K]
-    return F.silu(y).to(x.dtype), final_state
+    return F.silu(y.to(x.dtype)), final_state
 
 
 @torch.library.custom_op("hf_openjev::causal_conv1d_packed", mutates_args=())
@@ -107,9 +114,9 @@ def _causal_conv1d_packed_cuda(x, weight, cu_seqlens, initial_state, chunk_indic
         bias=None,
         initial_state=initial_state.to(x.dtype).contiguous(),
         output_final_state=True,
-        activation="silu",
+        activation=None,  # SiLU after rounding, as the stock module (see the module docstring)
         backend="triton",
         cu_seqlens=cu_seqlens,
         chunk_indices=chunk_indices,
     )
-    return y[0], final_state
+    return F.silu(y[0]), final_state

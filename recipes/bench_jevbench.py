@@ -417,6 +417,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def save_table(out: Path, name: str, result: dict, title: str, columns: list[str], rows: list[list]) -> str:
+    """Write ``<name>.json`` (the result) and ``<name>.md`` (title, command, versions, one table); return the md."""
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# {title}", "", f"Command: `{result['command']}`", "",
+             "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), "",
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    text = "\n".join(lines) + "\n"
+    (out / f"{name}.md").write_text(text)
+    return text
+
+
 def write_markdown(results: dict, path: Path) -> None:
     lines = [f"# JevBench-231 benchmark, {results['shape']} shape, {results['dtype']}, random weights", "",
              f"Command: `{results['command']}`", "", "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
@@ -428,7 +440,7 @@ def write_markdown(results: dict, path: Path) -> None:
     for key in ("speedup_C_over_A", "speedup_C_over_B"):
         if key in results:
             lines.append(f"\n{key}: {results[key]:.2f}x")
-    for key in ("parity_C_vs_A", "parity_B_vs_A", "parity_E_vs_A", "parity_C_vs_E"):
+    for key in ("parity_C_vs_A", "parity_B_vs_A", "parity_E_vs_A", "parity_C_vs_E", "parity_A1_vs_A"):
         if key in results:
             lines.append(f"\n{key}: {results[key]}")
     for arm, r in results["arms"].items():

@@ -10,7 +10,8 @@
 # Prepared for the next campaign (not run yet):
 #   bash recipes/gpu_campaign.sh profile # kernel profile of 107/3,400-token forwards, plain and compile_elementwise;
 #                                        # the 27B workload with compile_elementwise (issue 8)
-#   bash recipes/gpu_campaign.sh parity2 # mid shape C/B/A and the fp32-fed GDN (issue 5); 16 in flight (issues 7, 8)
+#   bash recipes/gpu_campaign.sh parity2 # mid shape C/B/A/A1, the fp32-fed GDN, the first diverging layer (issue 5);
+#                                        # 16 in flight (issues 7, 8)
 # Each stage leaves its files under $OUT/<stage>/ and a tarball of them, $OUT/<stage>.tgz (the device returns at
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
@@ -86,6 +87,7 @@ case "$stage" in
       --long-candidate 0 --out "$out/mid" 2>&1 | grep -v Loading | tail -n 8
     timeout 120 $bench --shape mid --arms C,A --passes 1 --concurrency "" --single "" --long-candidate 0 \
       --patch-options '{"gdn_fp32": true}' --out "$out/mid_gdn_fp32" 2>&1 | grep -v Loading | tail -n 6
+    timeout 90 python3 "$REPO/recipes/layer_divergence.py" --shape mid --out "$out/divergence" 2>&1 | grep "^|"
     left=$((560 - (SECONDS - start)))
     timeout "$left" $bench --shape 27b --arms C --passes 1 --concurrency 16,8 --single "" --long-candidate 0 \
       --out "$out/closed_loop" 2>&1 | grep -v Loading | tail -n 8 ;;

@@ -87,6 +87,19 @@ def test_bf16():
     assert torch.equal(s.float(), s32)
 
 
+@pytest.mark.parametrize("state", [False, True])
+def test_bf16_rounds_like_the_stock_conv(state):
+    """bf16: the conv is rounded before the SiLU, as transformers' conv (a bf16 F.conv1d, then the activation)."""
+    args = conv_inputs([70, 3, 130], C, K, dtype=torch.bfloat16, state=state, seed=6)
+    y, s = causal_conv1d_packed_reference(**args)
+    y_stock, s_stock = _stock(args)
+    assert torch.equal(s, s_stock)
+    assert (y != y_stock).float().mean() < 1e-3  # equal but for rare 1-ulp ties of the conv's accumulation order
+    torch.testing.assert_close(y, y_stock, atol=1e-2, rtol=1e-2)
+    y_t, _ = causal_conv1d_packed_torch(args["x"], args["weight"], args["cu_seqlens"], args["initial_state"])
+    assert torch.equal(y_t, y)
+
+
 def test_cpu_op_is_the_reference():
     args = conv_inputs([33, 90, 1], C, K, seed=5)
     for a, b in zip(OP(**args), causal_conv1d_packed_reference(**args)):
