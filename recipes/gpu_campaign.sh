@@ -10,13 +10,13 @@
 # Prepared for the next campaign (not run yet):
 #   bash recipes/gpu_campaign.sh profile # kernel profile of 107/3,400-token forwards, plain and compile_elementwise;
 #                                        # the 27B workload with compile_elementwise (issue 8)
-#   bash recipes/gpu_campaign.sh parity2 # mid shape C/B/A/A1, the fp32-fed GDN, the first diverging layer (issue 5);
-#                                        # 16 in flight (issues 7, 8)
+#   bash recipes/gpu_campaign.sh parity2 # mid shape C/B/A/A1, the fp32-fed GDN, the first diverging layer (issue 5)
+#   bash recipes/gpu_campaign.sh serve16 # 27B closed loop at 16 and 8 in flight (issues 7, 8)
 # Each stage leaves its files under $OUT/<stage>/ and a tarball of them, $OUT/<stage>.tgz (the device returns at
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2}
+stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2 | serve16}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -81,16 +81,17 @@ case "$stage" in
       --patch-options '{"compile_elementwise": true}' --out "$out/bench" 2>&1 | grep -v Loading | tail -n 12 ;;
   parity2)
     # next campaign: the parity gap at the mid shape split between fla (B vs A) and the fast path (C vs B), the
-    # stock model against itself batched differently (A1 vs A: how far rounding alone moves p on this model), and
-    # the fp32-fed GDN kernel (C2); then the 16-in-flight closed loop at 27B
-    timeout 240 $bench --shape mid --arms C,B,A,A1 --passes 1 --b-passes 1 --concurrency "" --single "" \
+    # stock model against itself batched differently (A1 vs A: how far rounding alone moves p on this model), the
+    # fp32-fed GDN kernel, and the first layer where the fast path and stock differ
+    timeout 300 $bench --shape mid --arms C,B,A,A1 --passes 1 --b-passes 1 --concurrency "" --single "" \
       --long-candidate 0 --out "$out/mid" 2>&1 | grep -v Loading | tail -n 8
-    timeout 120 $bench --shape mid --arms C,A --passes 1 --concurrency "" --single "" --long-candidate 0 \
+    timeout 180 $bench --shape mid --arms C,A --passes 1 --concurrency "" --single "" --long-candidate 0 \
       --patch-options '{"gdn_fp32": true}' --out "$out/mid_gdn_fp32" 2>&1 | grep -v Loading | tail -n 6
-    timeout 90 python3 "$REPO/recipes/layer_divergence.py" --shape mid --out "$out/divergence" 2>&1 | grep "^|"
-    left=$((560 - (SECONDS - start)))
-    timeout "$left" $bench --shape 27b --arms C --passes 1 --concurrency 16,8 --single "" --long-candidate 0 \
-      --out "$out/closed_loop" 2>&1 | grep -v Loading | tail -n 8 ;;
+    timeout 80 python3 "$REPO/recipes/layer_divergence.py" --shape mid --out "$out/divergence" 2>&1 | grep "^|" ;;
+  serve16)
+    # next campaign: closed-loop clients at 16 and 8 in flight at 27B (the 16 figure is missing)
+    timeout 560 $bench --shape 27b --arms C --passes 1 --concurrency 16,8 --single "" --long-candidate 0 \
+      --out "$out" 2>&1 | grep -v Loading | tail -n 8 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
