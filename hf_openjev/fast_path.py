@@ -2,8 +2,8 @@
 
 ``score_fast(model, requests_tokens)`` scores ``requests_tokens[r][q][c]`` (token ids) and returns the flat
 scores in request/question/candidate order plus one ``prefix_cache`` report per request. On CUDA (patch option
-``cuda_graphs``, on by default) every pack that neither receives nor hands on prefix states and has at most
-``MAX_GRAPH_TOKENS`` tokens is padded to its shape bucket and replayed as a CUDA graph; other packs run eagerly.
+``cuda_graphs``, on by default) every pack that ``graph_ready`` accepts is padded to its shape bucket and replayed
+as a CUDA graph; other packs run eagerly.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .patches.cuda_graphs import MAX_GRAPH_TOKENS
+from .patches.cuda_graphs import PackGraphs, graph_ready
 from .patches.pack_context import build_pack_context
 from .patches.record import apply_patches, patch_record, text_model_of
 from .planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, plan_requests
@@ -37,14 +37,12 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
     leaf_scores: dict[int, torch.Tensor] = {}
     use_graphs = options.cuda_graphs and device.type == "cuda"
     for pack in plan.packs:
-        graphed = use_graphs and not pack.external and not pack.export and pack.tokens(plan) <= MAX_GRAPH_TOKENS
+        graphed = use_graphs and graph_ready(plan, pack)
         ctx = build_pack_context(plan, pack, store, device, final_row_mlp=options.final_row_mlp,
                                  compile_elementwise=options.compile_elementwise, gdn_fp32=options.gdn_fp32,
                                  pad=graphed)
         if graphed:
             if record.graphs is None:
-                from .patches.cuda_graphs import PackGraphs
-
                 record.graphs = PackGraphs(text_model)
             rows = record.graphs.run(ctx)[: len(ctx.leaf_ids)]  # a static buffer: the head reads it right away
         else:

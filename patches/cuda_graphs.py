@@ -21,6 +21,12 @@ DEFAULT_CAPACITY = 256
 MAX_GRAPH_TOKENS = 4096  # larger packs run eagerly: their host overhead is negligible, their activations are not
 
 
+def graph_ready(plan, pack) -> bool:
+    """Whether a planner pack can replay a graph: it neither receives nor hands on prefix states (padding would
+    shift their rows) and has at most ``MAX_GRAPH_TOKENS`` tokens."""
+    return not pack.external and not pack.export and pack.tokens(plan) <= MAX_GRAPH_TOKENS
+
+
 class PackGraphs:
     """A bounded cache of captured packed forwards of one text model."""
 

@@ -24,6 +24,17 @@ mkdir -p "$out"
 cd /tmp
 bench="python3 $REPO/recipes/bench_jevbench.py"  # a command for timeout (a shell function would not run)
 start=$SECONDS
+# fast path vs stock at the mid shape: fp32 (C, A; 120 requests) and bf16 (C with graphs, E eager, A); $1 = limit s
+parity_fp32() {
+  timeout "$1" $bench --shape mid --dtype float32 --arms C,A --passes 1 --limit 120 --concurrency "" \
+    --long-candidate 0 --single "" --out "$out/parity" >"$out/parity_fp32.log" 2>&1
+  echo "fp32 parity rc=$?" >>"$out/parity_fp32.log"
+}
+parity_bf16() {
+  timeout "$1" $bench --shape mid --dtype bfloat16 --arms C,E,A --passes 1 --concurrency "" --long-candidate 0 \
+    --single "" --out "$out/parity" >"$out/parity_bf16.log" 2>&1
+  echo "bf16 parity rc=$?" >>"$out/parity_bf16.log"
+}
 case "$stage" in
   check)
     # Concurrent correctness runs share the GPU, so fla must not keep autotuning results chosen under load:
@@ -34,13 +45,7 @@ case "$stage" in
     (timeout 280 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO"/tests/test_op_*.py \
       "$REPO/tests/test_cuda_graphs.py" -m gpu -q -p no:cacheprovider >"$out/pytest_gpu.log" 2>&1;
      echo "pytest rc=$?" >>"$out/pytest_gpu.log") &
-    (timeout 150 $bench --shape mid --dtype float32 --arms C,A --passes 1 --limit 120 --concurrency "" \
-      --long-candidate 0 --single "" --out "$out/parity" >"$out/parity_fp32.log" 2>&1;
-     echo "fp32 parity rc=$?" >>"$out/parity_fp32.log"
-     left=$((280 - (SECONDS - start))); [ "$left" -lt 30 ] && left=30
-     timeout "$left" $bench --shape mid --dtype bfloat16 --cuda-graphs --arms C,E,A --passes 1 \
-      --concurrency "" --long-candidate 0 --single "" --out "$out/parity" >"$out/parity_bf16.log" 2>&1;
-     echo "bf16 parity rc=$?" >>"$out/parity_bf16.log") &
+    (parity_fp32 150; left=$((280 - (SECONDS - start))); parity_bf16 $((left < 30 ? 30 : left))) &
     wait
     for f in "$out"/*.log; do echo "=== $f"; grep -v Loading "$f" | tail -n 12; done
     unset FLA_CACHE_RESULTS
@@ -56,12 +61,8 @@ case "$stage" in
     (timeout 280 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_cuda_graphs.py" \
       -m gpu -q -p no:cacheprovider -o faulthandler_timeout=150 --durations=5 >"$out/pytest_graphs.log" 2>&1;
      echo "pytest rc=$?" >>"$out/pytest_graphs.log") &
-    (timeout 200 $bench --shape mid --dtype float32 --arms C,A --passes 1 --limit 120 --concurrency "" \
-      --long-candidate 0 --single "" --out "$out/parity" >"$out/parity_fp32.log" 2>&1;
-     echo "fp32 parity rc=$?" >>"$out/parity_fp32.log") &
-    (timeout 280 $bench --shape mid --dtype bfloat16 --cuda-graphs --arms C,E,A --passes 1 \
-      --concurrency "" --long-candidate 0 --single "" --out "$out/parity" >"$out/parity_bf16.log" 2>&1;
-     echo "bf16 parity rc=$?" >>"$out/parity_bf16.log") &
+    (parity_fp32 200) &
+    (parity_bf16 280) &
     wait
     for f in "$out"/*.log; do echo "=== $f"; grep -v Loading "$f" | tail -n 14; done ;;
   perf)

@@ -13,11 +13,13 @@ def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     bench = load_recipe("bench_jevbench")
     rc = bench.main(["--shape", "tiny", "--limit", "6", "--arms", "C,E,A,A1", "--passes", "1", "--long-candidate", "40",
                      "--single", "7,30", "--cuda-graphs", "--concurrency", "1,3", "--sweep-min-shared", "64",
-                     "--dtype", "float32", "--out", str(tmp_path)])
+                     "--patch-options", '{"gdn_fp32": true}', "--dtype", "float32", "--out", str(tmp_path)])
     assert rc == 0
     results = json.loads((tmp_path / "bench_tiny_float32.json").read_text())
     assert set(results["arms"]) == {"C", "E", "A", "A1"}  # on the CPU --cuda-graphs changes nothing: C is E
     assert results["parity_A1_vs_A"]["max_abs_dp"] < 1e-5  # the stock model alone vs batched, fp32
+    assert results["patch_options"] == {"gdn_fp32": True}  # handed to apply_patches for C and E
+    assert "patch options: {'gdn_fp32': True}" in (tmp_path / "bench_tiny_float32.md").read_text()
     assert results["parity_C_vs_E"]["max_abs_dp"] == 0.0
     assert results["arms"]["C"]["n"] == 6 and results["arms"]["A"]["n"] == 6
     parity = results["parity_C_vs_A"]

@@ -102,7 +102,7 @@ def test_a_bounded_graph_cache_covers_the_jevbench_workload():
     import json
     from pathlib import Path
 
-    from hf_openjev.patches.cuda_graphs import DEFAULT_CAPACITY, MAX_GRAPH_TOKENS
+    from hf_openjev.patches.cuda_graphs import DEFAULT_CAPACITY, graph_ready
 
     shapes = json.loads((Path(__file__).resolve().parents[1] / "recipes/data/jevbench231-shapes.json").read_text())
     rng = random.Random(0)
@@ -112,7 +112,7 @@ def test_a_bounded_graph_cache_covers_the_jevbench_workload():
         plan = plan_requests([[[prefix + [rng.randrange(5, 1000) for _ in range(n)] for n in item["suffix_tokens"]]]])
         for pack in plan.packs:
             packs += 1
-            if pack.external or pack.export or pack.tokens(plan) > MAX_GRAPH_TOKENS:
+            if not graph_ready(plan, pack):
                 eager += 1
                 continue
             ctx = build_pack_context(plan, pack, {}, "cpu", pad=True)
@@ -131,3 +131,17 @@ def test_graph_keys_tell_compiled_from_plain_elementwise():
     compiled = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True, compile_elementwise=True)
     assert compiled.compile_elementwise and not plain.compile_elementwise
     assert compiled.graph_key != plain.graph_key  # a graph captured with one never replays for the other
+
+
+def test_graph_ready_packs():
+    from hf_openjev.patches.cuda_graphs import MAX_GRAPH_TOKENS, graph_ready
+    from hf_openjev.patches.record import PatchOptions
+
+    assert PatchOptions().cuda_graphs  # the fast path replays graphs by default (on CUDA)
+    small = plan_requests([[[[7] * 70 + [8], [7] * 70 + [9]]]])
+    assert graph_ready(small, small.packs[0])
+    long = plan_requests([[[[7] * (MAX_GRAPH_TOKENS + 1)]]])
+    assert len(long.packs) == 1 and not graph_ready(long, long.packs[0])  # runs alone, eagerly
+    split = plan_requests([[[[7] * 130 + [8], [7] * 130 + [9], [7] * 130 + [10]]]], max_sequences=1)
+    assert not any(graph_ready(split, pack) for pack in split.packs if pack.external or pack.export)
+    assert any(pack.external for pack in split.packs) and any(pack.export for pack in split.packs)

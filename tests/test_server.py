@@ -381,20 +381,25 @@ def _post(http: httpx.Client, item):
     return kind, status, http.post("/v1/systemone", content=body, headers=headers)
 
 
+def _post_concurrently(url: str, work: list, *, workers: int) -> list:
+    """``_post`` every item of ``work`` from ``workers`` threads, one keep-alive client per thread."""
+    local = threading.local()
+
+    def call(item):
+        if not hasattr(local, "http"):
+            local.http = httpx.Client(base_url=url, timeout=60)
+        return _post(local.http, item)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(call, work))
+
+
 def test_live_server_concurrent_clients_and_bad_inputs(model, reference):
     work = [("good", i % 6) for i in range(12)] + [("bad", b) for b in LIVE_BAD]
     work = [work[(7 * k) % len(work)] for k in range(len(work))]  # interleave good and bad
     assert len({id(w) for w in work}) == len(work)
     with live_server(create_app(model, max_wait_ms=20)) as (_, url):
-        local = threading.local()
-
-        def call(item):
-            if not hasattr(local, "http"):
-                local.http = httpx.Client(base_url=url, timeout=60)
-            return _post(local.http, item)
-
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            results = list(pool.map(call, work))
+        results = _post_concurrently(url, work, workers=8)
         with httpx.Client(base_url=url, timeout=30) as http:
             chunks = (b" " * 65536 for _ in range(80))  # chunked, no Content-Length, 5 MiB
             chunked = http.post("/v1/systemone", content=chunks, headers=JSON)
@@ -422,15 +427,7 @@ def test_live_server_overload_gets_only_200_or_503_and_loses_nothing(model):
     work = [("good", i % 3) for i in range(40)] + [("bad", (b'{"state": NaN}', JSON, 422))] * 8
     work = [work[(7 * k) % len(work)] for k in range(len(work))]
     with live_server(app) as (_, url):
-        local = threading.local()
-
-        def call(item):
-            if not hasattr(local, "http"):
-                local.http = httpx.Client(base_url=url, timeout=60)
-            return _post(local.http, item)
-
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            results = list(pool.map(call, work))
+        results = _post_concurrently(url, work, workers=16)
         stats = app.state.jev.batcher.stats()
     statuses = [(kind, r.status_code) for kind, _, r in results]
     assert len(results) == len(work)
