@@ -371,7 +371,7 @@ def main(argv=None) -> int:
             results["arms"][arm]["graphs"] = stats
             print(f"graphs: {stats}", flush=True)
         # parity as soon as both sides exist, so a cut-short run keeps it
-        for ref, other in (("A", "B"), ("A", "C"), ("A", "E"), ("E", "C"), ("A", "A1")):
+        for ref, other in (("A", "B"), ("A", "C"), ("B", "C"), ("A", "E"), ("E", "C"), ("A", "A1")):
             key = f"parity_{other}_vs_{ref}"
             if ref in responses and other in responses and key not in results:
                 results[key] = parity(responses[ref], responses[other])
@@ -440,7 +440,7 @@ def write_markdown(results: dict, path: Path) -> None:
     for key in ("speedup_C_over_A", "speedup_C_over_B"):
         if key in results:
             lines.append(f"\n{key}: {results[key]:.2f}x")
-    for key in ("parity_C_vs_A", "parity_B_vs_A", "parity_E_vs_A", "parity_C_vs_E", "parity_A1_vs_A"):
+    for key in ("parity_C_vs_A", "parity_B_vs_A", "parity_C_vs_B", "parity_E_vs_A", "parity_C_vs_E", "parity_A1_vs_A"):
         if key in results:
             lines.append(f"\n{key}: {results[key]}")
     for arm, r in results["arms"].items():

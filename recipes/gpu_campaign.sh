@@ -12,11 +12,13 @@
 #                                        # the 27B workload with compile_elementwise (issue 8)
 #   bash recipes/gpu_campaign.sh parity2 # mid shape C/B/A/A1, the fp32-fed GDN, the first diverging layer (issue 5)
 #   bash recipes/gpu_campaign.sh serve16 # 27B closed loop at 16 and 8 in flight (issues 7, 8)
+#   bash recipes/gpu_campaign.sh verify  # check's correctness part (ops vs references + capture, -m gpu tests)
+#                                        # beside parity2, in one call (issues 4, 5)
 # Each stage leaves its files under $OUT/<stage>/ and a tarball of them, $OUT/<stage>.tgz (the device returns at
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2 | serve16}
+stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2 | serve16 | verify}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -34,6 +36,13 @@ parity_bf16() {
   timeout "$1" $bench --shape mid --dtype bfloat16 --arms C,E,A --passes 1 --concurrency "" --long-candidate 0 \
     --single "" --out "$out/parity" >"$out/parity_bf16.log" 2>&1
   echo "bf16 parity rc=$?" >>"$out/parity_bf16.log"
+}
+parity_split() {  # parity2's runs, $out/{mid,mid_gdn_fp32,divergence}; 510 s at most
+  timeout 280 $bench --shape mid --arms C,B,A,A1 --passes 1 --b-passes 1 --concurrency "" --single "" \
+    --long-candidate 0 --out "$out/mid" 2>&1 | grep -v "Loading\|falling back" | tail -n 8
+  timeout 150 $bench --shape mid --arms C,A --passes 1 --concurrency "" --single "" --long-candidate 0 \
+    --patch-options '{"gdn_fp32": true}' --out "$out/mid_gdn_fp32" 2>&1 | grep -v "Loading\|falling back" | tail -n 6
+  timeout 80 python3 "$REPO/recipes/layer_divergence.py" --shape mid --out "$out/divergence" 2>&1 | grep "^|"
 }
 case "$stage" in
   check)
@@ -80,15 +89,23 @@ case "$stage" in
     left=$((560 - (SECONDS - start)))
     timeout "$left" $bench --shape 27b --arms C --passes 2 --concurrency "" --long-candidate 0 \
       --patch-options '{"compile_elementwise": true}' --out "$out/bench" 2>&1 | grep -v Loading | tail -n 12 ;;
+  verify)
+    # the correctness runs of check (the -m gpu tests include the whole-model graph test) in the background, and
+    # parity2's runs beside them: parity does not depend on timing, so sharing the GPU costs it nothing
+    export OMP_NUM_THREADS=4 FLA_CACHE_RESULTS=0
+    (timeout 300 python3 "$REPO/recipes/gpu_ops_check.py" --sections accuracy,capture --out "$out/ops" \
+      >"$out/ops.log" 2>&1; echo "ops check rc=$?" >>"$out/ops.log") &
+    (timeout 540 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO"/tests/test_op_*.py \
+      "$REPO/tests/test_cuda_graphs.py" -m gpu -q -p no:cacheprovider -o faulthandler_timeout=400 --durations=5 \
+      >"$out/pytest_gpu.log" 2>&1; echo "pytest rc=$?" >>"$out/pytest_gpu.log") &
+    (parity_split >"$out/parity2.log" 2>&1; echo "parity2 rc=$?" >>"$out/parity2.log") &
+    wait
+    for f in "$out"/*.log; do echo "=== $f"; grep -v "Loading\|falling back" "$f" | tail -n 14; done ;;
   parity2)
-    # next campaign: the parity gap at the mid shape split between fla (B vs A) and the fast path (C vs B), the
-    # stock model against itself batched differently (A1 vs A: how far rounding alone moves p on this model), the
-    # fp32-fed GDN kernel, and the first layer where the fast path and stock differ
-    timeout 300 $bench --shape mid --arms C,B,A,A1 --passes 1 --b-passes 1 --concurrency "" --single "" \
-      --long-candidate 0 --out "$out/mid" 2>&1 | grep -v Loading | tail -n 8
-    timeout 180 $bench --shape mid --arms C,A --passes 1 --concurrency "" --single "" --long-candidate 0 \
-      --patch-options '{"gdn_fp32": true}' --out "$out/mid_gdn_fp32" 2>&1 | grep -v Loading | tail -n 6
-    timeout 80 python3 "$REPO/recipes/layer_divergence.py" --shape mid --out "$out/divergence" 2>&1 | grep "^|" ;;
+    # the parity gap at the mid shape split between fla (B vs A) and the fast path (C vs B), the stock model against
+    # itself batched differently (A1 vs A: how far rounding alone moves p on this model), the fp32-fed GDN kernel,
+    # and the first layer where the fast path and stock differ
+    parity_split ;;
   serve16)
     # next campaign: closed-loop clients at 16 and 8 in flight at 27B (the 16 figure is missing)
     timeout 560 $bench --shape 27b --arms C --passes 1 --concurrency 16,8 --single "" --long-candidate 0 \
