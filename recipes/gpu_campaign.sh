@@ -12,13 +12,15 @@
 #                                        # the 27B workload with compile_elementwise (issue 8)
 #   bash recipes/gpu_campaign.sh parity2 # mid shape C/B/A/A1, the fp32-fed GDN, the first diverging layer (issue 5)
 #   bash recipes/gpu_campaign.sh serve16 # 27B closed loop at 16 and 8 in flight (issues 7, 8)
+#   bash recipes/gpu_campaign.sh profile2 # profile plain and compile_elementwise on one model; the 27B workload
+#                                         # with compile_elementwise, singles and 16 in flight (issues 7, 8)
 #   bash recipes/gpu_campaign.sh verify  # check's correctness part (ops vs references + capture, -m gpu tests)
 #                                        # beside parity2, in one call (issues 4, 5)
 # Each stage leaves its files under $OUT/<stage>/ and a tarball of them, $OUT/<stage>.tgz (the device returns at
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2 | serve16 | verify}
+stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2 | serve16 | verify | profile2}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -89,6 +91,12 @@ case "$stage" in
     left=$((560 - (SECONDS - start)))
     timeout "$left" $bench --shape 27b --arms C --passes 2 --concurrency "" --long-candidate 0 \
       --patch-options '{"compile_elementwise": true}' --out "$out/bench" 2>&1 | grep -v Loading | tail -n 12 ;;
+  profile2)
+    timeout 270 python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --out "$out/profile" \
+      --patch-options '{}' '{"compile_elementwise": true}' 2>&1 | grep -v "Loading\|falling back" | tail -n 6
+    left=$((565 - (SECONDS - start)))
+    timeout "$left" $bench --shape 27b --arms C --passes 2 --concurrency 16 --single 107,3400 --long-candidate 0 \
+      --patch-options '{"compile_elementwise": true}' --out "$out/bench" 2>&1 | grep -v "Loading\|falling back" | tail -n 12 ;;
   verify)
     # the correctness runs of check (the -m gpu tests include the whole-model graph test) in the background, and
     # parity2's runs beside them: parity does not depend on timing, so sharing the GPU costs it nothing

@@ -7,8 +7,8 @@ For each single-candidate request of ``--tokens`` tokens (a noul question, rando
   2. one eager run under ``torch.profiler``: every GPU kernel's duration, summed per kernel and per category
      (GEMM, Gated DeltaNet / conv (fla), attention (flash), elementwise / reductions, copies / indexing, other).
 The eager kernels are the ones a graph replays, so "wall - GPU sum" estimates what the host adds per request.
-With ``--patch-options`` the same for other patch options (e.g. '{"compile_elementwise": true}').
-Writes ``profile_<shape>.json`` and ``.md``. On a machine without CUDA it profiles CPU ops (a smoke run).
+``--patch-options`` takes one or more JSON option sets (e.g. '{}' '{"compile_elementwise": true}'), each profiled in
+turn on the same model. Writes ``profile_<shape>.json`` and ``.md``. On a machine without CUDA it profiles CPU ops (a smoke run).
 """
 
 from __future__ import annotations
@@ -112,17 +112,24 @@ def profile_request(model, tokens: int) -> dict:
 def write_markdown(result: dict, path: Path) -> None:
     unit = "GPU kernels" if result["cuda"] else "CPU ops (smoke run, no CUDA)"
     lines = [f"# Fast-path profile, {result['shape']} shape, {unit}", "", f"Command: `{result['command']}`", "",
-             "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items())
-             + f"; patch options: {result['patch_options']}", ""]
-    for r in result["requests"]:
-        lines += [f"## one {r['tokens']}-token candidate", "",
-                  f"wall with graphs {r['wall_graphs_ms']:.2f} ms; eager {r['wall_eager_ms']:.2f} ms; "
-                  f"sum of {unit} (eager run) {r['kernel_sum_ms']:.2f} ms", "", "| category | ms | share |", "|---|---|---|"]
-        lines += [f"| {c} | {ms:.3f} | {ms / max(r['kernel_sum_ms'], 1e-9):.0%} |" for c, ms in r["by_category_ms"].items()]
-        lines += ["", "| kernel | category | ms |", "|---|---|---|"]
-        lines += [f"| `{k['name']}` | {k['category']} | {k['ms']:.3f} |" for k in r["top_kernels_ms"]]
-        lines.append("")
-    path.write_text("\n".join(lines) + "\n")
+             "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), ""]
+    summary = ["| patch options | tokens | wall, graphs (ms) | wall, eager (ms) | kernel sum (ms) |", "|---|---|---|---|---|"]
+    details = []
+    for variant in result["variants"]:
+        options = json.dumps(variant["patch_options"])
+        for r in variant["requests"]:
+            summary.append(f"| `{options}` | {r['tokens']} | {r['wall_graphs_ms']:.2f} | {r['wall_eager_ms']:.2f} | "
+                           f"{r['kernel_sum_ms']:.2f} |")
+            details += [f"## one {r['tokens']}-token candidate, patch options `{options}`", "",
+                        f"wall with graphs {r['wall_graphs_ms']:.2f} ms; eager {r['wall_eager_ms']:.2f} ms; "
+                        f"sum of {unit} (eager run) {r['kernel_sum_ms']:.2f} ms", "", "| category | ms | share |",
+                        "|---|---|---|"]
+            details += [f"| {c} | {ms:.3f} | {ms / max(r['kernel_sum_ms'], 1e-9):.0%} |"
+                        for c, ms in r["by_category_ms"].items()]
+            details += ["", "| kernel | category | ms |", "|---|---|---|"]
+            details += [f"| `{k['name']}` | {k['category']} | {k['ms']:.3f} |" for k in r["top_kernels_ms"]]
+            details.append("")
+    path.write_text("\n".join(lines + summary + [""] + details) + "\n")
 
 
 def main(argv=None) -> int:
@@ -130,7 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", default="27b")
     parser.add_argument("--tokens", default="107,3400")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--patch-options", default="{}", help="JSON of apply_patches options")
+    parser.add_argument("--patch-options", nargs="+", default=["{}"],
+                        help="JSON of apply_patches options; several: each is profiled in turn")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     from hf_openjev.patches import apply_patches
@@ -139,18 +147,21 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     model = build_model(args.shape, seed=args.seed, device="cuda" if cuda else "cpu")
-    patch_options = json.loads(args.patch_options)
-    apply_patches(model, **patch_options)
     result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
-              "cuda": cuda, "patch_options": patch_options, "requests": []}
-    for tokens in [int(x) for x in args.tokens.split(",") if x]:
-        result["requests"].append(profile_request(model, tokens))
-        r = result["requests"][-1]
-        print(f"{tokens} tokens: graphs {r['wall_graphs_ms']:.1f} ms, eager {r['wall_eager_ms']:.1f} ms, "
-              f"kernels {r['kernel_sum_ms']:.1f} ms: " + ", ".join(f"{c} {ms:.1f}" for c, ms in r["by_category_ms"].items()),
-              flush=True)
-        (out / f"profile_{args.shape}.json").write_text(json.dumps(result, indent=1))
-        write_markdown(result, out / f"profile_{args.shape}.md")
+              "cuda": cuda, "variants": []}
+    for options_json in args.patch_options:
+        patch_options = json.loads(options_json)
+        apply_patches(model, **patch_options)
+        variant = {"patch_options": patch_options, "requests": []}
+        result["variants"].append(variant)
+        for tokens in [int(x) for x in args.tokens.split(",") if x]:
+            variant["requests"].append(profile_request(model, tokens))
+            r = variant["requests"][-1]
+            print(f"{patch_options} {tokens} tokens: graphs {r['wall_graphs_ms']:.1f} ms, eager {r['wall_eager_ms']:.1f} "
+                  f"ms, kernels {r['kernel_sum_ms']:.1f} ms: "
+                  + ", ".join(f"{c} {ms:.1f}" for c, ms in r["by_category_ms"].items()), flush=True)
+            (out / f"profile_{args.shape}.json").write_text(json.dumps(result, indent=1))
+            write_markdown(result, out / f"profile_{args.shape}.md")
     return 0
 
 

@@ -22,9 +22,12 @@ def test_kernel_categories():
 def test_the_profiler_runs_on_the_tiny_shape(tmp_path):
     torch.set_num_threads(1)
     recipe = load_recipe("profile_forward")
-    assert recipe.main(["--shape", "tiny", "--tokens", "37", "--out", str(tmp_path)]) == 0
+    assert recipe.main(["--shape", "tiny", "--tokens", "37", "--out", str(tmp_path),
+                        "--patch-options", "{}", '{"compile_elementwise": true}']) == 0
     result = json.loads((tmp_path / "profile_tiny.json").read_text())
-    (request,) = result["requests"]
+    plain, compiled = result["variants"]
+    assert plain["patch_options"] == {} and compiled["patch_options"] == {"compile_elementwise": True}
+    (request,) = plain["requests"]
     assert request["tokens"] == 37 and request["wall_graphs_ms"] > 0 and request["kernel_sum_ms"] > 0
     assert abs(sum(request["by_category_ms"].values()) - request["kernel_sum_ms"]) < 1e-6
     assert "gemm" in request["by_category_ms"]  # the projections' matmuls are found
