@@ -35,8 +35,7 @@ class PackedGatedDeltaNet(qwen.Qwen3_5GatedDeltaNet):
 def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -> torch.Tensor:
     """x [T, hidden] -> [T, hidden]."""
     T = x.shape[0]
-    qkv, z, b, a = projections(m, x)  # [T, 2*Kd + Vd], [T, Vd], [T, Hv], [T, Hv]
-    qkv = qkv.contiguous()
+    qkv, z, b, a = projections(m, x)  # [T, 2*Kd + Vd], [T, Vd], [T, Hv], [T, Hv]: column views, not copied
     ew = elementwise_functions(pack.compile_elementwise, x.device)
     g, beta = ew.gdn_gates(a, b, m.A_log, m.dt_bias)  # [T, Hv] fp32, [T, Hv]
     conv_weight = m.conv1d.weight.squeeze(1)  # [C, K]
@@ -86,11 +85,9 @@ def packed_gated_attention(m: qwen.Qwen3_5Attention, x: torch.Tensor, pack, rota
     query, gate = torch.chunk(query_gate.reshape(T, -1, 2 * D), 2, dim=-1)  # [T, H, D] each
     gate = gate.reshape(T, -1)
     ew = elementwise_functions(pack.compile_elementwise, x.device)
-    query = ew.rms_norm(query, m.q_norm.weight, m.q_norm.eps)
-    key = ew.rms_norm(key.reshape(T, -1, D), m.k_norm.weight, m.k_norm.eps)  # [T, Hkv, D]
+    query, key = ew.qk_norm_rope(query, key.reshape(T, -1, D), m.q_norm.weight, m.k_norm.weight, m.q_norm.eps,
+                                 m.k_norm.eps, *rotary)  # [T, H, D], [T, Hkv, D]
     value = value.reshape(T, -1, D)
-    cos, sin = rotary
-    query, key = qwen.apply_rotary_pos_emb(query, key, cos, sin, unsqueeze_dim=1)
     layer = m.layer_idx
     all_key, all_value = key, value
     if layer in pack.external_key:  # [external chains ; this pack]

@@ -14,13 +14,16 @@
 #   bash recipes/gpu_campaign.sh serve16 # 27B closed loop at 16 and 8 in flight (issues 7, 8)
 #   bash recipes/gpu_campaign.sh profile2 # profile plain and compile_elementwise on one model; the 27B workload
 #                                         # with compile_elementwise, singles and 16 in flight (issues 7, 8)
+#   bash recipes/gpu_campaign.sh final   # the 27B workload on the current defaults timed alone, singles; then B
+#                                         # (parity only) with the mid-shape C vs B parity and the GPU conv
+#                                         # column-view tests beside it (issues 4, 5, 8)
 #   bash recipes/gpu_campaign.sh verify  # check's correctness part (ops vs references + capture, -m gpu tests)
 #                                        # beside parity2, in one call (issues 4, 5)
 # Each stage leaves its files under $OUT/<stage>/ and a tarball of them, $OUT/<stage>.tgz (the device returns at
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2 | serve16 | verify | profile2}
+stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2 | serve16 | verify | profile2 | final}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -97,6 +100,21 @@ case "$stage" in
     left=$((565 - (SECONDS - start)))
     timeout "$left" $bench --shape 27b --arms C --passes 2 --concurrency 16 --single 107,3400 --long-candidate 0 \
       --patch-options '{"compile_elementwise": true}' --out "$out/bench" 2>&1 | grep -v "Loading\|falling back" | tail -n 12 ;;
+  final)
+    ts() { while IFS= read -r line; do echo "$(date +%T) $line"; done; }  # timestamps show what overlapped
+    quiet() { grep --line-buffered -v "Loading\|falling back"; }
+    (timeout 545 $bench --shape 27b --arms C,B --passes 2 --b-passes 1 --parity-only B --concurrency "" \
+      --single 107,3400 --long-candidate 0 --out "$out/bench27" 2>&1 | quiet | ts >"$out/bench27.log") &
+    until grep -q "single 3400-token" "$out/bench27.log" 2>/dev/null || [ $((SECONDS - start)) -gt 360 ]; do sleep 2; done
+    echo "$(date +%T) arm C and the singles timed; the runs that share the GPU start" | tee -a "$out/side.log"
+    export FLA_CACHE_RESULTS=0
+    (timeout 250 $bench --shape mid --arms C,B --passes 1 --b-passes 1 --parity-only B --concurrency "" --single "" \
+      --long-candidate 0 --out "$out/mid" 2>&1 | quiet | ts >"$out/mid.log"; echo "$(date +%T) mid done" >>"$out/side.log") &
+    (timeout 200 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_causal_conv.py" \
+      -m gpu -k column_view -q -p no:cacheprovider >"$out/pytest_conv.log" 2>&1; echo "pytest rc=$?" >>"$out/pytest_conv.log";
+     echo "$(date +%T) conv tests done" >>"$out/side.log") &
+    wait
+    for f in "$out"/*.log; do echo "=== $f"; tail -n 14 "$f"; done ;;
   verify)
     # the correctness runs of check (the -m gpu tests include the whole-model graph test) in the background, and
     # parity2's runs beside them: parity does not depend on timing, so sharing the GPU costs it nothing

@@ -42,3 +42,18 @@ def test_the_length_filter_keeps_the_same_token_ids():
     assert all(item["prefix_tokens"] + max(item["suffix_tokens"]) <= 128 for item, _ in short)
     kept = [(i, p) for i, p in every if i["prefix_tokens"] + max(i["suffix_tokens"]) <= 128]
     assert [p.tokens for _, p in kept] == [p.tokens for _, p in short]
+
+
+def test_a_parity_only_arm_skips_its_warm_up_and_reports_no_speed(tmp_path):
+    torch.set_num_threads(1)
+    bench = load_recipe("bench_jevbench")
+    rc = bench.main(["--shape", "tiny", "--limit", "4", "--arms", "C,B", "--passes", "1", "--b-passes", "1",
+                     "--parity-only", "B", "--long-candidate", "0", "--single", "", "--concurrency", "",
+                     "--dtype", "float32", "--out", str(tmp_path)])
+    assert rc == 0
+    results = json.loads((tmp_path / "bench_tiny_float32.json").read_text())
+    assert results["arms"]["B"]["parity_only"] and not results["arms"]["C"]["parity_only"]
+    assert results["arms"]["B"]["warmup_s"] == 0 or results["arms"]["B"]["warmup_s"] < 1e-3
+    assert "speedup_C_over_B" not in results and results["parity_C_vs_B"]["n"] == 4
+    markdown = (tmp_path / "bench_tiny_float32.md").read_text()
+    assert "| B | 4 | parity only" in markdown and "## arm B:" not in markdown

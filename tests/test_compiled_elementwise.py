@@ -18,6 +18,28 @@ def test_compiled_only_when_asked_and_on_cuda():
     assert compiled is not PLAIN and set(vars(compiled)) == set(vars(PLAIN))
 
 
+def test_qk_norm_rope_is_the_stock_attention_math():
+    """Against the stock module's own q_norm / k_norm and RoPE (Qwen3_5Attention's order: norm, then rotary)."""
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
+
+    config = Qwen3_5TextConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                               rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1]})
+    attention = qwen.Qwen3_5Attention(config, layer_idx=3)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        attention.q_norm.weight.normal_(0, 0.1, generator=gen)
+        attention.k_norm.weight.normal_(0, 0.1, generator=gen)
+    q, k = torch.randn(11, 4, 32, generator=gen), torch.randn(11, 2, 32, generator=gen)
+    cos, sin = torch.randn(11, 8, generator=gen), torch.randn(11, 8, generator=gen)
+    got_q, got_k = PLAIN.qk_norm_rope(q, k, attention.q_norm.weight, attention.k_norm.weight, attention.q_norm.eps,
+                                      attention.k_norm.eps, cos, sin)
+    want_q, want_k = qwen.apply_rotary_pos_emb(attention.q_norm(q), attention.k_norm(k), cos, sin, unsqueeze_dim=1)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert not torch.equal(got_q[..., 8:], q[..., 8:])  # the norm did run on the dims RoPE passes through
+
+
 def test_gdn_gates_are_the_stock_gate_math():
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(7, 6, generator=gen).bfloat16(), torch.randn(7, 6, generator=gen).bfloat16()
@@ -47,6 +69,8 @@ def test_compiled_functions_match_the_plain_ones_on_odd_sizes():
             "silu_mul": (r(tokens, 40), r(tokens, 40)),
             "sigmoid_gate": (r(tokens, 24), r(tokens, 24)),
             "gdn_gates": (r(tokens, 6), r(tokens, 6), r(6), r(6)),
+            "qk_norm_rope": (r(tokens, 6, 32), r(tokens, 2, 32), r(32) * 0.1, r(32) * 0.1, 1e-6, 1e-6,
+                             r(tokens, 8), r(tokens, 8)),  # partial rotary: 8 of 32 dims
         }
         for name, args in cases.items():
             torch.testing.assert_close(getattr(compiled, name)(*args), getattr(PLAIN, name)(*args),

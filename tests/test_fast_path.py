@@ -223,15 +223,16 @@ def test_plans_split_across_packs_match_the_reference(workload, limits):
     assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
 
 
-@pytest.mark.parametrize("flag", ["compile_elementwise", "gdn_fp32"])
-def test_each_experimental_option_switched_on_matches_the_reference(workload, flag):
+@pytest.mark.parametrize("flag, value", [("compile_elementwise", False), ("gdn_fp32", True)])
+def test_each_numerics_option_flipped_matches_the_reference(workload, flag, value):
     """On the CPU both options keep the plain fp32 path (compiling is CUDA-only; the reference GDN is fp32
     inside), so the scores equal the default's exactly; what they change on the GPU is measured there."""
     apply_patches(workload.model)
     default = run_fast(workload).scores
-    record = apply_patches(workload.model, **{flag: True})
+    assert getattr(PatchOptions(), flag) is not value
+    record = apply_patches(workload.model, **{flag: value})
     try:
-        assert getattr(record.options, flag)
+        assert getattr(record.options, flag) is value
         fast = run_fast(workload)
         assert fast.scores == default
         assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE

@@ -106,6 +106,22 @@ def test_cpu_op_is_the_reference():
         assert torch.equal(a, b)
 
 
+def _column_view(x: torch.Tensor, extra: int = 29) -> torch.Tensor:
+    """x's values as the first columns of a wider tensor: the layout of qkv split off a stacked projection."""
+    wide = torch.randn(x.shape[0], x.shape[1] + extra, dtype=x.dtype, device=x.device)
+    wide[:, : x.shape[1]] = x
+    view = wide[:, : x.shape[1]]
+    assert not view.is_contiguous() and view.stride(-1) == 1
+    return view
+
+
+@pytest.mark.parametrize("fla", [True, False])
+def test_a_column_view_input_equals_its_contiguous_copy(fla):
+    args = conv_inputs([33, 90, 1], C, K, seed=11, fla=fla)
+    for a, b in zip(OP(**args), OP(**{**args, "x": _column_view(args["x"])})):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("fla", [True, False])
 def test_opcheck(fla):
     torch.library.opcheck(OP, tuple(conv_inputs([10, 70], C, K, seed=6, fla=fla).values()))
@@ -148,6 +164,17 @@ def test_cuda_matches_reference(channels, dtype, fla, state):
     assert y.dtype == s.dtype == dtype
     assert max_errors(y, y_ref)[1] < TOL[dtype]
     assert torch.equal(s.cpu(), s_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fla", [True, False], ids=["fla", "torch"])
+def test_cuda_column_view_input_equals_its_contiguous_copy(fla):
+    """The patched GDN hands the conv qkv as a column view of the stacked projection (no copy)."""
+    lengths = random_lengths(random.Random(3), 6, hi=700) + [1, 64]
+    args = to_device(conv_inputs(lengths, 10240, K, dtype=torch.bfloat16, state=True, seed=12, fla=fla), "cuda")
+    for a, b in zip(OP(**args), OP(**{**args, "x": _column_view(args["x"], extra=6144 + 96)})):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.gpu
