@@ -23,7 +23,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2 | serve16 | verify | profile2 | final}
+stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2 | serve16 | verify | profile2 | final | midparity}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -115,6 +115,10 @@ case "$stage" in
      echo "$(date +%T) conv tests done" >>"$out/side.log") &
     wait
     for f in "$out"/*.log; do echo "=== $f"; tail -n 14 "$f"; done ;;
+  midparity)
+    # the mid-shape parity of the current defaults against stock with fla (B, parity only), alone
+    timeout 280 $bench --shape mid --arms C,B --passes 1 --b-passes 1 --parity-only B --concurrency "" --single "" \
+      --long-candidate 0 --out "$out/mid" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
   verify)
     # the correctness runs of check (the -m gpu tests include the whole-model graph test) in the background, and
     # parity2's runs beside them: parity does not depend on timing, so sharing the GPU costs it nothing
