@@ -6,11 +6,17 @@ DeltaNet gate math of the stock forward. With ``compile_elementwise`` each one g
 ``torch.compile(dynamic=True, fullgraph=True)`` on CUDA, so its several kernels become one; on other devices the
 plain functions run either way.
 
-Why (on by default): the H200 micro-benchmark (recipes/results/h200-2026-11-29-s2/check/opsbench) measured the
-compiled plain code 8-15x faster than eager for the norms at >= 936 tokens; inside the 27B model
-(recipes/results/h200-2026-11-29-s3/profile2) it cut the elementwise kernels of a 3,400-token forward from 73.6 to
-19.5 ms and the JevBench mean from 109.5 to 93.5 ms, with CUDA graphs on in both. On other devices, or with
-``compile_elementwise=False``, the plain functions run.
+Measured on the H200 (recipes/results/h200-2026-11-29-s3), CUDA graphs on in every run:
+- speed: a 3,400-token 27B forward's elementwise kernels drop from 73.6 to 19.5 ms; the 27B JevBench mean from
+  109.5 ms (plain, session 2) to 93.5 ms (profile2/bench), 89.8 ms with the column-view qkv and fused q/k
+  norm + RoPE (final/bench27). Those runs compiled without ``emulate_precision_casts``; its cost is not measured.
+- parity: at the mid shape, the fast path against stock Transformers with fla moves from max |dp| 0.0095 (no
+  flips; plain) to 0.030 (2 flips) compiled, and to 0.017 (1 flip) with ``emulate_precision_casts``, which these
+  compiles now set. The rest is presumably fused kernels rounding differently from ATen's (reduction order,
+  exp / rsqrt implementations); that is inferred, not isolated.
+Parity is an acceptance gate, so the option is off by default: a deployment that accepts the numerics change for
+the speed switches it on (``apply_patches(model, compile_elementwise=True)``). On other devices the plain
+functions run either way.
 """
 
 from __future__ import annotations

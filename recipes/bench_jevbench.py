@@ -347,7 +347,8 @@ def main(argv=None) -> int:
     for arm in arms:
         fast = arm in ("C", "E")
         if fast:
-            apply_patches(model, **patch_options, cuda_graphs=args.cuda_graphs and arm == "C")
+            record = apply_patches(model, **patch_options, cuda_graphs=args.cuda_graphs and arm == "C")
+            results.setdefault("effective_patch_options", {})[arm] = dict(vars(record.options))  # defaults included
         bind_fla(arm == "B")
         reset_peak()
         start = time.perf_counter()
@@ -437,6 +438,7 @@ def write_markdown(results: dict, path: Path) -> None:
     lines = [f"# JevBench-231 benchmark, {results['shape']} shape, {results['dtype']}, random weights", "",
              f"Command: `{results['command']}`", "", "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
              "", f"CUDA graphs: {results.get('cuda_graphs')}; patch options: {results.get('patch_options', {})}",
+             "", f"Effective patch options (defaults included): {results.get('effective_patch_options', {})}",
              "", "| arm | n | mean ms | p50 ms | p95 ms | warm-up s | passes | peak GB |", "|---|---|---|---|---|---|---|---|"]
     for arm, r in results["arms"].items():
         if r.get("parity_only"):
@@ -460,7 +462,7 @@ def write_markdown(results: dict, path: Path) -> None:
         lines += ["", f"## arm {arm}: mean ms by kind x longest candidate", "", "| kind / bucket | n | mean ms |",
                   "|---|---|---|"]
         lines += [f"| {k} | {v['n']} | {v['mean_ms']:.1f} |" for k, v in r["table"].items()]
-    if "closed_loop" in results:
+    if results.get("closed_loop"):
         lines += ["", "## closed-loop clients through the server's batcher (arm C)", "",
                   "| in flight | decisions/s | p50 ms | p95 ms | forwards | graph captures while measured |",
                   "|---|---|---|---|---|---|"]

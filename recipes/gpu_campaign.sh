@@ -7,23 +7,24 @@
 #                                        # of check's parts that its first run missed)
 #   bash recipes/gpu_campaign.sh perf    # the 27B benchmark, arms C (graphs), A, B; singles; 16k candidate (issue 8)
 #   bash recipes/gpu_campaign.sh perf2   # 27B: prefix-sharing threshold sweep (issue 5), closed loop 1/8/16 (7, 8)
-# Prepared for the next campaign (not run yet):
-#   bash recipes/gpu_campaign.sh profile # kernel profile of 107/3,400-token forwards, plain and compile_elementwise;
-#                                        # the 27B workload with compile_elementwise (issue 8)
 #   bash recipes/gpu_campaign.sh parity2 # mid shape C/B/A/A1, the fp32-fed GDN, the first diverging layer (issue 5)
 #   bash recipes/gpu_campaign.sh serve16 # 27B closed loop at 16 and 8 in flight (issues 7, 8)
-#   bash recipes/gpu_campaign.sh profile2 # profile plain and compile_elementwise on one model; the 27B workload
-#                                         # with compile_elementwise, singles and 16 in flight (issues 7, 8)
-#   bash recipes/gpu_campaign.sh final   # the 27B workload on the current defaults timed alone, singles; then B
-#                                         # (parity only) with the mid-shape C vs B parity and the GPU conv
-#                                         # column-view tests beside it (issues 4, 5, 8)
 #   bash recipes/gpu_campaign.sh verify  # check's correctness part (ops vs references + capture, -m gpu tests)
 #                                        # beside parity2, in one call (issues 4, 5)
+#   bash recipes/gpu_campaign.sh profile2 # 27B kernel profile of 107/3,400-token forwards, plain and
+#                                         # compile_elementwise on one model; the 27B workload with
+#                                         # compile_elementwise, singles and 16 in flight (issues 7, 8)
+#   bash recipes/gpu_campaign.sh final   # the 27B workload on the current defaults, timed alone, and singles; then
+#                                        # B (parity only: C vs B at 27B) with the mid-shape C vs B parity and the
+#                                        # GPU conv column-view tests beside it (issues 4, 5, 8)
+#   bash recipes/gpu_campaign.sh midparity # mid shape, the current defaults vs B (parity only), alone (issue 5)
+# Sessions 2 and 3 ran check, graphs, perf, perf2 and verify, profile2, final, midparity (recipes/results/
+# h200-2026-11-29-s2 and -s3); serve16 has not run (profile2 measured 16 in flight).
 # Each stage leaves its files under $OUT/<stage>/ and a tarball of them, $OUT/<stage>.tgz (the device returns at
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | profile | parity2 | serve16 | verify | profile2 | final | midparity}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve16 | verify | profile2 | final | midparity}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -85,15 +86,6 @@ case "$stage" in
   perf2)
     timeout 440 $bench --shape 27b --cuda-graphs --arms C --passes 1 --concurrency 1,8,16 --single "" \
       --long-candidate 0 --sweep-min-shared 256,1000000 --out "$out" 2>&1 | grep -v Loading | tail -n 25 ;;
-  profile)
-    # next campaign: where a 107- and a 3,400-token forward spend their GPU time, with and without Inductor on the
-    # elementwise work; then the 27B workload with it (arm C only; A and B as measured in perf)
-    timeout 200 python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --out "$out/plain" 2>&1 | tail -n 3
-    timeout 200 python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --out "$out/compiled" \
-      --patch-options '{"compile_elementwise": true}' 2>&1 | tail -n 3
-    left=$((560 - (SECONDS - start)))
-    timeout "$left" $bench --shape 27b --arms C --passes 2 --concurrency "" --long-candidate 0 \
-      --patch-options '{"compile_elementwise": true}' --out "$out/bench" 2>&1 | grep -v Loading | tail -n 12 ;;
   profile2)
     timeout 270 python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --out "$out/profile" \
       --patch-options '{}' '{"compile_elementwise": true}' 2>&1 | grep -v "Loading\|falling back" | tail -n 6
@@ -137,7 +129,7 @@ case "$stage" in
     # and the first layer where the fast path and stock differ
     parity_split ;;
   serve16)
-    # next campaign: closed-loop clients at 16 and 8 in flight at 27B (the 16 figure is missing)
+    # closed-loop clients at 16 and 8 in flight at 27B (the 16 figure is missing)
     timeout 560 $bench --shape 27b --arms C --passes 1 --concurrency 16,8 --single "" --long-candidate 0 \
       --out "$out" 2>&1 | grep -v Loading | tail -n 8 ;;
   *) echo "unknown stage $stage"; exit 2 ;;

@@ -19,6 +19,8 @@ def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     assert set(results["arms"]) == {"C", "E", "A", "A1"}  # on the CPU --cuda-graphs changes nothing: C is E
     assert results["parity_A1_vs_A"]["max_abs_dp"] < 1e-5  # the stock model alone vs batched, fp32
     assert results["patch_options"] == {"gdn_fp32": True}  # handed to apply_patches for C and E
+    assert results["effective_patch_options"]["C"]["gdn_fp32"] is True
+    assert "compile_elementwise" in results["effective_patch_options"]["E"]  # the defaults are recorded too
     assert "patch options: {'gdn_fp32': True}" in (tmp_path / "bench_tiny_float32.md").read_text()
     assert results["parity_C_vs_E"]["max_abs_dp"] == 0.0
     assert results["arms"]["C"]["n"] == 6 and results["arms"]["A"]["n"] == 6

@@ -223,7 +223,7 @@ def test_plans_split_across_packs_match_the_reference(workload, limits):
     assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
 
 
-@pytest.mark.parametrize("flag, value", [("compile_elementwise", False), ("gdn_fp32", True)])
+@pytest.mark.parametrize("flag, value", [("compile_elementwise", True), ("gdn_fp32", True)])
 def test_each_numerics_option_flipped_matches_the_reference(workload, flag, value):
     """On the CPU both options keep the plain fp32 path (compiling is CUDA-only; the reference GDN is fp32
     inside), so the scores equal the default's exactly; what they change on the GPU is measured there."""
