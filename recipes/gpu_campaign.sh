@@ -8,7 +8,7 @@
 #   bash recipes/gpu_campaign.sh perf    # the 27B benchmark, arms C (graphs), A, B; singles; 16k candidate (issue 8)
 #   bash recipes/gpu_campaign.sh perf2   # 27B: prefix-sharing threshold sweep (issue 5), closed loop 1/8/16 (7, 8)
 #   bash recipes/gpu_campaign.sh parity2 # mid shape C/B/A/A1, the fp32-fed GDN, the first diverging layer (issue 5)
-#   bash recipes/gpu_campaign.sh serve16 # 27B closed loop at 16 and 8 in flight (issues 7, 8)
+#   bash recipes/gpu_campaign.sh serve   # 27B closed loop at 1, 8 and 16 in flight, one configuration (issues 7, 8)
 #   bash recipes/gpu_campaign.sh verify  # check's correctness part (ops vs references + capture, -m gpu tests)
 #                                        # beside parity2, in one call (issues 4, 5)
 #   bash recipes/gpu_campaign.sh profile2 # 27B kernel profile of 107/3,400-token forwards, plain and
@@ -19,12 +19,12 @@
 #                                        # GPU conv column-view tests beside it (issues 4, 5, 8)
 #   bash recipes/gpu_campaign.sh midparity # mid shape, the current defaults vs B (parity only), alone (issue 5)
 # Sessions 2 and 3 ran check, graphs, perf, perf2 and verify, profile2, final, midparity (recipes/results/
-# h200-2026-11-29-s2 and -s3); serve16 has not run (profile2 measured 16 in flight).
+# h200-2026-11-29-s2 and -s3); serve has not run (profile2 measured 16 in flight, compiled; perf2 1 and 8, plain).
 # Each stage leaves its files under $OUT/<stage>/ and a tarball of them, $OUT/<stage>.tgz (the device returns at
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve16 | verify | profile2 | final | midparity}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -128,9 +128,9 @@ case "$stage" in
     # itself batched differently (A1 vs A: how far rounding alone moves p on this model), the fp32-fed GDN kernel,
     # and the first layer where the fast path and stock differ
     parity_split ;;
-  serve16)
-    # closed-loop clients at 16 and 8 in flight at 27B (the 16 figure is missing)
-    timeout 560 $bench --shape 27b --arms C --passes 1 --concurrency 16,8 --single "" --long-candidate 0 \
+  serve)
+    # closed-loop clients at 1, 8 and 16 in flight at 27B, one configuration (the defaults) for all three levels
+    timeout 560 $bench --shape 27b --arms C --passes 1 --concurrency 1,8,16 --single "" --long-candidate 0 \
       --out "$out" 2>&1 | grep -v Loading | tail -n 8 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
