@@ -15,8 +15,7 @@ Measured on the H200 (recipes/results/h200-2026-11-29-s3), CUDA graphs on in eve
   compiles now set. The rest is presumably fused kernels rounding differently from ATen's (reduction order,
   exp / rsqrt implementations); that is inferred, not isolated.
 Parity is an acceptance gate, so the option is off by default: a deployment that accepts the numerics change for
-the speed switches it on (``apply_patches(model, compile_elementwise=True)``). On other devices the plain
-functions run either way.
+the speed switches it on (``apply_patches(model, compile_elementwise=True)``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ class PatchOptions:
     final_row_mlp: bool = True  # last layer: post-norm + MLP + final norm on the scored rows only
     stacked_projections: bool = True  # one GEMM for GDN qkv|z|b|a, attention q|k|v, MLP gate|up (no weight copies)
     cuda_graphs: bool = True  # on CUDA, replay packed forwards as CUDA graphs per shape bucket (cuda_graphs.py)
-    # on CUDA, norms / SiLU-mul / gates / RoPE through torch.compile: 27B mean 109.5 -> 89.8 ms, but mid-shape parity
+    # on CUDA, norms / SiLU-mul / gates / RoPE through torch.compile: 27B mean 109.5 -> 93.5 ms, but mid-shape parity
     # against stock 0.0095 -> 0.017 with 1 flip (H200, recipes/results/h200-2026-11-29-s3), so opt-in
     compile_elementwise: bool = False
     gdn_fp32: bool = False  # feed the GDN kernel fp32 q/k/v, for parity with the stock fp32 fallback (not yet measured)

@@ -99,6 +99,22 @@ def build_model(shape: str, *, seed: int, device: str = "cuda", dtype: torch.dty
     return JevModel(backbone, head, None, manifest, method="random")
 
 
+def add_model_arguments(parser: argparse.ArgumentParser, *, shape: str) -> None:
+    """The options every model-building recipe shares: --shape, --dtype, --seed, --out."""
+    parser.add_argument("--shape", default=shape, choices=sorted(SHAPES))
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True)
+
+
+def prepare_recipe(args: argparse.Namespace) -> tuple[Path, str, object]:
+    """(output folder, created; the device: CUDA when there is one; the seeded random model of ``args``)."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return out, device, build_model(args.shape, seed=args.seed, device=device, dtype=getattr(torch, args.dtype))
+
+
 def build_workload(path: Path, *, vocab: int, seed: int, limit: int | None = None, max_length: int | None = None):
     """PreparedRequests with random token ids, identical within each request's shared prefix (optionally only
     those whose longest sequence is at most ``max_length`` tokens; the ids do not depend on the filter)."""
@@ -290,19 +306,16 @@ def versions() -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="27b", choices=sorted(SHAPES))
+    add_model_arguments(parser, shape="27b")
     parser.add_argument("--arms", default="A,B,C")
     parser.add_argument("--passes", type=int, default=2, help="measured passes for C (A runs one)")
     parser.add_argument("--b-passes", type=int, default=2, help="measured passes for B")
     parser.add_argument("--limit", type=int, default=None, help="first N requests only (smoke runs)")
     parser.add_argument("--max-length", type=int, default=None,
                         help="only requests whose longest candidate sequence has at most this many tokens")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--long-candidate", type=int, default=16384, help="also run one candidate this long on C")
     parser.add_argument("--concurrency", default="1,8,16")
     parser.add_argument("--single", default="107,3400", help="also time one candidate of each length on C")
-    parser.add_argument("--out", required=True)
     parser.add_argument("--fast-options", default="{}", help="JSON of score_fast options (e.g. min_shared_tokens)")
     parser.add_argument("--patch-options", default="{}",
                         help='JSON of apply_patches options for C and E, e.g. {"compile_elementwise": true}')
@@ -316,10 +329,13 @@ def main(argv=None) -> int:
                         help="e.g. 64,128,256,512: after the arms, one warm pass of C per prefix-sharing threshold "
                              "(the break-even measurement behind planner.DEFAULT_MIN_SHARED_TOKENS)")
     args = parser.parse_args(argv)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    parity_only = {a.strip() for a in args.parity_only.split(",") if a.strip()}
+    if not parity_only <= set(arms) or "C" in parity_only:
+        parser.error(f"--parity-only {args.parity_only!r}: name arms of --arms other than C (C is what is measured)")
     out = Path(args.out)
     FAST_OPTIONS.update(json.loads(args.fast_options))
     out.mkdir(parents=True, exist_ok=True)
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     shapes_file = SHAPES_FILE
     results = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
                "arms": {}, "seed": args.seed}
@@ -354,8 +370,8 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         passes = []
         batch_size = 1 if arm == "A1" else 32
-        parity_only = arm in args.parity_only.split(",")
-        if arm not in ("A", "A1") and not parity_only:
+        timed = arm not in parity_only
+        if arm not in ("A", "A1") and timed:
             run_pass(model, work, fast=fast)  # warm-up: autotuning, compilation
         warmup_s = time.perf_counter() - start
         before = graph_stats(model) if arm == "C" else None
@@ -367,8 +383,8 @@ def main(argv=None) -> int:
         results["arms"][arm] = {**summarize(times), "warmup_s": warmup_s, "passes": len(passes),
                                 "peak_memory_gb": peak_gb(),
                                 "table": table(work, per_request),
-                                "per_request_ms": per_request, "parity_only": parity_only}
-        print(f"arm {arm}{' (parity only, times include autotuning)' if parity_only else ''}: "
+                                "per_request_ms": per_request, "parity_only": not timed}
+        print(f"arm {arm}{'' if timed else ' (parity only, times include autotuning)'}: "
               + ", ".join(f"{k}={v:.1f}" for k, v in results["arms"][arm].items()
                                          if isinstance(v, float)), flush=True)
         if before is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import build_model, save_table, versions  # noqa: E402
+from bench_jevbench import add_model_arguments, prepare_recipe, save_table, versions  # noqa: E402
 
 
 def layer_outputs(text_model, run) -> list[torch.Tensor]:
@@ -51,21 +51,15 @@ def compare(stock: list[torch.Tensor], fast: list[torch.Tensor], layer_types: li
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="mid")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    add_model_arguments(parser, shape="mid")
     parser.add_argument("--tokens", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--patch-options", default="{}", help="JSON of apply_patches options")
-    parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     from hf_openjev.fast_path import score_fast
     from hf_openjev.patches import apply_patches, revert_patches
     from hf_openjev.patches.record import text_model_of
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = build_model(args.shape, seed=args.seed, device=device, dtype=getattr(torch, args.dtype))
+    out, device, model = prepare_recipe(args)
     text_model = text_model_of(model)
     rng = random.Random(args.tokens)
     sequence = [rng.randrange(1000, 248320) for _ in range(args.tokens)]

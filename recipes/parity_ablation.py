@@ -15,11 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import (SHAPES_FILE, build_model, build_workload, parity, run_pass, save_table,  # noqa: E402
-                            versions)
+from bench_jevbench import (SHAPES_FILE, add_model_arguments, build_workload, parity, prepare_recipe,  # noqa: E402
+                            run_pass, save_table, versions)
 
 VARIANTS = {  # name -> apply_patches options (cuda_graphs always off)
     "all patches": {},
@@ -33,20 +31,14 @@ VARIANTS = {  # name -> apply_patches options (cuda_graphs always off)
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="mid")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    add_model_arguments(parser, shape="mid")
     parser.add_argument("--max-length", type=int, default=128, help="requests whose longest sequence fits")
     parser.add_argument("--limit", type=int, default=None, help="of the first N requests")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of: " + ", ".join(VARIANTS))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     from hf_openjev.patches import apply_patches
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = build_model(args.shape, seed=args.seed, device=device, dtype=getattr(torch, args.dtype))
+    out, device, model = prepare_recipe(args)
     work = build_workload(SHAPES_FILE, vocab=248320, seed=args.seed, limit=args.limit, max_length=args.max_length)
     result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
               "dtype": args.dtype, "requests": len(work), "rows": []}

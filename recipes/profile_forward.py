@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import build_model, sync, versions  # noqa: E402
+from bench_jevbench import add_model_arguments, prepare_recipe, sync, versions  # noqa: E402
 
 CATEGORIES = [  # first match wins; kernel names as CUPTI reports them
     ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|matmul|addmm|linear|aten::b?mm$", re.I)),
@@ -134,19 +134,15 @@ def write_markdown(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="27b")
+    add_model_arguments(parser, shape="27b")
     parser.add_argument("--tokens", default="107,3400")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--patch-options", nargs="+", default=["{}"],
                         help="JSON of apply_patches options; several: each is profiled in turn")
-    parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     from hf_openjev.patches import apply_patches
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cuda = torch.cuda.is_available()
-    model = build_model(args.shape, seed=args.seed, device="cuda" if cuda else "cpu")
+    out, device, model = prepare_recipe(args)
+    cuda = device == "cuda"
     result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
               "cuda": cuda, "variants": []}
     for options_json in args.patch_options:

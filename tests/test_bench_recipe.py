@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from shared_data import load_recipe
 
@@ -46,11 +47,11 @@ def test_the_length_filter_keeps_the_same_token_ids():
     assert [p.tokens for _, p in kept] == [p.tokens for _, p in short]
 
 
-def test_a_parity_only_arm_skips_its_warm_up_and_reports_no_speed(tmp_path):
+def test_a_parity_only_arm_skips_its_warm_up_and_reports_no_speed(tmp_path, capsys):
     torch.set_num_threads(1)
     bench = load_recipe("bench_jevbench")
     rc = bench.main(["--shape", "tiny", "--limit", "4", "--arms", "C,B", "--passes", "1", "--b-passes", "1",
-                     "--parity-only", "B", "--long-candidate", "0", "--single", "", "--concurrency", "",
+                     "--parity-only", "B", "--long-candidate", "0", "--single", "9", "--concurrency", "",
                      "--dtype", "float32", "--out", str(tmp_path)])
     assert rc == 0
     results = json.loads((tmp_path / "bench_tiny_float32.json").read_text())
@@ -59,3 +60,14 @@ def test_a_parity_only_arm_skips_its_warm_up_and_reports_no_speed(tmp_path):
     assert "speedup_C_over_B" not in results and results["parity_C_vs_B"]["n"] == 4
     markdown = (tmp_path / "bench_tiny_float32.md").read_text()
     assert "| B | 4 | parity only" in markdown and "## arm B:" not in markdown
+    assert "closed-loop" not in markdown  # no levels asked for, no empty table
+    printed = capsys.readouterr().out
+    assert printed.index("single 9-token candidate") < printed.index("arm B")  # singles run before later arms
+
+
+@pytest.mark.parametrize("parity_only", ["C", "B"])
+def test_parity_only_names_arms_other_than_c(tmp_path, parity_only):
+    bench = load_recipe("bench_jevbench")
+    with pytest.raises(SystemExit):
+        bench.main(["--shape", "tiny", "--arms", "C,A", "--parity-only", parity_only, "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()  # refused before any work

@@ -401,3 +401,21 @@ def test_patches_stay_applied_and_fast_path_applies_defaults(sensitive):
     request = crafted_requests(model.config.vocab_size)[4]
     score_prepared(model, [request], fast=True)
     assert patch_record(model).options == PatchOptions()
+
+
+def test_the_conv_reads_qkv_in_place_from_the_stacked_projection(workload, monkeypatch):
+    """With stacked projections the GDN hands the conv qkv as a column view (no [T, C] copy per layer)."""
+    from hf_openjev.patches import packed_candidates
+
+    layouts = []
+
+    def recording_conv(x, *args):
+        layouts.append((x.is_contiguous(), x.stride(-1)))
+        return causal_conv(x, *args)
+
+    causal_conv = packed_candidates.causal_conv1d_packed
+    monkeypatch.setattr(packed_candidates, "causal_conv1d_packed", recording_conv)
+    apply_patches(workload.model)
+    fast = run_fast(workload)
+    assert layouts and all(layout == (False, 1) for layout in layouts)
+    assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
