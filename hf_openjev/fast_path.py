@@ -15,18 +15,21 @@ import torch
 from .patches.cuda_graphs import PackGraphs, graph_ready
 from .patches.pack_context import build_pack_context
 from .patches.record import apply_patches, patch_record, text_model_of
-from .planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, plan_requests
+from .planner import (DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, DEFAULT_SHARE_TAILS,
+                      plan_requests)
 
 
 @torch.no_grad()
 def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]]], *,
                min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS, max_sequences: int = DEFAULT_MAX_SEQUENCES,
-               max_tokens: int = DEFAULT_MAX_TOKENS) -> tuple[list[float], list[dict]]:
+               max_tokens: int = DEFAULT_MAX_TOKENS, share_tails: bool = DEFAULT_SHARE_TAILS
+               ) -> tuple[list[float], list[dict]]:
     """Score every candidate with the patched backbone (patches are applied with defaults if absent)."""
     record = patch_record(model) or apply_patches(model)
     options = record.options
     plan = plan_requests(requests_tokens, shared_prefix=options.shared_prefix, min_shared_tokens=min_shared_tokens,
-                         max_sequences=max_sequences if options.packed_candidates else 1, max_tokens=max_tokens)
+                         max_sequences=max_sequences if options.packed_candidates else 1, max_tokens=max_tokens,
+                         share_tails=share_tails)
     text_model = text_model_of(model)
     device = model.device
     remaining_children: dict[int, int] = {}

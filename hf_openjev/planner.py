@@ -8,9 +8,17 @@ Tree (per request)::
       └ question prefix  (the rest of what a question's candidates share, when >= 2 candidates)
           └ candidate suffix  (always >= 1 token: the last token is the one that is scored)
 
-Every shared prefix is cut at a multiple of ``align`` (64) tokens, so the Gated DeltaNet chunk boundaries of
-each candidate stay where the unshared sequence has them, and is shared only when it is at least
-``min_shared_tokens`` long (sharing a short prefix costs an extra mixer call per layer and can lose).
+Every state handed from a prefix to its children is taken at a multiple of ``align`` (64) tokens, so the Gated
+DeltaNet chunk boundaries of each candidate stay where the unshared sequence has them. A prefix is shared only
+when it is at least ``min_shared_tokens`` long (sharing a short prefix costs an extra mixer call per layer and
+can lose).
+
+``share_tails=False`` cuts every shared prefix at its last multiple of ``align``: the rest of it is computed
+once per candidate. ``share_tails=True`` shares the exact common prefix: the part past its last multiple of
+``align`` becomes a *tail* segment (``hands_state=False``). A tail's token-wise work (projections, MLP, norms),
+its conv and its attention keys are computed once; in the Gated DeltaNet its children re-run its rows (< 64 of
+them) from the state at the multiple of ``align`` before it, so their chunk boundaries do not move. A tree with
+tails always runs in one pack (the children read the tail's rows); one too large for a pack is planned without.
 
 Packs: trees are packed in order into groups of at most ``max_sequences`` candidates and ``max_tokens``
 tokens. A tree too large for one pack is split: its prefixes run first (their states are kept), then its
@@ -27,6 +35,7 @@ ALIGN = 64
 DEFAULT_MIN_SHARED_TOKENS = 64
 DEFAULT_MAX_SEQUENCES = 16
 DEFAULT_MAX_TOKENS = 4096
+DEFAULT_SHARE_TAILS = False
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,7 @@ class Segment:
     start: int  # position of the first token = length of the parent chain
     request: int
     leaf: tuple[int, int] | None = None  # (question, candidate) for a scored candidate suffix
+    hands_state: bool = True  # False for a tail: its children re-run its rows in the Gated DeltaNet
 
     @property
     def end(self) -> int:
@@ -98,30 +108,40 @@ def shareable_length(sequences: Sequence[Sequence[int]], *, align: int = ALIGN) 
 
 def build_tree(request_index: int, questions: Sequence[Sequence[Sequence[int]]], next_id: int, *,
                shared_prefix: bool = True, min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS,
-               align: int = ALIGN) -> tuple[list[Segment], int]:
+               align: int = ALIGN, share_tails: bool = DEFAULT_SHARE_TAILS) -> tuple[list[Segment], int]:
     """The segments of one request's prefix tree (ids from ``next_id``) and the shared-token count."""
     segments: list[Segment] = []
 
-    def add(tokens, parent, start, leaf=None) -> int:
-        seg = Segment(next_id + len(segments), tuple(tokens), parent, start, request_index, leaf)
+    def add(tokens, parent, start, leaf=None, hands_state=True) -> int:
+        seg = Segment(next_id + len(segments), tuple(tokens), parent, start, request_index, leaf, hands_state)
         segments.append(seg)
         return seg.id
+
+    def add_shared(tokens, parent, start: int, end: int) -> int:
+        """Shared positions [start, end): an aligned part that hands on its state, then a tail (share_tails)."""
+        cut = end // align * align if share_tails else end
+        if cut > start:
+            parent = add(tokens[start:cut], parent, start)
+        if end > max(cut, start):
+            parent = add(tokens[max(cut, start):end], parent, max(cut, start), hands_state=False)
+        return parent
 
     all_sequences = [seq for question in questions for seq in question]
     if any(len(seq) == 0 for seq in all_sequences):
         raise ValueError(f"request {request_index}: every candidate sequence needs at least one token")
+    cut_at = 1 if share_tails else align
     root, root_len = None, 0
     if shared_prefix:
-        length = shareable_length(all_sequences, align=align)
+        length = shareable_length(all_sequences, align=cut_at)
         if length >= min_shared_tokens:
-            root, root_len = add(all_sequences[0][:length], None, 0), length
+            root, root_len = add_shared(all_sequences[0], None, 0, length), length
     shared = root_len * (len(all_sequences) - 1)
     for qi, candidates in enumerate(questions):
         parent, start = root, root_len
         if shared_prefix and len(candidates) >= 2:
-            length = shareable_length(candidates, align=align)
+            length = shareable_length(candidates, align=cut_at)
             if length - root_len >= min_shared_tokens:
-                parent = add(candidates[0][root_len:length], root, root_len)
+                parent = add_shared(candidates[0], root, root_len, length)
                 shared += (length - root_len) * (len(candidates) - 1)
                 start = length
         for ci, seq in enumerate(candidates):
@@ -172,7 +192,7 @@ def _subtree_packs(tree: list[Segment], *, max_sequences: int, max_tokens: int) 
 
 def plan_requests(requests: Sequence[Sequence[Sequence[Sequence[int]]]], *, shared_prefix: bool = True,
                   min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS, max_sequences: int = DEFAULT_MAX_SEQUENCES,
-                  max_tokens: int = DEFAULT_MAX_TOKENS, align: int = ALIGN) -> Plan:
+                  max_tokens: int = DEFAULT_MAX_TOKENS, align: int = ALIGN, share_tails: bool = DEFAULT_SHARE_TAILS) -> Plan:
     """Plan the forwards for ``requests[r][q][c] -> token ids`` (one or many requests, scored together)."""
     if max_sequences < 1 or max_tokens < 1:
         raise ValueError("max_sequences and max_tokens must be at least 1")
@@ -184,12 +204,15 @@ def plan_requests(requests: Sequence[Sequence[Sequence[Sequence[int]]]], *, shar
     current = Pack()
     current_leaves = current_tokens = 0
     for r, questions in enumerate(requests):
-        tree, shared = build_tree(r, questions, len(segments), shared_prefix=shared_prefix,
-                                  min_shared_tokens=min_shared_tokens, align=align)
-        segments.extend(tree)
-        shared_tokens.append(shared)
+        options = dict(shared_prefix=shared_prefix, min_shared_tokens=min_shared_tokens, align=align)
+        tree, shared = build_tree(r, questions, len(segments), share_tails=share_tails, **options)
         n_leaves = sum(1 for s in tree if s.leaf is not None)
         n_tokens = sum(len(s.tokens) for s in tree)
+        if (n_leaves > max_sequences or n_tokens > max_tokens) and not all(s.hands_state for s in tree):
+            tree, shared = build_tree(r, questions, len(segments), **options)  # split across packs: no tails
+            n_tokens = sum(len(s.tokens) for s in tree)
+        segments.extend(tree)
+        shared_tokens.append(shared)
         if n_leaves <= max_sequences and n_tokens <= max_tokens:
             if current.segments and (current_leaves + n_leaves > max_sequences or current_tokens + n_tokens > max_tokens):
                 packs.append(current)

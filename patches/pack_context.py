@@ -11,6 +11,11 @@ from earlier packs (``external``), then the final states of each level in order.
 Gated DeltaNet / conv state is ``bank[parent_row]``. For attention, a segment that continues a prefix reads
 that prefix's whole chain of keys (``chain_index`` into ``[external K/V ; this pack's K/V]``): one block per
 parent, shared by all its children, never copied per candidate.
+
+Tails (planner segments with ``hands_state=False``): a level whose segments continue a tail gets a
+:class:`GdnGather`. Its Gated DeltaNet runs over a gathered layout, each sequence = [its tail ancestors' rows ;
+its own rows], from the state of the nearest ancestor that hands one on (or zeros); ``keep`` picks the level's
+own rows out of the result. The conv and attention continue the tail as any other parent.
 """
 
 from __future__ import annotations
@@ -36,6 +41,20 @@ class SegmentState:
 
 
 @dataclass
+class GdnGather:
+    """A level's Gated DeltaNet over gathered rows (sequences that continue a tail re-run its rows)."""
+
+    rows: torch.Tensor  # [T'] int64 pack rows of the gathered layout (all < the level's end)
+    cu_seqlens: torch.Tensor  # [n+1] int32 over the gathered layout
+    chunk_indices: torch.Tensor  # [C', 2]
+    parent_rows: torch.Tensor  # [n] int64 state-bank rows of the initial states
+    keep: torch.Tensor  # [hi - lo] int64 gathered row of each of the level's rows
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.rows, self.cu_seqlens, self.chunk_indices, self.parent_rows, self.keep]
+
+
+@dataclass
 class LevelSpec:
     lo: int
     hi: int  # token slice [lo, hi) of this level
@@ -48,6 +67,7 @@ class LevelSpec:
     cu_chain: torch.Tensor | None = None  # [m+1] int32 (block 0 is empty: segments without a parent)
     chain_of_segment: torch.Tensor | None = None  # [n] int32
     max_chain: int = 0
+    gdn: GdnGather | None = None  # set when a segment of the level continues a tail
 
 
 @dataclass
@@ -77,6 +97,8 @@ class PackContext:
         out = [self.input_ids, self.positions, self.final_rows]
         for level in self.levels:
             out += [level.cu_seqlens, level.chunk_indices, level.parent_rows]
+            if level.gdn is not None:
+                out += level.gdn.tensors()
             if level.has_parents:
                 out += [level.chain_index, level.cu_chain, level.chain_of_segment]
         return out
@@ -140,6 +162,38 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
             return list(range(ext_offset[parent], ext_offset[parent] + store[parent].length))
         return chain_rows[parent]
 
+    def gdn_start(seg_id: int) -> tuple[list[int], int | None]:
+        """(the tail ancestors whose rows the segment's GDN re-runs, root-most first; the state-handing one)."""
+        tails, parent = [], segments[seg_id].parent
+        while parent is not None and not segments[parent].hands_state:
+            if parent not in in_pack:
+                raise ValueError(f"segment {seg_id} continues tail {parent} from another pack; a tail's children "
+                                 "must share its pack (plan with share_tails=False to split this tree)")
+            tails.append(parent)
+            parent = segments[parent].parent
+        return tails[::-1], parent
+
+    def gather_for_tails(ids: list[int], lo: int, level_tokens: int, pad: bool) -> GdnGather:
+        rows, cu, parents, keep = [], [0], [], [0] * level_tokens
+        for seg_id in ids:
+            tails, anchor = gdn_start(seg_id)
+            for tail in tails:
+                rows.extend(range(start_of[tail], start_of[tail] + len(segments[tail].tokens)))
+            own = len(segments[seg_id].tokens)
+            keep[start_of[seg_id] - lo: start_of[seg_id] - lo + own] = range(len(rows), len(rows) + own)
+            rows.extend(range(start_of[seg_id], start_of[seg_id] + own))
+            cu.append(len(rows))
+            parents.append(bank_row[anchor] if anchor is not None else 0)
+        if pad:  # dummies re-read row `lo` from zero states; the level's dummy rows keep gathered row 0
+            for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
+                rows.extend([lo] * length)
+                cu.append(len(rows))
+                parents.append(0)
+        meta = prepare_varlen_metadata(cu, device=device)
+        return GdnGather(torch.tensor(rows, dtype=torch.long, device=device), meta.cu_seqlens, meta.chunk_indices,
+                         torch.tensor(parents, dtype=torch.long, device=device),
+                         torch.tensor(keep, dtype=torch.long, device=device))
+
     for level in sorted(by_level):
         ids = by_level[level]
         lo = len(token_ids)
@@ -174,11 +228,13 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
                 parent_rows.append(0)
                 chain_of_segment.append(0)
                 next_row += 1
+        gdn = gather_for_tails(ids, lo, len(token_ids) - lo, pad) if any(
+            not segments[segments[i].parent].hands_state for i in ids if segments[i].parent is not None) else None
         meta = prepare_varlen_metadata(cu, device=device)
         has_parents = any(r != 0 for r in parent_rows)
         spec = LevelSpec(lo=lo, hi=len(token_ids), cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
                          max_seqlen=(len(token_ids) - lo) if pad else meta.max_seqlen, has_parents=has_parents,
-                         parent_rows=torch.tensor(parent_rows, dtype=torch.long, device=device))
+                         parent_rows=torch.tensor(parent_rows, dtype=torch.long, device=device), gdn=gdn)
         if has_parents:
             chain = [r for b in blocks for r in b]
             cu_chain = [0]
@@ -212,7 +268,9 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
     if pad:
         ctx.graph_key = (final_row_mlp, compile_elementwise, gdn_fp32, len(final_rows), tuple(
             (level.hi - level.lo, tuple(level.cu_seqlens.shape), tuple(level.chunk_indices.shape), level.has_parents,
-             level.max_chain, tuple(level.cu_chain.shape) if level.has_parents else None) for level in levels))
+             level.max_chain, tuple(level.cu_chain.shape) if level.has_parents else None,
+             None if level.gdn is None else (tuple(level.gdn.rows.shape), tuple(level.gdn.chunk_indices.shape)))
+            for level in levels))
     if external:
         first = store[external[0]]
         for layer in first.gdn:
