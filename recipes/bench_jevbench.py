@@ -8,6 +8,8 @@ One process, one set of weights, three arms:
      its packs replay CUDA graphs
   E  (optional) the same fast path eager, beside graph-replayed C, to separate graph replay from the rest
   A1 (optional) arm A with one candidate per batch: the stock model against itself, a floor for parity
+  B1 (optional) arm B with one candidate per batch: the reference path against itself (fla bound), the same
+     floor for parity against B
 
 Per arm: warm-up pass, then measured passes in request order; each request timed with a device synchronize at
 both ends, from token ids in to the response dict out. Reports mean / p50 / p95 (sorted[int(0.95 N) - 1]), the
@@ -325,16 +327,25 @@ def main(argv=None) -> int:
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                         help="arm C replays CUDA graphs per shape bucket (the library's default on CUDA); "
                              "--no-cuda-graphs measures the eager fast path")
-    parser.add_argument("--sweep-min-shared", default="",
-                        help="e.g. 64,128,256,512: after the arms, one warm pass of C per prefix-sharing threshold "
-                             "(the break-even measurement behind planner.DEFAULT_MIN_SHARED_TOKENS)")
+    parser.add_argument("--sweep", default="[]",
+                        help='JSON list of score_fast option overrides, e.g. \'[{"min_shared_tokens": 256}, '
+                             '{"share_tails": false}]\': after the arms, one warm-up and one measured pass of C per '
+                             "entry, over --fast-options (the break-even measurements behind the planner defaults)")
     args = parser.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     parity_only = {a.strip() for a in args.parity_only.split(",") if a.strip()}
+    if not set(arms) <= {"A", "B", "C", "E", "A1", "B1"}:
+        parser.error(f"--arms {args.arms!r}: choose among A, B, C, E, A1, B1")
     if not parity_only <= set(arms) or "C" in parity_only:
         parser.error(f"--parity-only {args.parity_only!r}: name arms of --arms other than C (C is what is measured)")
+    try:
+        sweep_entries = json.loads(args.sweep)
+        FAST_OPTIONS.update(json.loads(args.fast_options))
+    except json.JSONDecodeError as error:
+        parser.error(f"--sweep / --fast-options must be JSON: {error}")
+    if not (isinstance(sweep_entries, list) and all(isinstance(e, dict) for e in sweep_entries)):
+        parser.error(f"--sweep {args.sweep!r}: give a JSON list of objects, e.g. '[{{\"min_shared_tokens\": 256}}]'")
     out = Path(args.out)
-    FAST_OPTIONS.update(json.loads(args.fast_options))
     out.mkdir(parents=True, exist_ok=True)
     shapes_file = SHAPES_FILE
     results = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
@@ -357,6 +368,7 @@ def main(argv=None) -> int:
     results["cuda_graphs"] = args.cuda_graphs
     patch_options = json.loads(args.patch_options)
     results["patch_options"] = patch_options
+    results["fast_options"] = dict(FAST_OPTIONS)
     if "E" in arms and not args.cuda_graphs:
         parser.error("arm E (fast path, eager) is only meaningful beside graph-replayed C (drop --no-cuda-graphs)")
     responses = {}
@@ -365,17 +377,17 @@ def main(argv=None) -> int:
         if fast:
             record = apply_patches(model, **patch_options, cuda_graphs=args.cuda_graphs and arm == "C")
             results.setdefault("effective_patch_options", {})[arm] = dict(vars(record.options))  # defaults included
-        bind_fla(arm == "B")
+        bind_fla(arm in ("B", "B1"))
         reset_peak()
         start = time.perf_counter()
         passes = []
-        batch_size = 1 if arm == "A1" else 32
+        batch_size = 1 if arm in ("A1", "B1") else 32
         timed = arm not in parity_only
-        if arm not in ("A", "A1") and timed:
+        if arm not in ("A", "A1", "B1") and timed:
             run_pass(model, work, fast=fast)  # warm-up: autotuning, compilation
         warmup_s = time.perf_counter() - start
         before = graph_stats(model) if arm == "C" else None
-        for _ in range({"A": 1, "A1": 1, "B": args.b_passes, "E": 1}.get(arm, args.passes)):
+        for _ in range({"A": 1, "A1": 1, "B": args.b_passes, "B1": 1, "E": 1}.get(arm, args.passes)):
             passes.append(run_pass(model, work, fast=fast, batch_size=batch_size))
         times = [t * 1000 for p in passes for t, _ in p]
         per_request = [statistics.fmean(p[i][0] * 1000 for p in passes) for i in range(len(work))]
@@ -398,7 +410,7 @@ def main(argv=None) -> int:
                 results["single_candidate"][str(n)] = time_single(model, n, repeats=5)
                 print(f"single {n}-token candidate: {results['single_candidate'][str(n)]}", flush=True)
         # parity as soon as both sides exist, so a cut-short run keeps it
-        for ref, other in (("A", "B"), ("A", "C"), ("B", "C"), ("A", "E"), ("E", "C"), ("A", "A1")):
+        for ref, other in (("A", "B"), ("A", "C"), ("B", "C"), ("A", "E"), ("E", "C"), ("A", "A1"), ("B", "B1")):
             key = f"parity_{other}_vs_{ref}"
             if ref in responses and other in responses and key not in results:
                 results[key] = parity(responses[ref], responses[other])
@@ -410,15 +422,17 @@ def main(argv=None) -> int:
             results[f"speedup_C_over_{arm}"] = results["arms"][arm]["mean_ms"] / results["arms"]["C"]["mean_ms"]
     if "C" in arms:  # the sweep and the closed loop run arm C as measured (graphs on with --cuda-graphs)
         apply_patches(model, **patch_options, cuda_graphs=args.cuda_graphs)
-    if args.sweep_min_shared:
+    if sweep_entries:
         sweep = {}
-        for threshold in [int(x) for x in args.sweep_min_shared.split(",") if x]:
-            FAST_OPTIONS["min_shared_tokens"] = threshold
-            run_pass(model, work, fast=True)  # warm: new shapes autotune here
+        for overrides in sweep_entries:
+            FAST_OPTIONS.clear()
+            FAST_OPTIONS.update({**json.loads(args.fast_options), **overrides})
+            label = json.dumps(overrides, sort_keys=True)
+            run_pass(model, work, fast=True)  # warm: new shapes autotune and capture here
             times = [t * 1000 for t, _ in run_pass(model, work, fast=True)]
-            sweep[str(threshold)] = {**summarize(times), "table": table(work, times)}
-            print(f"min_shared_tokens={threshold}: mean {sweep[str(threshold)]['mean_ms']:.1f} ms", flush=True)
-        results["min_shared_sweep"] = sweep
+            sweep[label] = {**summarize(times), "table": table(work, times), "fast_options": dict(FAST_OPTIONS)}
+            print(f"sweep {label}: mean {sweep[label]['mean_ms']:.1f} ms", flush=True)
+        results["sweep"] = sweep
         FAST_OPTIONS.clear()  # back to the options the arms ran with
         FAST_OPTIONS.update(json.loads(args.fast_options))
         save()
@@ -466,7 +480,8 @@ def write_markdown(results: dict, path: Path) -> None:
     for key in ("speedup_C_over_A", "speedup_C_over_B"):
         if key in results:
             lines.append(f"\n{key}: {results[key]:.2f}x")
-    for key in ("parity_C_vs_A", "parity_B_vs_A", "parity_C_vs_B", "parity_E_vs_A", "parity_C_vs_E", "parity_A1_vs_A"):
+    for key in ("parity_C_vs_A", "parity_B_vs_A", "parity_C_vs_B", "parity_E_vs_A", "parity_C_vs_E", "parity_A1_vs_A",
+                "parity_B1_vs_B"):
         if key in results:
             lines.append(f"\n{key}: {results[key]}")
     for arm, r in results["arms"].items():
@@ -484,11 +499,11 @@ def write_markdown(results: dict, path: Path) -> None:
                   "|---|---|---|---|---|---|"]
         lines += [f"| {c} | {v['decisions_per_s']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | {v['groups']} | "
                   f"{v.get('captures_while_measured', '-')} |" for c, v in results["closed_loop"].items()]
-    if "min_shared_sweep" in results:
-        lines += ["", "## prefix-sharing threshold sweep (arm C, one warm pass each)", "",
-                  "| min_shared_tokens | mean ms | p50 ms | p95 ms |", "|---|---|---|---|"]
-        lines += [f"| {k} | {v['mean_ms']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} |"
-                  for k, v in results["min_shared_sweep"].items()]
+    if "sweep" in results:
+        lines += ["", "## sweep of score_fast options (arm C; one warm-up and one measured pass each)", "",
+                  "| options (over --fast-options) | mean ms | p50 ms | p95 ms |", "|---|---|---|---|"]
+        lines += [f"| `{k}` | {v['mean_ms']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} |"
+                  for k, v in results["sweep"].items()]
     for n, v in results.get("single_candidate", {}).items():
         lines.append(f"\nsingle {n}-token candidate (C): median {v['median_ms']:.1f} ms of 5 (first call "
                      f"{v['first_ms']:.1f} ms), peak {v['peak_memory_gb']:.1f} GB")

@@ -18,13 +18,18 @@
 #                                        # B (parity only: C vs B at 27B) with the mid-shape C vs B parity and the
 #                                        # GPU conv column-view tests beside it (issues 4, 5, 8)
 #   bash recipes/gpu_campaign.sh midparity # mid shape, the current defaults vs B (parity only), alone (issue 5)
+#   bash recipes/gpu_campaign.sh tails   # 27B, alone: C with exact shared prefixes (share_tails, threshold 32) and,
+#                                        # on the same warm model, the aligned-only plan; then the mid-shape C vs B
+#                                        # parity with tails and the GPU tests of the tail re-run and graphs (5, 8)
+#   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
+#                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2 and 3 ran check, graphs, perf, perf2 and verify, profile2, final, midparity (recipes/results/
 # h200-2026-11-29-s2 and -s3); serve has not run (profile2 measured 16 in flight, compiled; perf2 1 and 8, plain).
 # Each stage leaves its files under $OUT/<stage>/ and a tarball of them, $OUT/<stage>.tgz (the device returns at
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -85,7 +90,7 @@ case "$stage" in
       --single 107,3400 --long-candidate 16384 --out "$out" 2>&1 | grep -v Loading | tail -n 25 ;;
   perf2)
     timeout 440 $bench --shape 27b --cuda-graphs --arms C --passes 1 --concurrency 1,8,16 --single "" \
-      --long-candidate 0 --sweep-min-shared 256,1000000 --out "$out" 2>&1 | grep -v Loading | tail -n 25 ;;
+      --long-candidate 0 --sweep '[{"min_shared_tokens": 256}, {"min_shared_tokens": 1000000}]' --out "$out" 2>&1 | grep -v Loading | tail -n 25 ;;
   profile2)
     timeout 270 python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --out "$out/profile" \
       --patch-options '{}' '{"compile_elementwise": true}' 2>&1 | grep -v "Loading\|falling back" | tail -n 6
@@ -111,6 +116,26 @@ case "$stage" in
     # the mid-shape parity of the current defaults against stock with fla (B, parity only), alone
     timeout 280 $bench --shape mid --arms C,B --passes 1 --b-passes 1 --parity-only B --concurrency "" --single "" \
       --long-candidate 0 --out "$out/mid" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
+  tails)
+    ts() { while IFS= read -r line; do echo "$(date +%T) $line"; done; }
+    quiet() { grep --line-buffered -v "Loading\|falling back"; }
+    timeout 420 $bench --shape 27b --arms C --passes 2 --concurrency "" --single 107,3400 --long-candidate 0 \
+      --fast-options '{"share_tails": true, "min_shared_tokens": 32}' \
+      --sweep '[{"share_tails": false, "min_shared_tokens": 64}]' --out "$out/bench27" 2>&1 | quiet | ts >"$out/bench27.log"
+    echo "$(date +%T) 27B done; the mid-shape parity and the GPU tests start, side by side" | tee -a "$out/side.log"
+    left=$((575 - (SECONDS - start)))
+    export FLA_CACHE_RESULTS=0
+    (timeout "$left" $bench --shape mid --arms C,B --passes 1 --b-passes 1 --parity-only B --concurrency "" \
+      --single "" --long-candidate 0 --fast-options '{"share_tails": true, "min_shared_tokens": 32}' \
+      --out "$out/mid" 2>&1 | quiet | ts >"$out/mid.log") &
+    (timeout "$left" python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_gdn_prefill.py" \
+      "$REPO/tests/test_cuda_graphs.py" -m gpu -k "rerunning or graph_replay" -q -s -p no:cacheprovider \
+      >"$out/pytest_tails.log" 2>&1; echo "pytest rc=$?" >>"$out/pytest_tails.log") &
+    wait
+    for f in "$out"/*.log; do echo "=== $f"; tail -n 12 "$f"; done ;;
+  floor27)
+    timeout 560 $bench --shape 27b --arms B,B1 --b-passes 1 --parity-only B,B1 --limit 100 --concurrency "" \
+      --single "" --long-candidate 0 --out "$out" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
   verify)
     # the correctness runs of check (the -m gpu tests include the whole-model graph test) in the background, and
     # parity2's runs beside them: parity does not depend on timing, so sharing the GPU costs it nothing

@@ -12,13 +12,16 @@ from shared_data import load_recipe
 def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     torch.set_num_threads(1)
     bench = load_recipe("bench_jevbench")
-    rc = bench.main(["--shape", "tiny", "--limit", "6", "--arms", "C,E,A,A1", "--passes", "1", "--long-candidate", "40",
-                     "--single", "7,30", "--cuda-graphs", "--concurrency", "1,3", "--sweep-min-shared", "64",
+    rc = bench.main(["--shape", "tiny", "--limit", "6", "--arms", "C,E,A,A1,B,B1", "--passes", "1", "--b-passes", "1",
+                     "--long-candidate", "40", "--fast-options", '{"share_tails": true, "min_shared_tokens": 16}',
+                     "--single", "7,30", "--cuda-graphs", "--concurrency", "1,3", "--sweep", '[{"min_shared_tokens": 64}, {"share_tails": false}]',
                      "--patch-options", '{"gdn_fp32": true}', "--dtype", "float32", "--out", str(tmp_path)])
     assert rc == 0
     results = json.loads((tmp_path / "bench_tiny_float32.json").read_text())
-    assert set(results["arms"]) == {"C", "E", "A", "A1"}  # on the CPU --cuda-graphs changes nothing: C is E
+    assert set(results["arms"]) == {"C", "E", "A", "A1", "B", "B1"}  # on the CPU --cuda-graphs changes nothing
     assert results["parity_A1_vs_A"]["max_abs_dp"] < 1e-5  # the stock model alone vs batched, fp32
+    assert results["parity_B1_vs_B"]["max_abs_dp"] < 1e-5
+    assert results["fast_options"] == {"share_tails": True, "min_shared_tokens": 16}
     assert results["patch_options"] == {"gdn_fp32": True}  # handed to apply_patches for C and E
     assert results["effective_patch_options"]["C"]["gdn_fp32"] is True
     assert "compile_elementwise" in results["effective_patch_options"]["E"]  # the defaults are recorded too
@@ -29,12 +32,13 @@ def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     assert parity["n"] == 6 and parity["max_abs_dp"] < 1e-4 and parity["decision_flips"] == 0  # fp32 on the CPU
     assert set(results["closed_loop"]) == {"1", "3"}
     assert all(v["decisions_per_s"] > 0 for v in results["closed_loop"].values())
-    assert set(results["min_shared_sweep"]) == {"64"}
+    assert set(results["sweep"]) == {'{"min_shared_tokens": 64}', '{"share_tails": false}'}
+    assert results["sweep"]['{"share_tails": false}']["fast_options"] == {"share_tails": False, "min_shared_tokens": 16}
     assert results["long_candidate"]["tokens"] == 40
     assert set(results["single_candidate"]) == {"7", "30"}
     assert all(v["median_ms"] > 0 for v in results["single_candidate"].values())
     markdown = (tmp_path / "bench_tiny_float32.md").read_text()
-    assert "| C |" in markdown and "closed-loop" in markdown and "threshold sweep" in markdown
+    assert "| C |" in markdown and "closed-loop" in markdown and "sweep of score_fast options" in markdown
 
 
 def test_the_length_filter_keeps_the_same_token_ids():
@@ -71,3 +75,19 @@ def test_parity_only_names_arms_other_than_c(tmp_path, parity_only):
     with pytest.raises(SystemExit):
         bench.main(["--shape", "tiny", "--arms", "C,A", "--parity-only", parity_only, "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()  # refused before any work
+
+
+def test_unknown_arms_are_refused_before_any_work(tmp_path, capsys):
+    bench = load_recipe("bench_jevbench")
+    with pytest.raises(SystemExit):
+        bench.main(["--shape", "tiny", "--arms", "C,B2", "--out", str(tmp_path / "o")])
+    assert "choose among A, B, C, E, A1, B1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("sweep", ['{"min_shared_tokens": 64}', "[64]", "[{min_shared_tokens: 64}]"])
+def test_a_malformed_sweep_is_refused_before_any_work(tmp_path, sweep):
+    bench = load_recipe("bench_jevbench")
+    with pytest.raises(SystemExit):
+        bench.main(["--shape", "tiny", "--arms", "C", "--sweep", sweep, "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()

@@ -37,13 +37,14 @@ def patched_model(tiny_checkpoint):
     revert_patches(model)
 
 
-def test_padded_packs_give_the_same_rows(patched_model):
+@pytest.mark.parametrize("tails", [dict(), dict(share_tails=True, min_shared_tokens=8)])
+def test_padded_packs_give_the_same_rows(patched_model, tails):
     text_model = text_model_of(patched_model)
     vocab = patched_model.config.vocab_size
     rng = random.Random(0)
-    keys, checked = set(), 0
+    keys, checked, gathered = set(), 0, 0
     for _ in range(12):
-        plan = plan_requests(_random_requests(rng, vocab))
+        plan = plan_requests(_random_requests(rng, vocab), **tails)
         for pack in plan.packs:
             plain = build_pack_context(plan, pack, {}, "cpu")
             padded = build_pack_context(plan, pack, {}, "cpu", pad=True)
@@ -53,16 +54,20 @@ def test_padded_packs_give_the_same_rows(patched_model):
             torch.testing.assert_close(rows[: len(padded.leaf_ids)], text_model(pack=plain), rtol=1e-5, atol=1e-5)
             keys.add(padded.graph_key)
             checked += 1
+            gathered += sum(level.gdn is not None for level in padded.levels)
     assert checked >= 12 and len(keys) > 1
+    assert (gathered > 0) == bool(tails)  # levels that re-run a tail's rows were padded and checked
 
 
-def test_equal_keys_mean_equal_tensor_shapes(patched_model):
+@pytest.mark.parametrize("tails", [dict(), dict(share_tails=True, min_shared_tokens=8)])
+def test_equal_keys_mean_equal_tensor_shapes(patched_model, tails):
     vocab = patched_model.config.vocab_size
     rng = random.Random(1)
     by_key = {}
     for _ in range(40):
-        plan = plan_requests([[[[rng.randrange(5, vocab) for _ in range(rng.randint(1, 60))]
-                                for _ in range(rng.randint(1, 4))]]])
+        prefix = [rng.randrange(5, vocab) for _ in range(rng.choice([0, 20, 70]))]
+        plan = plan_requests([[[prefix + [rng.randrange(5, vocab) for _ in range(rng.randint(1, 60))]
+                                for _ in range(rng.randint(1, 4))]]], **tails)
         ctx = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True)
         shapes = [tuple(t.shape) for t in ctx.static_tensors()]
         assert by_key.setdefault(ctx.graph_key, shapes) == shapes
@@ -96,7 +101,8 @@ def test_graph_replay_matches_eager_on_cuda(tiny_checkpoint):
         assert max(abs(x - y) for x, y in zip(e, f)) < 0.05  # bf16: padded GEMM shapes round differently
 
 
-def test_a_bounded_graph_cache_covers_the_jevbench_workload():
+@pytest.mark.parametrize("tails", [dict(), dict(share_tails=True, min_shared_tokens=16)])
+def test_a_bounded_graph_cache_covers_the_jevbench_workload(tails):
     """The 231 JevBench request shapes (recipes/data) need fewer graph buckets than the cache holds, at <= 20%
     padding, and almost every pack is graph-ready (design: a cache smaller than the shapes in use thrashes)."""
     import json
@@ -109,7 +115,8 @@ def test_a_bounded_graph_cache_covers_the_jevbench_workload():
     keys, packs, eager, real, padded = set(), 0, 0, 0, 0
     for item in shapes["requests"]:
         prefix = [rng.randrange(5, 1000) for _ in range(item["prefix_tokens"])]
-        plan = plan_requests([[[prefix + [rng.randrange(5, 1000) for _ in range(n)] for n in item["suffix_tokens"]]]])
+        plan = plan_requests([[[prefix + [rng.randrange(5, 1000) for _ in range(n)] for n in item["suffix_tokens"]]]],
+                             **tails)
         for pack in plan.packs:
             packs += 1
             if not graph_ready(plan, pack):

@@ -255,6 +255,24 @@ def test_each_patch_switched_off_matches_the_reference(workload, flag):
         apply_patches(workload.model)
 
 
+TAILS = dict(share_tails=True, min_shared_tokens=1)  # every common prefix shared exactly, its tail re-run in the GDN
+
+
+@pytest.mark.parametrize("limits", [{}, dict(max_sequences=3, max_tokens=4096), dict(max_sequences=16, max_tokens=80)])
+def test_shared_tails_match_the_reference(workload, limits):
+    apply_patches(workload.model)
+    tokens = [p.tokens for p in workload.prepared]
+    plan = plan_requests(tokens, **TAILS, **limits)
+    segments = plan.segments
+    assert any(not s.hands_state for s in segments)  # tails ...
+    if not limits:  # ... continued by a prefix that hands on a state (trees too large for a pack have no tails)
+        assert any(s.hands_state and s.leaf is None and s.start % 64 for s in segments)
+    assert sum(plan.shared_tokens) > sum(plan_requests(tokens, **limits).shared_tokens)
+    fast = run_fast(workload, **TAILS, **limits)
+    assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
+    assert [c["shared_tokens"] for c in fast.prefix_cache] == plan.shared_tokens
+
+
 def test_requests_scored_one_at_a_time_match_those_scored_together(workload):
     apply_patches(workload.model)
     together = run_fast(workload).scores
@@ -340,6 +358,10 @@ def _sabotage(kind: str, ctx) -> None:
         for level in ctx.levels:
             if level.has_parents:
                 level.chain_index = torch.zeros_like(level.chain_index)
+    elif kind == "tail_state":  # children of a tail start from its state and also re-run its rows
+        for level in ctx.levels:
+            if level.gdn is not None:
+                level.gdn.parent_rows = torch.cat([level.parent_rows, level.gdn.parent_rows[len(level.parent_rows):]])
     elif kind == "positions":
         for level in ctx.levels:
             if level.has_parents:
@@ -349,6 +371,7 @@ def _sabotage(kind: str, ctx) -> None:
 @pytest.mark.parametrize("kind, limits", [
     ("external_gdn", dict(max_sequences=3)), ("external_conv", dict(max_sequences=3)),
     ("external_kv", dict(max_sequences=3)), ("parent_states", {}), ("parent_chain", {}), ("positions", {}),
+    ("tail_state", TAILS),
 ])
 def test_the_parity_gate_fails_when_a_state_is_not_handed_over(sensitive, monkeypatch, kind, limits):
     import hf_openjev.fast_path as fast_path

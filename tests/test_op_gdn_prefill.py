@@ -11,6 +11,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 
 from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, random_lengths, split_lengths, to_device
 from hf_openjev.ops.gdn_prefill import gdn_prefill_naive, gdn_prefill_reference
+from hf_openjev.ops.varlen import prepare_varlen_metadata
 
 OP = torch.ops.hf_openjev.gdn_prefill
 HK, HV, DK, DV = 2, 6, 16, 12  # Hv = 3 * Hk, odd-ish head dims
@@ -115,6 +116,37 @@ def test_bad_shapes_raise():
 
 # ------------------------------------------------------------------------------------------------------- GPU
 
+def _rerun_tail_vs_unaligned_handoff(device, dtype, shape):
+    """A 150-token sequence, shared prefix 148 = 128 aligned + a 20-token tail, 2 own tokens. The fast path's tail
+    scheme (state at 128, then [tail ; own] re-run) against the full sequence, and the unaligned handoff (state
+    at 148, then own) against it. Returns (own rows: re-run, unaligned, full)."""
+    hk, hv, dk, dv = shape
+    args = to_device(gdn_inputs([150], hk, hv, dk, dv, dtype=dtype, state=False, seed=5), device)
+    zero = args["initial_state"]
+
+    def run(lo, hi, state):
+        meta = prepare_varlen_metadata([0, hi - lo], device=device)
+        part = {n: args[n][lo:hi] for n in ("q", "k", "v", "g", "beta")}
+        return OP(**part, cu_seqlens=meta.cu_seqlens, initial_state=state, chunk_indices=meta.chunk_indices)
+
+    full, _ = run(0, 150, zero)
+    _, at_128 = run(0, 128, zero)
+    _, at_148 = run(0, 148, zero)
+    rerun, _ = run(128, 150, at_128)
+    unaligned, _ = run(148, 150, at_148)
+    return rerun[20:], unaligned, full[148:]
+
+
+def test_rerunning_a_tail_from_the_aligned_state_equals_the_full_sequence_exactly():
+    """Why the planner's tails hand on no state: re-running their rows keeps every chunk boundary where the
+    unshared sequence has it, so the result is bit-identical; handing the state on at an unaligned position moves
+    the boundaries and changes the rounding."""
+    rerun, unaligned, full = _rerun_tail_vs_unaligned_handoff("cpu", torch.float32, (HK, HV, DK, DV))
+    assert torch.equal(rerun, full)
+    assert not torch.equal(unaligned, full)  # the check can fail
+    torch.testing.assert_close(unaligned, full, atol=1e-5, rtol=1e-5)
+
+
 GPU_SHAPES = {"small": (2, 6, 32, 48), "27b": (16, 48, 128, 128)}
 TOL = {torch.float32: 5e-3, torch.bfloat16: 3e-2}  # max |err| / max |ref|
 
@@ -141,3 +173,13 @@ def test_cuda_graph_capture_replay():
     b = to_device(gdn_inputs(lengths[::-1], 16, 48, 128, 128, dtype=torch.bfloat16, seed=2), "cuda")
     replayed, eager = capture_replay(OP, a, b)
     assert max_errors(replayed, eager)[0] == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_rerunning_a_tail_from_the_aligned_state_equals_the_full_sequence(dtype):
+    """fla's kernel: the tail re-run equals the full sequence bit for bit; the unaligned handoff is reported."""
+    rerun, unaligned, full = _rerun_tail_vs_unaligned_handoff("cuda", dtype, GPU_SHAPES["27b"])
+    print(f"{dtype}: unaligned handoff max |diff| {(unaligned.float() - full.float()).abs().max().item():.3g}")
+    assert torch.equal(rerun, full)

@@ -62,7 +62,7 @@ def chain_tokens(plan: Plan, segment_id: int) -> list[int]:
 
 def check_plan(plan: Plan, requests, *, max_sequences: int = DEFAULT_MAX_SEQUENCES,
                max_tokens: int = DEFAULT_MAX_TOKENS, align: int = ALIGN, shared_prefix: bool = True,
-               min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS,
+               min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS, share_tails: bool = False,
                prefix_packs_within_max_tokens: bool = False) -> None:
     """Every invariant of a plan, checked from the outside.
 
@@ -80,10 +80,22 @@ def check_plan(plan: Plan, requests, *, max_sequences: int = DEFAULT_MAX_SEQUENC
         if parent is not None:
             assert parent.request == seg.request and parent.leaf is None
             assert parent.id < seg.id
-        if seg.leaf is None:  # a shared prefix: aligned, long enough, used by >= 2 leaves
+        if seg.leaf is None and not seg.hands_state:  # a tail: past the last multiple of align of a prefix
+            assert share_tails and shared_prefix
+            assert seg.end % align != 0 and seg.start >= seg.end // align * align
+            assert parent is None or parent.end % align == 0 or not parent.hands_state or parent.end == seg.start
+            users = [leaf for leaf in leaves(plan) if seg.id in plan.chain(leaf.id)]
+            assert len(users) >= 2
+            tree_pack = {i for i, pack in enumerate(plan.packs) for t in pack.segments
+                         if segments[t].request == seg.request}
+            assert len(tree_pack) == 1, "a tree with a tail runs in one pack"
+        elif seg.leaf is None:  # a shared prefix: hands on its state at a multiple of align, used by >= 2 leaves
             assert shared_prefix
-            assert seg.end % align == 0 and seg.start % align == 0
-            assert len(seg.tokens) >= min_shared_tokens
+            assert seg.end % align == 0
+            if share_tails:
+                assert seg.start % align == 0 or (parent is not None and not parent.hands_state)
+            else:
+                assert seg.start % align == 0 and len(seg.tokens) >= min_shared_tokens
             users = [leaf for leaf in leaves(plan) if seg.id in plan.chain(leaf.id)]
             assert len(users) >= 2
         else:
@@ -292,6 +304,41 @@ def test_one_token_suffixes_after_a_long_prefix():
     assert shared == 256 * 9
 
 
+@pytest.mark.parametrize("rp, segments", [
+    (38, [(38, 0, False)]), (63, [(63, 0, False)]), (64, [(64, 0, True)]), (100, [(64, 0, True), (36, 64, False)]),
+    (128, [(128, 0, True)]), (129, [(128, 0, True), (1, 128, False)])])
+def test_share_tails_shares_the_exact_prefix_and_marks_its_tail(rp, segments):
+    request = make_request(rp, [(0, [3, 1, 5])])
+    tree, shared = build_tree(0, request, 0, share_tails=True, min_shared_tokens=16)
+    prefixes = [(len(s.tokens), s.start, s.hands_state) for s in tree if s.leaf is None]
+    assert prefixes == segments
+    assert [(s.start, s.parent) for s in tree if s.leaf is not None] == [(rp, len(segments) - 1)] * 3
+    assert shared == rp * 2
+    aligned, _ = build_tree(0, request, 0, min_shared_tokens=16)  # without tails: cut at the multiple of 64
+    assert [len(s.tokens) for s in aligned if s.leaf is None] == ([rp // 64 * 64] if rp >= 64 else [])
+
+
+def test_share_tails_question_prefixes_continue_a_root_tail():
+    # root 38 (a tail from 0); question 0 adds 62 (common 100): [38, 64) hands on the state at 64, [64, 100) is a
+    # tail; question 1 adds 20 (common 58): all of [38, 58) is a tail continuing the root's tail
+    request = make_request(38, [(62, [1, 3]), (20, [2, 2])])
+    tree, shared = build_tree(0, request, 0, share_tails=True, min_shared_tokens=16)
+    assert [(len(s.tokens), s.start, s.parent, s.hands_state, s.leaf) for s in tree] == [
+        (38, 0, None, False, None), (26, 38, 0, True, None), (36, 64, 1, False, None),
+        (1, 100, 2, True, (0, 0)), (3, 100, 2, True, (0, 1)),
+        (20, 38, 0, False, None), (2, 58, 5, True, (1, 0)), (2, 58, 5, True, (1, 1))]
+    assert shared == 38 * 3 + 62 + 20
+
+
+def test_a_tree_with_tails_too_large_for_a_pack_is_planned_without_them():
+    request = make_request(100, [(0, [1] * 5)])
+    assert not all(s.hands_state for s in plan_requests([request], share_tails=True).segments)
+    plan = plan_requests([request], share_tails=True, max_sequences=3)
+    assert all(s.hands_state for s in plan.segments) and len(plan.packs) == 3  # prefix, 3 + 2 candidates
+    assert plan.shared_tokens == [64 * 4]
+    check_plan(plan, [request], max_sequences=3, share_tails=True)
+
+
 def test_align_parameter():
     request = make_request(100, [(0, [1, 1])])
     assert [len(s.tokens) for s in build_tree(0, request, 0, align=32, min_shared_tokens=32)[0]] == [96, 5, 5]
@@ -410,7 +457,8 @@ def test_random_plans_keep_every_invariant(seed):
             request[0] = [request[0][0]] * len(request[0])
         requests.append(request)
     options = dict(max_sequences=rng.choice([1, 2, 3, 16]), max_tokens=rng.choice([1, 50, 300, 4096]),
-                   min_shared_tokens=rng.choice([1, 64, 65, 128]), shared_prefix=rng.random() < 0.8)
+                   min_shared_tokens=rng.choice([1, 64, 65, 128]), shared_prefix=rng.random() < 0.8,
+                   share_tails=rng.random() < 0.5)
     plan = plan_requests(requests, **options)
     check_plan(plan, requests, **options)
 
