@@ -228,8 +228,9 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
                 parent_rows.append(0)
                 chain_of_segment.append(0)
                 next_row += 1
-        gdn = gather_for_tails(ids, lo, len(token_ids) - lo, pad) if any(
-            not segments[segments[i].parent].hands_state for i in ids if segments[i].parent is not None) else None
+        continues_tail = any(segments[i].parent is not None and not segments[segments[i].parent].hands_state
+                             for i in ids)
+        gdn = gather_for_tails(ids, lo, len(token_ids) - lo, pad) if continues_tail else None
         meta = prepare_varlen_metadata(cu, device=device)
         has_parents = any(r != 0 for r in parent_rows)
         spec = LevelSpec(lo=lo, hi=len(token_ids), cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,

@@ -9,9 +9,9 @@ import torch
 
 from hf_openjev import load_export
 from hf_openjev.patches import apply_patches, patch_record, revert_patches
-from hf_openjev.patches.pack_context import build_pack_context
+from hf_openjev.patches.pack_context import SegmentState, build_pack_context
 from hf_openjev.patches.record import text_model_of
-from hf_openjev.planner import plan_requests
+from hf_openjev.planner import Pack, plan_requests
 
 torch.set_num_threads(1)
 
@@ -79,6 +79,16 @@ def test_packs_with_handed_over_states_are_not_padded(patched_model):
     split = next(p for p in plan.packs if p.external)
     with pytest.raises(ValueError, match="without external states"):
         build_pack_context(plan, split, {}, "cpu", pad=True)
+
+
+def test_a_tail_continued_from_another_pack_is_refused():
+    """The planner keeps a tail and its children in one pack; a hand-made plan that does not is refused."""
+    plan = plan_requests([[[[7] * 40 + [8], [7] * 40 + [9]]]], share_tails=True, min_shared_tokens=16)
+    tail, first, second = plan.segments
+    assert not tail.hands_state and first.parent == second.parent == tail.id
+    split = Pack(segments=[first.id, second.id], external=[tail.id])
+    with pytest.raises(ValueError, match="continues tail 0 from another pack"):
+        build_pack_context(plan, split, {tail.id: SegmentState(length=40)}, "cpu")
 
 
 @pytest.mark.gpu
