@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHAPES_FILE = ROOT / "recipes" / "data" / "jevbench231-shapes.json"  # a copy of shared/data (travels to the device)
 T27 = 2.5343690298472983
 FAST_OPTIONS: dict = {}
+VOCAB = 248320  # the Qwen3.5 vocabulary: every shape's embedding, and the range of the workload's random ids
 BUCKETS = [(1, 128), (129, 512), (513, 2048), (2049, 4096), (4097, 16384)]
 
 SHAPES = {
@@ -75,7 +76,7 @@ def build_model(shape: str, *, seed: int, device: str = "cuda", dtype: torch.dty
     from hf_openjev.manifest import ExportManifest
     from hf_openjev.model import JevModel, _make_head
 
-    config = Qwen3_5TextConfig(vocab_size=248320, max_position_embeddings=32768, rms_norm_eps=1e-6,
+    config = Qwen3_5TextConfig(vocab_size=VOCAB, max_position_embeddings=32768, rms_norm_eps=1e-6,
                                rope_parameters={"rope_type": "default", "rope_theta": 1e7,
                                                 "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
                                                 "mrope_interleaved": True},
@@ -220,7 +221,7 @@ def time_single(model, tokens: int, *, repeats: int) -> dict:
 
     parsed = parse_request({"state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}})
     rng = random.Random(tokens)
-    request = PreparedRequest(parsed, [[[rng.randrange(1000, 248320) for _ in range(tokens)]]])
+    request = PreparedRequest(parsed, [[[rng.randrange(1000, VOCAB) for _ in range(tokens)]]])
     reset_peak()
     times = []
     for _ in range(1 + repeats):
@@ -360,7 +361,7 @@ def main(argv=None) -> int:
     results["dtype"] = args.dtype
     results["model_build_s"] = time.perf_counter() - t0
     results["weights_gb"] = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
-    work = build_workload(shapes_file, vocab=248320, seed=args.seed, limit=args.limit, max_length=args.max_length)
+    work = build_workload(shapes_file, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
     print(f"model {args.shape} built in {results['model_build_s']:.1f}s, {results['weights_gb']:.1f} GB; "
           f"{len(work)} requests", flush=True)
     from hf_openjev.patches import apply_patches

@@ -21,6 +21,9 @@
 #   bash recipes/gpu_campaign.sh tails   # 27B, alone: C with exact shared prefixes (share_tails, threshold 32) and,
 #                                        # on the same warm model, the aligned-only plan; then the mid-shape C vs B
 #                                        # parity with tails and the GPU tests of the tail re-run and graphs (5, 8)
+#   bash recipes/gpu_campaign.sh profile3 # 27B kernel profiles of whole JevBench requests (a short choice, a short
+#                                        # noul, a 749-token choice, a 3,870-token choice), plain and compiled, the
+#                                        # short choice also with tails: where the small packs' time goes (issue 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2 and 3 ran check, graphs, perf, perf2 and verify, profile2, final, midparity (recipes/results/
@@ -29,7 +32,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -133,6 +136,12 @@ case "$stage" in
       >"$out/pytest_tails.log" 2>&1; echo "pytest rc=$?" >>"$out/pytest_tails.log") &
     wait
     for f in "$out"/*.log; do echo "=== $f"; tail -n 12 "$f"; done ;;
+  profile3)
+    timeout 380 python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens "" --requests 0,12,129,120 \
+      --out "$out/plain_compiled" --patch-options '{}' '{"compile_elementwise": true}' 2>&1 | grep -v "Loading\|falling back" | tail -n 8
+    left=$((570 - (SECONDS - start)))
+    timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens "" --requests 0,72 \
+      --fast-options '{"share_tails": true, "min_shared_tokens": 32}' --out "$out/tails" 2>&1 | grep -v "Loading\|falling back" | tail -n 4 ;;
   floor27)
     timeout 560 $bench --shape 27b --arms B,B1 --b-passes 1 --parity-only B,B1 --limit 100 --concurrency "" \
       --single "" --long-candidate 0 --out "$out" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;

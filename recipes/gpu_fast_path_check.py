@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import build_model, build_workload, SHAPES_FILE  # noqa: E402
+from bench_jevbench import SHAPES_FILE, VOCAB, build_model, build_workload  # noqa: E402
 
 from hf_openjev.fast_path import score_fast  # noqa: E402
 from hf_openjev.reference import score_reference  # noqa: E402
@@ -21,7 +21,7 @@ from hf_openjev.reference import score_reference  # noqa: E402
 
 def main() -> int:
     model = build_model("mid", seed=0, device="cuda")
-    work = build_workload(SHAPES_FILE, vocab=248320, seed=0, limit=None)
+    work = build_workload(SHAPES_FILE, vocab=VOCAB, seed=0, limit=None)
     rng = random.Random(0)
     picked = rng.sample(work, 40)
     for fast_opts in ({}, {"max_tokens": 512, "max_sequences": 2}):

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import add_model_arguments, prepare_recipe, save_table, versions  # noqa: E402
+from bench_jevbench import VOCAB, add_model_arguments, prepare_recipe, save_table, versions  # noqa: E402
 
 
 def layer_outputs(text_model, run) -> list[torch.Tensor]:
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     out, device, model = prepare_recipe(args)
     text_model = text_model_of(model)
     rng = random.Random(args.tokens)
-    sequence = [rng.randrange(1000, 248320) for _ in range(args.tokens)]
+    sequence = [rng.randrange(1000, VOCAB) for _ in range(args.tokens)]
     revert_patches(model)
     stock = layer_outputs(text_model, lambda: text_model(input_ids=torch.tensor([sequence], device=device),
                                                          use_cache=False))

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import (SHAPES_FILE, add_model_arguments, build_workload, parity, prepare_recipe,  # noqa: E402
+from bench_jevbench import (SHAPES_FILE, VOCAB, add_model_arguments, build_workload, parity, prepare_recipe,  # noqa: E402
                             run_pass, save_table, versions)
 
 VARIANTS = {  # name -> apply_patches options (cuda_graphs always off)
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from hf_openjev.patches import apply_patches
 
     out, device, model = prepare_recipe(args)
-    work = build_workload(SHAPES_FILE, vocab=248320, seed=args.seed, limit=args.limit, max_length=args.max_length)
+    work = build_workload(SHAPES_FILE, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
     result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
               "dtype": args.dtype, "requests": len(work), "rows": []}
     reference = [r for _, r in run_pass(model, work, fast=False)]

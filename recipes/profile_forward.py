@@ -1,8 +1,11 @@
 """Where one fast-path request's time goes: GPU kernels by category, against the wall time with graphs on.
 
     python recipes/profile_forward.py --shape 27b --tokens 107,3400 --out results/profile
+    python recipes/profile_forward.py --shape 27b --tokens "" --requests 0,150 --fast-options '{"share_tails": true}' ...
 
-For each single-candidate request of ``--tokens`` tokens (a noul question, random ids):
+For each single-candidate request of ``--tokens`` tokens (a noul question, random ids), and each JevBench request
+of ``--requests`` (0-based indices into the workload, with the benchmark's token ids; ``--fast-options`` are the
+``score_fast`` options every request is scored with):
   1. wall time with CUDA graphs (median of 5 after a capture), as the benchmark times it;
   2. one eager run under ``torch.profiler``: every GPU kernel's duration, summed per kernel and per category
      (GEMM, Gated DeltaNet / conv (fla), attention (flash), elementwise / reductions, copies / indexing, other).
@@ -24,7 +27,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import add_model_arguments, prepare_recipe, sync, versions  # noqa: E402
+from bench_jevbench import (  # noqa: E402
+    SHAPES_FILE,
+    VOCAB,
+    add_model_arguments,
+    build_workload,
+    prepare_recipe,
+    sync,
+    versions,
+)
 
 CATEGORIES = [  # first match wins; kernel names as CUPTI reports them
     ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|matmul|addmm|linear|aten::b?mm$", re.I)),
@@ -48,34 +59,34 @@ def request_of(tokens: int):
 
     parsed = parse_request({"state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}})
     rng = random.Random(tokens)
-    return PreparedRequest(parsed, [[[rng.randrange(1000, 248320) for _ in range(tokens)]]])
+    return PreparedRequest(parsed, [[[rng.randrange(1000, VOCAB) for _ in range(tokens)]]])
 
 
-def wall_ms(model, request, repeats: int = 5) -> float:
+def wall_ms(model, request, fast_options: dict, repeats: int = 5) -> float:
     from hf_openjev.scoring import score_prepared
 
     times = []
     for _ in range(1 + repeats):
         sync()
         start = time.perf_counter()
-        score_prepared(model, [request], fast=True)
+        score_prepared(model, [request], fast=True, **fast_options)
         sync()
         times.append((time.perf_counter() - start) * 1000)
     return statistics.median(times[1:])
 
 
-def kernel_times(model, request) -> dict[str, float]:
+def kernel_times(model, request, fast_options: dict) -> dict[str, float]:
     """Kernel (CUDA) or op (CPU, self time) -> total ms over one eager request."""
     from torch.profiler import ProfilerActivity, profile
 
     from hf_openjev.scoring import score_prepared
 
     cuda = torch.cuda.is_available()
-    score_prepared(model, [request], fast=True)  # warm: autotuning stays out of the profile
+    score_prepared(model, [request], fast=True, **fast_options)  # warm: autotuning stays out of the profile
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
-        score_prepared(model, [request], fast=True)
+        score_prepared(model, [request], fast=True, **fast_options)
         sync()
     totals: dict[str, float] = {}
     if cuda:
@@ -89,22 +100,21 @@ def kernel_times(model, request) -> dict[str, float]:
     return totals
 
 
-def profile_request(model, tokens: int) -> dict:
+def profile_request(model, label: str, request, fast_options: dict) -> dict:
     from hf_openjev.patches import apply_patches, patch_record
 
     options = patch_record(model).options
-    request = request_of(tokens)
     apply_patches(model, **{**vars(options), "cuda_graphs": True})
-    wall = wall_ms(model, request)
+    wall = wall_ms(model, request, fast_options)
     apply_patches(model, **{**vars(options), "cuda_graphs": False})
-    wall_eager = wall_ms(model, request)
-    kernels = kernel_times(model, request)
+    wall_eager = wall_ms(model, request, fast_options)
+    kernels = kernel_times(model, request, fast_options)
     apply_patches(model, **vars(options))
     by_category: dict[str, float] = {}
     for name, ms in kernels.items():
         by_category[category(name)] = by_category.get(category(name), 0.0) + ms
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
-    return {"tokens": tokens, "wall_graphs_ms": wall, "wall_eager_ms": wall_eager, "kernel_sum_ms": sum(kernels.values()),
+    return {"label": label, "tokens": sum(len(seq) for seq in request.sequences), "wall_graphs_ms": wall, "wall_eager_ms": wall_eager, "kernel_sum_ms": sum(kernels.values()),
             "by_category_ms": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
             "top_kernels_ms": [{"name": n[:160], "category": category(n), "ms": ms} for n, ms in top]}
 
@@ -113,14 +123,16 @@ def write_markdown(result: dict, path: Path) -> None:
     unit = "GPU kernels" if result["cuda"] else "CPU ops (smoke run, no CUDA)"
     lines = [f"# Fast-path profile, {result['shape']} shape, {unit}", "", f"Command: `{result['command']}`", "",
              "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), ""]
-    summary = ["| patch options | tokens | wall, graphs (ms) | wall, eager (ms) | kernel sum (ms) |", "|---|---|---|---|---|"]
+    summary = [f"score_fast options: `{json.dumps(result['fast_options'])}`", "",
+               "| patch options | request | input tokens | wall, graphs (ms) | wall, eager (ms) | kernel sum (ms) |",
+               "|---|---|---|---|---|---|"]
     details = []
     for variant in result["variants"]:
         options = json.dumps(variant["patch_options"])
         for r in variant["requests"]:
-            summary.append(f"| `{options}` | {r['tokens']} | {r['wall_graphs_ms']:.2f} | {r['wall_eager_ms']:.2f} | "
-                           f"{r['kernel_sum_ms']:.2f} |")
-            details += [f"## one {r['tokens']}-token candidate, patch options `{options}`", "",
+            summary.append(f"| `{options}` | {r['label']} | {r['tokens']} | {r['wall_graphs_ms']:.2f} | "
+                           f"{r['wall_eager_ms']:.2f} | {r['kernel_sum_ms']:.2f} |")
+            details += [f"## {r['label']}, patch options `{options}`", "",
                         f"wall with graphs {r['wall_graphs_ms']:.2f} ms; eager {r['wall_eager_ms']:.2f} ms; "
                         f"sum of {unit} (eager run) {r['kernel_sum_ms']:.2f} ms", "", "| category | ms | share |",
                         "|---|---|---|"]
@@ -135,25 +147,39 @@ def write_markdown(result: dict, path: Path) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(parser, shape="27b")
-    parser.add_argument("--tokens", default="107,3400")
+    parser.add_argument("--tokens", default="107,3400", help="single noul candidates of these lengths")
+    parser.add_argument("--requests", default="", help="JevBench workload requests, 0-based indices (e.g. 0,150)")
+    parser.add_argument("--fast-options", default="{}", help="JSON of score_fast options, e.g. '{\"share_tails\": true}'")
     parser.add_argument("--patch-options", nargs="+", default=["{}"],
                         help="JSON of apply_patches options; several: each is profiled in turn")
     args = parser.parse_args(argv)
+    targets = [(f"one {n}-token candidate", request_of(n)) for n in (int(x) for x in args.tokens.split(",") if x)]
+    if args.requests:
+        work = build_workload(SHAPES_FILE, vocab=VOCAB, seed=args.seed)
+        for i in (int(x) for x in args.requests.split(",") if x):
+            if not 0 <= i < len(work):
+                parser.error(f"--requests: {i} is not an index of the {len(work)} JevBench requests")
+            item, request = work[i]
+            targets.append((f"JevBench request {i} ({item['id']}, {item['kind']}: prefix {item['prefix_tokens']}, "
+                            f"suffixes {item['suffix_tokens']})", request))
+    if not targets:
+        parser.error("nothing to profile: give --tokens and/or --requests")
+    fast_options = json.loads(args.fast_options)
     from hf_openjev.patches import apply_patches
 
     out, device, model = prepare_recipe(args)
     cuda = device == "cuda"
     result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
-              "cuda": cuda, "variants": []}
+              "cuda": cuda, "fast_options": fast_options, "variants": []}
     for options_json in args.patch_options:
         patch_options = json.loads(options_json)
         apply_patches(model, **patch_options)
         variant = {"patch_options": patch_options, "requests": []}
         result["variants"].append(variant)
-        for tokens in [int(x) for x in args.tokens.split(",") if x]:
-            variant["requests"].append(profile_request(model, tokens))
+        for label, request in targets:
+            variant["requests"].append(profile_request(model, label, request, fast_options))
             r = variant["requests"][-1]
-            print(f"{patch_options} {tokens} tokens: graphs {r['wall_graphs_ms']:.1f} ms, eager {r['wall_eager_ms']:.1f} "
+            print(f"{patch_options} {label}: graphs {r['wall_graphs_ms']:.1f} ms, eager {r['wall_eager_ms']:.1f} "
                   f"ms, kernels {r['kernel_sum_ms']:.1f} ms: "
                   + ", ".join(f"{c} {ms:.1f}" for c, ms in r["by_category_ms"].items()), flush=True)
             (out / f"profile_{args.shape}.json").write_text(json.dumps(result, indent=1))

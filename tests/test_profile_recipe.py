@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from shared_data import load_recipe
 
@@ -32,3 +33,26 @@ def test_the_profiler_runs_on_the_tiny_shape(tmp_path):
     assert abs(sum(request["by_category_ms"].values()) - request["kernel_sum_ms"]) < 1e-6
     assert "gemm" in request["by_category_ms"]  # the projections' matmuls are found
     assert "one 37-token candidate" in (tmp_path / "profile_tiny.md").read_text()
+
+
+def test_the_profiler_takes_jevbench_requests_and_fast_options(tmp_path):
+    torch.set_num_threads(1)
+    recipe = load_recipe("profile_forward")
+    assert recipe.main(["--shape", "tiny", "--tokens", "", "--requests", "0", "--fast-options",
+                        '{"share_tails": true, "min_shared_tokens": 16}', "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "profile_tiny.json").read_text())
+    assert result["fast_options"] == {"share_tails": True, "min_shared_tokens": 16}
+    (request,) = result["variants"][0]["requests"]
+    shapes = json.loads((recipe.SHAPES_FILE).read_text())["requests"][0]  # easy-intent-00: prefix 38, 5 candidates
+    assert request["tokens"] == sum(shapes["prefix_tokens"] + s for s in shapes["suffix_tokens"])
+    assert request["label"].startswith("JevBench request 0 (easy-intent-00, choice: prefix 38")
+    markdown = (tmp_path / "profile_tiny.md").read_text()
+    assert "JevBench request 0" in markdown and '"share_tails": true' in markdown
+
+
+@pytest.mark.parametrize("args", [["--tokens", ""], ["--tokens", "", "--requests", "231"]])
+def test_the_profiler_refuses_nothing_or_an_unknown_request_before_building_a_model(tmp_path, args):
+    recipe = load_recipe("profile_forward")
+    with pytest.raises(SystemExit):
+        recipe.main(["--shape", "tiny", *args, "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
