@@ -1,0 +1,79 @@
+"""The GEMM-only time floor of the 231-request JevBench workload under a plan (no GPU needed).
+
+    python recipes/gemm_floor.py                      # the three sharing policies side by side
+    python recipes/gemm_floor.py --out results/floor  # also writes gemm_floor.json and .md
+
+Each request is planned as the fast path plans it (``plan_requests``, the request alone); each pack costs what
+performance.md measured for cuBLAS bf16 GEMMs at the 27B shape, graph-replayed with stacked projections:
+``max(13.3 ms, tokens * 293 / 4096 ms)`` (13.3 ms at 107 tokens is weight streaming; 293 ms at 4,096 tokens is
+~680 TFLOP/s). Real tokens only: no graph-bucket padding, no other kernel. The sum over a request's packs is its
+floor; mean, p50 and p95 (``sorted[int(0.95 N) - 1]``) are over the 231 requests, as the benchmark reports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hf_openjev.planner import plan_requests  # noqa: E402
+
+SHAPES_FILE = Path(__file__).resolve().parent / "data" / "jevbench231-shapes.json"
+STREAMING_MS = 13.3  # one forward's weight streaming (performance.md, 107 tokens)
+MS_PER_TOKEN = 293 / 4096  # compute-bound GEMM time per token (performance.md, 4,096 tokens)
+POLICIES = {  # name -> plan_requests options
+    "no sharing": dict(shared_prefix=False),
+    "shared at multiples of 64 (default)": dict(),
+    "exact sharing (share_tails, threshold 32)": dict(share_tails=True, min_shared_tokens=32),
+}
+
+
+def pack_floor_ms(tokens: int) -> float:
+    return max(STREAMING_MS, tokens * MS_PER_TOKEN)
+
+
+def request_tokens(item: dict, index: int) -> list[list[list[int]]]:
+    """Token ids with the request's shape: a prefix shared by all candidates, then distinct suffixes."""
+    prefix = [1000 + i for i in range(item["prefix_tokens"])]
+    return [[prefix + [100_000 + 1000 * index + c] * n for c, n in enumerate(item["suffix_tokens"])]]
+
+
+def workload_floor(items: list[dict], **plan_options) -> dict:
+    floors, tokens = [], []
+    for index, item in enumerate(items):
+        plan = plan_requests([request_tokens(item, index)], **plan_options)
+        sizes = [pack.tokens(plan) for pack in plan.packs]
+        floors.append(sum(pack_floor_ms(t) for t in sizes))
+        tokens.append(sum(sizes))
+    ordered = sorted(floors)
+    return {"n": len(floors), "mean_ms": statistics.fmean(floors), "p50_ms": statistics.median(floors),
+            "p95_ms": ordered[int(0.95 * len(ordered)) - 1], "computed_tokens": sum(tokens)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="folder for gemm_floor.json and gemm_floor.md")
+    args = parser.parse_args(argv)
+    items = json.loads(SHAPES_FILE.read_text())["requests"]
+    results = {name: workload_floor(items, **options) for name, options in POLICIES.items()}
+    lines = ["| plan | computed tokens | mean ms | p50 ms | p95 ms |", "|---|---|---|---|---|"]
+    lines += [f"| {name} | {r['computed_tokens']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} |"
+              for name, r in results.items()]
+    print("\n".join(lines))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gemm_floor.json").write_text(json.dumps(results, indent=1))
+        (out / "gemm_floor.md").write_text(
+            "# GEMM-only floor of the JevBench workload by sharing policy\n\n"
+            f"Command: `python recipes/gemm_floor.py --out {args.out}`\n\n"
+            f"Pack cost: max({STREAMING_MS} ms, tokens x 293/4096 ms) (performance.md's measured cuBLAS curve).\n\n"
+            + "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

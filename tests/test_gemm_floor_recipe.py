@@ -1,0 +1,38 @@
+"""recipes/gemm_floor.py: the GEMM-only floor of the workload under each sharing policy (pure Python)."""
+
+from __future__ import annotations
+
+import pytest
+from shared_data import load_recipe
+
+
+def test_pack_floor_is_weight_streaming_then_linear_in_tokens():
+    recipe = load_recipe("gemm_floor")
+    assert recipe.pack_floor_ms(1) == recipe.pack_floor_ms(107) == 13.3
+    assert recipe.pack_floor_ms(4096) == pytest.approx(293.0)
+    assert recipe.pack_floor_ms(2048) == pytest.approx(146.5)
+
+
+def test_one_request_by_hand():
+    recipe = load_recipe("gemm_floor")
+    item = {"prefix_tokens": 200, "suffix_tokens": [30, 30, 30]}
+    # no sharing: 3 x 230 tokens in one pack; multiples of 64: 192 shared + 3 x 38; exact: 200 + 3 x 30
+    for options, tokens in [(dict(shared_prefix=False), 690), ({}, 192 + 3 * 38),
+                            (dict(share_tails=True, min_shared_tokens=32), 200 + 90)]:
+        result = recipe.workload_floor([item], **options)
+        assert result["computed_tokens"] == tokens
+        assert result["mean_ms"] == pytest.approx(max(13.3, tokens * 293 / 4096))
+
+
+def test_the_workload_table(tmp_path, capsys):
+    recipe = load_recipe("gemm_floor")
+    assert recipe.main(["--out", str(tmp_path)]) == 0
+    import json
+
+    results = json.loads((tmp_path / "gemm_floor.json").read_text())
+    none, aligned, exact = (results[name] for name in recipe.POLICIES)
+    assert none["n"] == aligned["n"] == exact["n"] == 231
+    assert none["computed_tokens"] > aligned["computed_tokens"] > exact["computed_tokens"]
+    assert none["mean_ms"] > aligned["mean_ms"] > exact["mean_ms"]
+    assert aligned["p50_ms"] > 25 and exact["p50_ms"] < 22  # p50 <= 20 ms needs more than 64-aligned sharing
+    assert "| no sharing |" in capsys.readouterr().out
