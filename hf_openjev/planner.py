@@ -195,7 +195,8 @@ def _subtree_packs(tree: list[Segment], *, max_sequences: int, max_tokens: int) 
 
 def plan_requests(requests: Sequence[Sequence[Sequence[Sequence[int]]]], *, shared_prefix: bool = True,
                   min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS, max_sequences: int = DEFAULT_MAX_SEQUENCES,
-                  max_tokens: int = DEFAULT_MAX_TOKENS, align: int = ALIGN, share_tails: bool = DEFAULT_SHARE_TAILS) -> Plan:
+                  max_tokens: int = DEFAULT_MAX_TOKENS, align: int = ALIGN,
+                  share_tails: bool = DEFAULT_SHARE_TAILS) -> Plan:
     """Plan the forwards for ``requests[r][q][c] -> token ids`` (one or many requests, scored together)."""
     if max_sequences < 1 or max_tokens < 1:
         raise ValueError("max_sequences and max_tokens must be at least 1")

@@ -16,8 +16,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import (SHAPES_FILE, VOCAB, add_model_arguments, build_workload, parity, prepare_recipe,  # noqa: E402
-                            run_pass, save_table, versions)
+from bench_jevbench import (  # noqa: E402
+    SHAPES_FILE,
+    VOCAB,
+    add_model_arguments,
+    build_workload,
+    parity,
+    prepare_recipe,
+    run_pass,
+    save_table,
+    versions,
+)
 
 VARIANTS = {  # name -> apply_patches options (cuda_graphs always off)
     "all patches": {},

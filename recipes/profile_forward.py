@@ -1,7 +1,8 @@
 """Where one fast-path request's time goes: GPU kernels by category, against the wall time with graphs on.
 
     python recipes/profile_forward.py --shape 27b --tokens 107,3400 --out results/profile
-    python recipes/profile_forward.py --shape 27b --tokens "" --requests 0,150 --fast-options '{"share_tails": true}' ...
+    python recipes/profile_forward.py --shape 27b --tokens "" --requests 0,150 \\
+        --fast-options '{"share_tails": true}' --out results/profile
 
 For each single-candidate request of ``--tokens`` tokens (a noul question, random ids), and each JevBench request
 of ``--requests`` (0-based indices into the workload, with the benchmark's token ids; ``--fast-options`` are the
@@ -114,7 +115,8 @@ def profile_request(model, label: str, request, fast_options: dict) -> dict:
     for name, ms in kernels.items():
         by_category[category(name)] = by_category.get(category(name), 0.0) + ms
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
-    return {"label": label, "tokens": sum(len(seq) for seq in request.sequences), "wall_graphs_ms": wall, "wall_eager_ms": wall_eager, "kernel_sum_ms": sum(kernels.values()),
+    return {"label": label, "tokens": sum(len(seq) for seq in request.sequences), "wall_graphs_ms": wall,
+            "wall_eager_ms": wall_eager, "kernel_sum_ms": sum(kernels.values()),
             "by_category_ms": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
             "top_kernels_ms": [{"name": n[:160], "category": category(n), "ms": ms} for n, ms in top]}
 
