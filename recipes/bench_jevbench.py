@@ -213,23 +213,35 @@ def graph_stats(model) -> dict | None:
     return record.graphs.stats() if record is not None and record.graphs is not None else None
 
 
-def time_single(model, tokens: int, *, repeats: int) -> dict:
-    """One noul request with one candidate of ``tokens`` random tokens on the fast path: the first call (may
-    autotune / capture) and the median of the next ``repeats`` (timed like run_pass), peak memory."""
+def single_candidate_request(tokens: int):
+    """One noul question with one candidate of ``tokens`` random ids (seeded by the length)."""
     from hf_openjev.contract import parse_request
-    from hf_openjev.scoring import PreparedRequest, score_prepared
+    from hf_openjev.scoring import PreparedRequest
 
     parsed = parse_request({"state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}})
     rng = random.Random(tokens)
-    request = PreparedRequest(parsed, [[[rng.randrange(1000, VOCAB) for _ in range(tokens)]]])
-    reset_peak()
+    return PreparedRequest(parsed, [[[rng.randrange(1000, VOCAB) for _ in range(tokens)]]])
+
+
+def time_fast_calls(model, request, *, calls: int, fast_options: dict) -> list[float]:
+    """ms of ``calls`` fast-path calls on ``request``, each timed like run_pass (a device sync at both ends)."""
+    from hf_openjev.scoring import score_prepared
+
     times = []
-    for _ in range(1 + repeats):
+    for _ in range(calls):
         sync()
         t = time.perf_counter()
-        score_prepared(model, [request], fast=True, **FAST_OPTIONS)
+        score_prepared(model, [request], fast=True, **fast_options)
         sync()
         times.append((time.perf_counter() - t) * 1000)
+    return times
+
+
+def time_single(model, tokens: int, *, repeats: int) -> dict:
+    """One candidate of ``tokens`` tokens on the fast path: the first call (may autotune / capture) and the median
+    of the next ``repeats``, peak memory."""
+    reset_peak()
+    times = time_fast_calls(model, single_candidate_request(tokens), calls=1 + repeats, fast_options=FAST_OPTIONS)
     out = {"tokens": tokens, "first_ms": times[0], "peak_memory_gb": peak_gb()}
     if repeats:
         out["median_ms"] = statistics.median(times[1:])
@@ -341,11 +353,12 @@ def main(argv=None) -> int:
         parser.error(f"--parity-only {args.parity_only!r}: name arms of --arms other than C (C is what is measured)")
     try:
         sweep_entries = json.loads(args.sweep)
-        FAST_OPTIONS.update(json.loads(args.fast_options))
+        base_fast_options = json.loads(args.fast_options)
     except json.JSONDecodeError as error:
         parser.error(f"--sweep / --fast-options must be JSON: {error}")
     if not (isinstance(sweep_entries, list) and all(isinstance(e, dict) for e in sweep_entries)):
         parser.error(f"--sweep {args.sweep!r}: give a JSON list of objects, e.g. '[{{\"min_shared_tokens\": 256}}]'")
+    FAST_OPTIONS.update(base_fast_options)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shapes_file = SHAPES_FILE
@@ -427,7 +440,7 @@ def main(argv=None) -> int:
         sweep = {}
         for overrides in sweep_entries:
             FAST_OPTIONS.clear()
-            FAST_OPTIONS.update({**json.loads(args.fast_options), **overrides})
+            FAST_OPTIONS.update({**base_fast_options, **overrides})
             label = json.dumps(overrides, sort_keys=True)
             run_pass(model, work, fast=True)  # warm: new shapes autotune and capture here
             times = [t * 1000 for t, _ in run_pass(model, work, fast=True)]
@@ -435,7 +448,7 @@ def main(argv=None) -> int:
             print(f"sweep {label}: mean {sweep[label]['mean_ms']:.1f} ms", flush=True)
         results["sweep"] = sweep
         FAST_OPTIONS.clear()  # back to the options the arms ran with
-        FAST_OPTIONS.update(json.loads(args.fast_options))
+        FAST_OPTIONS.update(base_fast_options)
         save()
     if "C" in arms:
         concurrency = results["closed_loop"] = {}

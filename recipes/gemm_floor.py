@@ -3,7 +3,7 @@
     python recipes/gemm_floor.py                      # the three sharing policies side by side
     python recipes/gemm_floor.py --out results/floor  # also writes gemm_floor.json and .md
 
-Each request is planned as the fast path plans it (``plan_requests``, the request alone); each pack costs what
+Each request of the benchmark's workload (the same token ids) is planned as the fast path plans it (``plan_requests``, the request alone); each pack costs what
 performance.md measured for cuBLAS bf16 GEMMs at the 27B shape, graph-replayed with stacked projections:
 ``max(13.3 ms, tokens * 293 / 4096 ms)`` (13.3 ms at 107 tokens is weight streaming; 293 ms at 4,096 tokens is
 ~680 TFLOP/s). Real tokens only: no graph-bucket padding, no other kernel. The sum over a request's packs is its
@@ -18,10 +18,11 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_jevbench import SHAPES_FILE, VOCAB, build_workload  # noqa: E402
+
 from hf_openjev.planner import plan_requests  # noqa: E402
 
-SHAPES_FILE = Path(__file__).resolve().parent / "data" / "jevbench231-shapes.json"
 STREAMING_MS = 13.3  # one forward's weight streaming (performance.md, 107 tokens)
 MS_PER_TOKEN = 293 / 4096  # compute-bound GEMM time per token (performance.md, 4,096 tokens)
 POLICIES = {  # name -> plan_requests options
@@ -35,16 +36,11 @@ def pack_floor_ms(tokens: int) -> float:
     return max(STREAMING_MS, tokens * MS_PER_TOKEN)
 
 
-def request_tokens(item: dict, index: int) -> list[list[list[int]]]:
-    """Token ids with the request's shape: a prefix shared by all candidates, then distinct suffixes."""
-    prefix = [1000 + i for i in range(item["prefix_tokens"])]
-    return [[prefix + [100_000 + 1000 * index + c] * n for c, n in enumerate(item["suffix_tokens"])]]
-
-
-def workload_floor(items: list[dict], **plan_options) -> dict:
+def workload_floor(requests, **plan_options) -> dict:
+    """``requests``: token ids ``[q][c]`` per request (the benchmark's workload: ``build_workload(...)[i][1].tokens``)."""
     floors, tokens = [], []
-    for index, item in enumerate(items):
-        plan = plan_requests([request_tokens(item, index)], **plan_options)
+    for tokens_of_request in requests:
+        plan = plan_requests([tokens_of_request], **plan_options)
         sizes = [pack.tokens(plan) for pack in plan.packs]
         floors.append(sum(pack_floor_ms(t) for t in sizes))
         tokens.append(sum(sizes))
@@ -57,8 +53,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="folder for gemm_floor.json and gemm_floor.md")
     args = parser.parse_args(argv)
-    items = json.loads(SHAPES_FILE.read_text())["requests"]
-    results = {name: workload_floor(items, **options) for name, options in POLICIES.items()}
+    requests = [request.tokens for _, request in build_workload(SHAPES_FILE, vocab=VOCAB, seed=0)]
+    results = {name: workload_floor(requests, **options) for name, options in POLICIES.items()}
     lines = ["| plan | computed tokens | mean ms | p50 ms | p95 ms |", "|---|---|---|---|---|"]
     lines += [f"| {name} | {r['computed_tokens']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} |"
               for name, r in results.items()]

@@ -22,7 +22,6 @@ import json
 import re
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -34,7 +33,9 @@ from bench_jevbench import (  # noqa: E402
     add_model_arguments,
     build_workload,
     prepare_recipe,
+    single_candidate_request,
     sync,
+    time_fast_calls,
     versions,
 )
 
@@ -52,28 +53,9 @@ def category(name: str) -> str:
     return next((label for label, pattern in CATEGORIES if pattern.search(name)), "other")
 
 
-def request_of(tokens: int):
-    import random
-
-    from hf_openjev.contract import parse_request
-    from hf_openjev.scoring import PreparedRequest
-
-    parsed = parse_request({"state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}})
-    rng = random.Random(tokens)
-    return PreparedRequest(parsed, [[[rng.randrange(1000, VOCAB) for _ in range(tokens)]]])
-
-
 def wall_ms(model, request, fast_options: dict, repeats: int = 5) -> float:
-    from hf_openjev.scoring import score_prepared
-
-    times = []
-    for _ in range(1 + repeats):
-        sync()
-        start = time.perf_counter()
-        score_prepared(model, [request], fast=True, **fast_options)
-        sync()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times[1:])
+    """Median of ``repeats`` timed calls after one that may autotune or capture."""
+    return statistics.median(time_fast_calls(model, request, calls=1 + repeats, fast_options=fast_options)[1:])
 
 
 def kernel_times(model, request, fast_options: dict) -> dict[str, float]:
@@ -155,7 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("--patch-options", nargs="+", default=["{}"],
                         help="JSON of apply_patches options; several: each is profiled in turn")
     args = parser.parse_args(argv)
-    targets = [(f"one {n}-token candidate", request_of(n)) for n in (int(x) for x in args.tokens.split(",") if x)]
+    targets = [(f"one {n}-token candidate", single_candidate_request(n)) for n in (int(x) for x in args.tokens.split(",") if x)]
     if args.requests:
         work = build_workload(SHAPES_FILE, vocab=VOCAB, seed=args.seed)
         for i in (int(x) for x in args.requests.split(",") if x):

@@ -15,11 +15,12 @@ def test_pack_floor_is_weight_streaming_then_linear_in_tokens():
 
 def test_one_request_by_hand():
     recipe = load_recipe("gemm_floor")
-    item = {"prefix_tokens": 200, "suffix_tokens": [30, 30, 30]}
+    prefix = list(range(1000, 1200))
+    request = [[prefix + [5000 + c] * 30 for c in range(3)]]  # one question: a 200-token prefix, 3 x 30 own tokens
     # no sharing: 3 x 230 tokens in one pack; multiples of 64: 192 shared + 3 x 38; exact: 200 + 3 x 30
     for options, tokens in [(dict(shared_prefix=False), 690), ({}, 192 + 3 * 38),
                             (dict(share_tails=True, min_shared_tokens=32), 200 + 90)]:
-        result = recipe.workload_floor([item], **options)
+        result = recipe.workload_floor([request], **options)
         assert result["computed_tokens"] == tokens
         assert result["mean_ms"] == pytest.approx(max(13.3, tokens * 293 / 4096))
 
