@@ -42,7 +42,8 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
     for pack in plan.packs:
         graphed = use_graphs and graph_ready(plan, pack)
         ctx = build_pack_context(plan, pack, store, device, final_row_mlp=options.final_row_mlp,
-                                 compile_elementwise=options.compile_elementwise, gdn_fp32=options.gdn_fp32,
+                                 compile_elementwise=options.compile_elementwise,
+                                 fused_elementwise=options.fused_elementwise, gdn_fp32=options.gdn_fp32,
                                  pad=graphed)
         if graphed:
             if record.graphs is None:

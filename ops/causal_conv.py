@@ -33,16 +33,22 @@ def _check(x, weight, cu_seqlens, initial_state) -> None:
     T, C = x.shape
     if weight.dim() != 2 or weight.shape[0] != C:
         raise ValueError(f"causal_conv1d_packed: weight must be [{C}, K], got {tuple(weight.shape)}")
-    if initial_state.shape != (cu_seqlens.shape[0] - 1, C, weight.shape[1]):
+    if initial_state is not None and initial_state.shape != (cu_seqlens.shape[0] - 1, C, weight.shape[1]):
         raise ValueError(
             f"causal_conv1d_packed: initial_state {tuple(initial_state.shape)} is not [N, {C}, {weight.shape[1]}]"
         )
 
 
+def _zero_states(x, weight, cu_seqlens) -> Tensor:
+    return x.new_zeros(cu_seqlens.shape[0] - 1, x.shape[1], weight.shape[1])
+
+
 def causal_conv1d_packed_reference(x, weight, cu_seqlens, initial_state, chunk_indices=None):
-    """Loop over sequences. x [T, C]; weight [C, K]; cu_seqlens [N+1]; initial_state [N, C, K].
+    """Loop over sequences. x [T, C]; weight [C, K]; cu_seqlens [N+1]; initial_state [N, C, K] or None (zeros).
     Returns (y [T, C] in x.dtype, final_state [N, C, K] in x.dtype)."""
     _check(x, weight, cu_seqlens, initial_state)
+    if initial_state is None:
+        initial_state = _zero_states(x, weight, cu_seqlens)
     K = weight.shape[1]
     w = weight.float().t()  # [K, C]
     y = torch.empty_like(x, dtype=torch.float32)
@@ -59,6 +65,8 @@ def causal_conv1d_packed_reference(x, weight, cu_seqlens, initial_state, chunk_i
 def causal_conv1d_packed_torch(x, weight, cu_seqlens, initial_state):
     """Same result as the reference, computed with gathers only (no host sync, fixed shapes)."""
     _check(x, weight, cu_seqlens, initial_state)
+    if initial_state is None:
+        initial_state = _zero_states(x, weight, cu_seqlens)
     (T, C), K, N = x.shape, weight.shape[1], initial_state.shape[0]
     cu = cu_seqlens.long()
     tok = torch.arange(T, device=x.device)
@@ -85,7 +93,7 @@ def causal_conv1d_packed(
     x: Tensor,  # [T, C]
     weight: Tensor,  # [C, K]
     cu_seqlens: Tensor,  # [N+1]
-    initial_state: Tensor,  # [N, C, K]
+    initial_state: Tensor | None,  # [N, C, K]; None = zeros
     chunk_indices: Tensor | None = None,  # [C, 2] from prepare_varlen_metadata; CUDA: selects fla's kernel
 ) -> tuple[Tensor, Tensor]:
     """-> (y [T, C] = SiLU(causal depthwise conv), final_state [N, C, K]), both in x.dtype."""
@@ -95,7 +103,7 @@ def causal_conv1d_packed(
 @causal_conv1d_packed.register_fake
 def _(x, weight, cu_seqlens, initial_state, chunk_indices=None):
     _check(x, weight, cu_seqlens, initial_state)
-    return x.new_empty(x.shape), x.new_empty(initial_state.shape)
+    return x.new_empty(x.shape), x.new_empty(cu_seqlens.shape[0] - 1, x.shape[1], weight.shape[1])
 
 
 @causal_conv1d_packed.register_kernel("cuda")
@@ -112,7 +120,7 @@ def _causal_conv1d_packed_cuda(x, weight, cu_seqlens, initial_state, chunk_indic
         x.unsqueeze(0),
         weight=weight.contiguous(),
         bias=None,
-        initial_state=initial_state.to(x.dtype).contiguous(),
+        initial_state=None if initial_state is None else initial_state.to(x.dtype).contiguous(),
         output_final_state=True,
         activation=None,  # SiLU after rounding, as the stock module (see the module docstring)
         backend="triton",

@@ -1,10 +1,11 @@
-"""The elementwise group: residual + zero-centred RMSNorm, gated RMSNorm, SiLU*mul, sigmoid gate, final-row head.
+"""The elementwise group: (residual +) zero-centred RMSNorm, gated RMSNorm, q/k norm + RoPE, SiLU*mul, sigmoid
+gate, Gated DeltaNet gates, final-row head.
 
 Each ``<op>_reference`` is the plain torch code with the exact dtype handling of the stock Qwen3.5 modules; it
-is what a compiled model forward should call so that Inductor fuses it with its neighbours. The registered ops
-``torch.ops.hf_openjev.<op>`` run the same plain code on every device (CPU and CUDA): per the issue, a Triton
-kernel replaces it only where it measurably beats ``torch.compile`` of the plain code on the H200
-(``recipes/gpu_ops_check.py`` records that comparison).
+is what a compiled model forward calls so that Inductor fuses it with its neighbours. The registered ops
+``torch.ops.hf_openjev.<op>`` run the reference on the CPU. On CUDA, all but ``final_rows_head`` run one Triton
+kernel each (``elementwise_triton.py``) that rounds where the reference rounds and reads row-strided views in
+place; inputs it does not cover (mixed dtypes, a strided last dimension) fall back to the reference.
 """
 
 from __future__ import annotations
@@ -36,6 +37,28 @@ def gated_rms_norm_reference(x: Tensor, gate: Tensor, weight: Tensor, eps: float
     return (h * F.silu(gate.float())).to(dtype)
 
 
+def qk_norm_rope_reference(query: Tensor, key: Tensor, q_weight: Tensor, k_weight: Tensor, q_eps: float,
+                           k_eps: float, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """The stock attention's q/k RMSNorm, then RoPE on the first R dims (transformers' ``apply_rotary_pos_emb``
+    with ``rotate_half``). query [T, H, D], key [T, Hkv, D], cos/sin [T, R] -> new [T, H, D], [T, Hkv, D]."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    rotary_dim = cos.shape[-1]
+
+    def rope(x):
+        x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+        half = x_rot.shape[-1] // 2
+        rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+        return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+
+    return rope(rms_norm_reference(query, q_weight, q_eps)), rope(rms_norm_reference(key, k_weight, k_eps))
+
+
+def gdn_gates_reference(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    """The stock Gated DeltaNet gates: g = -exp(A_log) * softplus(a + dt_bias) (fp32), beta = sigmoid(b) (b's
+    dtype). a, b [T, Hv] -> (g [T, Hv] fp32, beta [T, Hv])."""
+    return -A_log.float().exp() * F.softplus(a.float() + dt_bias), b.sigmoid()
+
+
 def silu_mul_reference(gate: Tensor, up: Tensor) -> Tensor:
     """The MLP activation: silu(gate) * up (model dtype)."""
     return F.silu(gate) * up
@@ -58,37 +81,84 @@ def final_rows_head_reference(
     return F.linear(h.float(), head_weight.float(), head_bias.float()).squeeze(-1)
 
 
-def _register(name: str, fn, schema_fn):
-    """A custom op running ``fn`` on every device; its fake impl is ``fn`` itself (shape-only tensor code)."""
-    op = torch.library.custom_op(f"hf_openjev::{name}", mutates_args=())(schema_fn)
+def _register(name: str, fn, cuda_fn=None):
+    """The custom op ``hf_openjev::<name>``: ``fn`` (the reference, whose annotations give the schema) on every
+    device, ``cuda_fn`` instead on CUDA when given; the fake impl is ``fn`` itself (shape-only tensor code)."""
+    op = torch.library.custom_op(f"hf_openjev::{name}", fn, mutates_args=())
     op.register_fake(fn)
+    if cuda_fn is not None:
+        op.register_kernel("cuda")(cuda_fn)
     return op
 
 
-def _add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    return add_rms_norm_reference(x, residual, weight, eps)
+def _rows_last_dim_contiguous(*tensors: Tensor) -> bool:
+    return all(t.stride(-1) == 1 for t in tensors)
 
 
-def _gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return gated_rms_norm_reference(x, gate, weight, eps)
+def _same_dtype(*tensors: Tensor) -> bool:
+    return len({t.dtype for t in tensors}) == 1
 
 
-def _silu_mul(gate: Tensor, up: Tensor) -> Tensor:
-    return silu_mul_reference(gate, up)
+def _triton():
+    from hf_openjev.ops import elementwise_triton
+
+    return elementwise_triton
 
 
-def _sigmoid_gate(x: Tensor, gate: Tensor) -> Tensor:
-    return sigmoid_gate_reference(x, gate)
+def _rms_norm_cuda(x, weight, eps):
+    if x.dim() not in (2, 3) or not _rows_last_dim_contiguous(x):
+        return rms_norm_reference(x, weight, eps)
+    return _triton().rms_norm(x, weight, eps)[0]
 
 
-def _final_rows_head(
-    hidden: Tensor, rows: Tensor, norm_weight: Tensor, eps: float, head_weight: Tensor, head_bias: Tensor
-) -> Tensor:
-    return final_rows_head_reference(hidden, rows, norm_weight, eps, head_weight, head_bias)
+def _add_rms_norm_cuda(x, residual, weight, eps):
+    if x.dim() != 2 or residual.shape != x.shape or not _same_dtype(x, residual) \
+            or not _rows_last_dim_contiguous(x, residual):
+        return add_rms_norm_reference(x, residual, weight, eps)
+    return _triton().rms_norm(x, weight, eps, residual=residual)
 
 
-add_rms_norm = _register("add_rms_norm", add_rms_norm_reference, _add_rms_norm)
-gated_rms_norm = _register("gated_rms_norm", gated_rms_norm_reference, _gated_rms_norm)
-silu_mul = _register("silu_mul", silu_mul_reference, _silu_mul)
-sigmoid_gate = _register("sigmoid_gate", sigmoid_gate_reference, _sigmoid_gate)
-final_rows_head = _register("final_rows_head", final_rows_head_reference, _final_rows_head)
+def _gated_rms_norm_cuda(x, gate, weight, eps):
+    if x.dim() not in (2, 3) or gate.shape != x.shape or not _same_dtype(x, gate, weight) \
+            or not _rows_last_dim_contiguous(x, gate):
+        return gated_rms_norm_reference(x, gate, weight, eps)
+    return _triton().gated_rms_norm(x, gate, weight, eps)
+
+
+def _qk_norm_rope_cuda(query, key, q_weight, k_weight, q_eps, k_eps, cos, sin):
+    ok = (query.dim() == 3 and key.dim() == 3 and cos.dim() == 2 and cos.shape == sin.shape
+          and cos.shape[0] == query.shape[0] == key.shape[0] and cos.shape[1] % 2 == 0
+          and cos.shape[1] <= query.shape[-1] and _same_dtype(query, key, cos, sin)
+          and _rows_last_dim_contiguous(query, key, cos, sin) and cos.stride(0) == sin.stride(0))
+    if not ok:
+        return qk_norm_rope_reference(query, key, q_weight, k_weight, q_eps, k_eps, cos, sin)
+    triton_ops = _triton()
+    return triton_ops.norm_rope(query, q_weight, q_eps, cos, sin), triton_ops.norm_rope(key, k_weight, k_eps, cos, sin)
+
+
+def _silu_mul_cuda(gate, up):
+    if gate.dim() != 2 or gate.shape != up.shape or not _same_dtype(gate, up) or not _rows_last_dim_contiguous(gate, up):
+        return silu_mul_reference(gate, up)
+    return _triton().silu_mul(gate, up)
+
+
+def _sigmoid_gate_cuda(x, gate):
+    if x.dim() != 2 or gate.shape != x.shape or not _same_dtype(x, gate) or not _rows_last_dim_contiguous(x, gate):
+        return sigmoid_gate_reference(x, gate)
+    return _triton().sigmoid_gate(x, gate)
+
+
+def _gdn_gates_cuda(a, b, A_log, dt_bias):
+    if a.dim() != 2 or b.shape != a.shape or not _rows_last_dim_contiguous(a, b, A_log, dt_bias):
+        return gdn_gates_reference(a, b, A_log, dt_bias)
+    return _triton().gdn_gates(a, b, A_log, dt_bias)
+
+
+rms_norm = _register("rms_norm", rms_norm_reference, _rms_norm_cuda)
+add_rms_norm = _register("add_rms_norm", add_rms_norm_reference, _add_rms_norm_cuda)
+gated_rms_norm = _register("gated_rms_norm", gated_rms_norm_reference, _gated_rms_norm_cuda)
+qk_norm_rope = _register("qk_norm_rope", qk_norm_rope_reference, _qk_norm_rope_cuda)
+gdn_gates = _register("gdn_gates", gdn_gates_reference, _gdn_gates_cuda)
+silu_mul = _register("silu_mul", silu_mul_reference, _silu_mul_cuda)
+sigmoid_gate = _register("sigmoid_gate", sigmoid_gate_reference, _sigmoid_gate_cuda)
+final_rows_head = _register("final_rows_head", final_rows_head_reference)

@@ -26,7 +26,7 @@ def _check(q, k, v, g, beta, cu_seqlens, initial_state) -> None:
         raise ValueError(f"gdn_prefill: bad q/k/v shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if g.shape != (T, Hv) or beta.shape != (T, Hv):
         raise ValueError(f"gdn_prefill: g/beta must be [{T}, {Hv}], got {tuple(g.shape)}, {tuple(beta.shape)}")
-    if initial_state.shape != (cu_seqlens.shape[0] - 1, Hv, Dk, Dv):
+    if initial_state is not None and initial_state.shape != (cu_seqlens.shape[0] - 1, Hv, Dk, Dv):
         raise ValueError(f"gdn_prefill: initial_state {tuple(initial_state.shape)} is not [N, {Hv}, {Dk}, {Dv}]")
 
 
@@ -82,8 +82,15 @@ def _recurrent_one(q, k, v, g, beta, state):
     return out, state
 
 
-def _per_sequence(one, q, k, v, g, beta, cu_seqlens, initial_state):
+def _final_states_shape(q, v, cu_seqlens, output_final_state: bool) -> tuple[int, ...]:
+    """[N, Hv, Dk, Dv], or [0, Hv, Dk, Dv] (an empty result) when the caller does not want final states."""
+    return (cu_seqlens.shape[0] - 1 if output_final_state else 0, v.shape[1], q.shape[2], v.shape[2])
+
+
+def _per_sequence(one, q, k, v, g, beta, cu_seqlens, initial_state, output_final_state=True):
     _check(q, k, v, g, beta, cu_seqlens, initial_state)
+    if initial_state is None:
+        initial_state = q.new_zeros(_final_states_shape(q, v, cu_seqlens, True), dtype=torch.float32)
     q32, k32, v32, g32, b32 = _prepare(q, k, v, g, beta)
     o = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     states = []
@@ -91,19 +98,21 @@ def _per_sequence(one, q, k, v, g, beta, cu_seqlens, initial_state):
     for i, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
         o[s:e], state = one(q32[s:e], k32[s:e], v32[s:e], g32[s:e], b32[s:e], initial_state[i].float())
         states.append(state)
-    return o.to(q.dtype), torch.stack(states).contiguous()
+    final = torch.stack(states).contiguous()
+    return o.to(q.dtype), final if output_final_state else final.new_empty((0, *final.shape[1:]))
 
 
-def gdn_prefill_reference(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices=None):
+def gdn_prefill_reference(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices=None, output_final_state=True):
     """Chunked fp32 reference. q, k [T, Hk, Dk]; v [T, Hv, Dv]; g, beta [T, Hv]; cu_seqlens [N+1];
-    initial_state [N, Hv, Dk, Dv]. Returns (o [T, Hv, Dv] in q.dtype, final_state [N, Hv, Dk, Dv] fp32).
-    ``chunk_indices`` is accepted for signature parity and ignored."""
-    return _per_sequence(_chunked_one, q, k, v, g, beta, cu_seqlens, initial_state)
+    initial_state [N, Hv, Dk, Dv] or None (zeros). Returns (o [T, Hv, Dv] in q.dtype, final_state [N, Hv, Dk, Dv]
+    fp32; [0, Hv, Dk, Dv] without ``output_final_state``). ``chunk_indices`` is accepted for signature parity
+    and ignored."""
+    return _per_sequence(_chunked_one, q, k, v, g, beta, cu_seqlens, initial_state, output_final_state)
 
 
-def gdn_prefill_naive(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices=None):
+def gdn_prefill_naive(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices=None, output_final_state=True):
     """Token-by-token recurrence; the independent check of the reference (tests only)."""
-    return _per_sequence(_recurrent_one, q, k, v, g, beta, cu_seqlens, initial_state)
+    return _per_sequence(_recurrent_one, q, k, v, g, beta, cu_seqlens, initial_state, output_final_state)
 
 
 @torch.library.custom_op("hf_openjev::gdn_prefill", mutates_args=())
@@ -114,21 +123,23 @@ def gdn_prefill(
     g: Tensor,  # [T, Hv] fp32 log decay (<= 0)
     beta: Tensor,  # [T, Hv]
     cu_seqlens: Tensor,  # [N+1] int32/int64
-    initial_state: Tensor,  # [N, Hv, Dk, Dv] fp32, zeros = no state
+    initial_state: Tensor | None,  # [N, Hv, Dk, Dv] fp32; None = zeros (no sequence continues a state)
     chunk_indices: Tensor,  # [C, 2] from ops.varlen.prepare_varlen_metadata (CUDA only)
+    output_final_state: bool = True,  # False: no final states are written (an empty [0, Hv, Dk, Dv] result)
 ) -> tuple[Tensor, Tensor]:
     """-> (o [T, Hv, Dv] in q.dtype, final_state [N, Hv, Dk, Dv] fp32). Non-CUDA devices run the reference."""
-    return gdn_prefill_reference(q, k, v, g, beta, cu_seqlens, initial_state)
+    return gdn_prefill_reference(q, k, v, g, beta, cu_seqlens, initial_state, None, output_final_state)
 
 
 @gdn_prefill.register_fake
-def _(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices):
+def _(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True):
     _check(q, k, v, g, beta, cu_seqlens, initial_state)
-    return q.new_empty(v.shape), initial_state.new_empty(initial_state.shape, dtype=torch.float32)
+    return q.new_empty(v.shape), q.new_empty(_final_states_shape(q, v, cu_seqlens, output_final_state),
+                                             dtype=torch.float32)
 
 
 @gdn_prefill.register_kernel("cuda")
-def _gdn_prefill_cuda(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices):
+def _gdn_prefill_cuda(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True):
     _check(q, k, v, g, beta, cu_seqlens, initial_state)
     from hf_openjev.ops._fla import fla_ready
 
@@ -142,10 +153,12 @@ def _gdn_prefill_cuda(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices
         g.unsqueeze(0).float(),
         beta.unsqueeze(0),
         scale=q.shape[-1] ** -0.5,
-        initial_state=initial_state.float().contiguous(),
-        output_final_state=True,
+        initial_state=None if initial_state is None else initial_state.float().contiguous(),
+        output_final_state=output_final_state,
         use_qk_l2norm_in_kernel=True,
         cu_seqlens=cu_seqlens,
         chunk_indices=chunk_indices,
     )
+    if not output_final_state:
+        final_state = q.new_empty(_final_states_shape(q, v, cu_seqlens, False), dtype=torch.float32)
     return o[0].to(q.dtype), final_state

@@ -15,16 +15,23 @@ from .stacked_projections import projections
 
 
 class PackedDecoderLayer(qwen.Qwen3_5DecoderLayer):
-    """``pack=None``: the stock layer. Otherwise ``[T, hidden] -> [T, hidden]`` (or ``[N, hidden]`` when
-    ``final_rows`` is given: the rows kept after the mixer)."""
+    """``pack=None``: the stock layer. Otherwise ``(mlp_out, residual)``, each ``[T, hidden]`` (``[N, hidden]``
+    when ``final_rows`` is given: the rows kept after the mixer), whose sum is the stock layer's output.
 
-    def forward(self, hidden_states, *args, pack=None, rotary=None, final_rows=None, **kwargs):
+    The sum is left to the next layer, which adds it in the same kernel as its input norm (``add_rms_norm``;
+    ``residual`` is then the previous layer's residual and ``hidden_states`` its MLP output)."""
+
+    def forward(self, hidden_states, *args, pack=None, rotary=None, final_rows=None, residual=None, **kwargs):
         if pack is None:
             return super().forward(hidden_states, *args, **kwargs)
-        ew = elementwise_functions(pack.compile_elementwise, hidden_states.device)
-        residual = hidden_states
+        ew = elementwise_functions(pack.compile_elementwise, hidden_states.device,
+                                  fused=pack.fused_elementwise)
         norm = self.input_layernorm
-        hidden_states = ew.rms_norm(hidden_states, norm.weight, norm.eps)
+        if residual is None:  # the first layer: its input is the embedding
+            residual = hidden_states
+            hidden_states = ew.rms_norm(hidden_states, norm.weight, norm.eps)
+        else:
+            hidden_states, residual = ew.add_rms_norm(hidden_states, residual, norm.weight, norm.eps)
         if self.block_type == "linear_attention":
             hidden_states = self.linear_attn(hidden_states, pack=pack)
         else:
@@ -40,7 +47,7 @@ class PackedDecoderLayer(qwen.Qwen3_5DecoderLayer):
             hidden_states = ew.silu_mul(gate, up)
         else:
             hidden_states = self.mlp.act_fn(gate) * up
-        return residual + self.mlp.down_proj(hidden_states)
+        return self.mlp.down_proj(hidden_states), residual
 
 
 class PackedTextModel(qwen.Qwen3_5TextModel):
@@ -60,9 +67,11 @@ def packed_text_forward(model: qwen.Qwen3_5TextModel, pack) -> torch.Tensor:
     rotary = (cos[0], sin[0])
     layers = model.layers[: model.config.num_hidden_layers]
     last = len(layers) - 1
+    residual = None
     for i, layer in enumerate(layers):
         rows = pack.final_rows if (i == last and pack.final_row_mlp) else None
-        hidden = layer(hidden, pack=pack, rotary=rotary, final_rows=rows)
+        hidden, residual = layer(hidden, pack=pack, rotary=rotary, final_rows=rows, residual=residual)
+    hidden = residual + hidden  # the last layer's output
     if not pack.final_row_mlp:
         hidden = hidden.index_select(0, pack.final_rows)
     return model.norm(hidden)  # [N, hidden]

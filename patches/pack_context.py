@@ -49,6 +49,7 @@ class GdnGather:
     chunk_indices: torch.Tensor  # [C', 2]
     parent_rows: torch.Tensor  # [n] int64 state-bank rows of the initial states
     keep: torch.Tensor  # [hi - lo] int64 gathered row of each of the level's rows
+    has_parents: bool = True  # some sequence starts from a handed-on state (not all from zeros)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.rows, self.cu_seqlens, self.chunk_indices, self.parent_rows, self.keep]
@@ -69,6 +70,11 @@ class LevelSpec:
     max_chain: int = 0
     gdn: GdnGather | None = None  # set when a segment of the level continues a tail
 
+    @property
+    def continues_state(self) -> bool:
+        """Some sequence's Gated DeltaNet starts from a handed-on state (else every one starts from zeros)."""
+        return self.has_parents if self.gdn is None else self.gdn.has_parents
+
 
 @dataclass
 class PackContext:
@@ -81,6 +87,7 @@ class PackContext:
     leaf_ids: list[int]
     final_row_mlp: bool = True
     compile_elementwise: bool = False  # the layers' elementwise work through Inductor (compiled_elementwise.py)
+    fused_elementwise: bool = True  # ... or through the hf_openjev ops (Triton kernels on CUDA)
     gdn_fp32: bool = False  # Gated DeltaNet kernel fed fp32 q/k/v (more precise intermediates, slower)
     n_external: int = 0
     external_gdn: dict[int, torch.Tensor] = field(default_factory=dict)  # [E, Hv, Dk, Dv]
@@ -115,7 +122,8 @@ class PackContext:
 
 
 def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, final_row_mlp: bool = True,
-                       compile_elementwise: bool = False, gdn_fp32: bool = False, pad: bool = False) -> PackContext:
+                       compile_elementwise: bool = False, fused_elementwise: bool = True, gdn_fp32: bool = False,
+                       pad: bool = False) -> PackContext:
     """Lay out ``pack`` (a planner Pack of ``plan``) and route states; ``store`` holds earlier packs' exports.
 
     ``pad=True`` (packs without external states or exports only) pads every level with dummy sequences to its
@@ -192,7 +200,7 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         meta = prepare_varlen_metadata(cu, device=device)
         return GdnGather(torch.tensor(rows, dtype=torch.long, device=device), meta.cu_seqlens, meta.chunk_indices,
                          torch.tensor(parents, dtype=torch.long, device=device),
-                         torch.tensor(keep, dtype=torch.long, device=device))
+                         torch.tensor(keep, dtype=torch.long, device=device), any(p != 0 for p in parents))
 
     for level in sorted(by_level):
         ids = by_level[level]
@@ -263,14 +271,16 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         leaf_ids=leaf_ids,
         final_row_mlp=final_row_mlp,
         compile_elementwise=compile_elementwise,
+        fused_elementwise=fused_elementwise,
         gdn_fp32=gdn_fp32,
         n_external=len(external),
     )
     if pad:
-        ctx.graph_key = (final_row_mlp, compile_elementwise, gdn_fp32, len(final_rows), tuple(
+        ctx.graph_key = (final_row_mlp, compile_elementwise, fused_elementwise, gdn_fp32, len(final_rows), tuple(
             (level.hi - level.lo, tuple(level.cu_seqlens.shape), tuple(level.chunk_indices.shape), level.has_parents,
              level.max_chain, tuple(level.cu_chain.shape) if level.has_parents else None,
-             None if level.gdn is None else (tuple(level.gdn.rows.shape), tuple(level.gdn.chunk_indices.shape)))
+             None if level.gdn is None else (tuple(level.gdn.rows.shape), tuple(level.gdn.chunk_indices.shape),
+                                             level.gdn.has_parents))
             for level in levels))
     if external:
         first = store[external[0]]

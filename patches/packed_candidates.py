@@ -23,6 +23,11 @@ def _bank(zero_row: torch.Tensor, external: torch.Tensor | None) -> list[torch.T
     return [zero_row] if external is None else [zero_row, external]
 
 
+def _wants_final_states(pack, level_index: int) -> bool:
+    """A level's final states are read by later levels of the pack or exported to later packs."""
+    return level_index < len(pack.levels) - 1 or bool(pack.exports)
+
+
 class PackedGatedDeltaNet(qwen.Qwen3_5GatedDeltaNet):
     """Gated DeltaNet over packed sequences: conv + chunked delta rule per level, fp32 states across prefixes."""
 
@@ -36,17 +41,20 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
     """x [T, hidden] -> [T, hidden]."""
     T = x.shape[0]
     qkv, z, b, a = projections(m, x)  # [T, 2*Kd + Vd], [T, Vd], [T, Hv], [T, Hv]: column views, not copied
-    ew = elementwise_functions(pack.compile_elementwise, x.device)
+    ew = elementwise_functions(pack.compile_elementwise, x.device, fused=pack.fused_elementwise)
     g, beta = ew.gdn_gates(a, b, m.A_log, m.dt_bias)  # [T, Hv] fp32, [T, Hv]
     conv_weight = m.conv1d.weight.squeeze(1)  # [C, K]
     layer = m.layer_idx
+    # the fp32 state bank ([1, Hv, Dk, Dv] per row) only when some level reads it or the pack exports from it
+    reads_bank = bool(pack.exports) or any(level.continues_state for level in pack.levels)
     gdn_bank = _bank(x.new_zeros(1, m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32),
-                     pack.external_gdn.get(layer))
+                     pack.external_gdn.get(layer)) if reads_bank else []
     conv_bank = _bank(qkv.new_zeros(1, m.conv_dim, m.conv_kernel_size), pack.external_conv.get(layer))
     outputs, mixed_levels = [], []
-    for level in pack.levels:
+    for index, level in enumerate(pack.levels):
         rows = slice(level.lo, level.hi)
-        conv_init = torch.cat(conv_bank).index_select(0, level.parent_rows)  # [n, C, K]
+        # [n, C, K]; None (zeros) when every sequence of the level starts fresh
+        conv_init = torch.cat(conv_bank).index_select(0, level.parent_rows) if level.has_parents else None
         mixed, conv_final = causal_conv1d_packed(qkv[rows], conv_weight, level.cu_seqlens, conv_init,
                                                  level.chunk_indices)  # [n_rows, C]
         mixed_levels.append(mixed)
@@ -58,7 +66,8 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
             mixed = torch.cat(mixed_levels).index_select(0, gather.rows)  # [T', C]
             g_in, beta_in = g.index_select(0, gather.rows), beta.index_select(0, gather.rows)
             cu, chunk_indices, init_rows = gather.cu_seqlens, gather.chunk_indices, gather.parent_rows
-        gdn_init = torch.cat(gdn_bank).index_select(0, init_rows)  # [n, Hv, Dk, Dv]
+        # [n, Hv, Dk, Dv]; None (zeros, nothing materialised) for a level whose sequences all start fresh
+        gdn_init = torch.cat(gdn_bank).index_select(0, init_rows) if level.continues_state else None
         q, k, v = torch.split(mixed, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
         n = mixed.shape[0]
         q = q.reshape(n, m.num_k_heads, m.head_k_dim)
@@ -66,7 +75,8 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         v = v.reshape(n, m.num_v_heads, m.head_v_dim)
         if pack.gdn_fp32:  # fla then keeps its WY factors and chunk states in fp32 too (the stock fallback does)
             q, k, v = q.float(), k.float(), v.float()
-        out, gdn_final = gdn_prefill(q, k, v, g_in, beta_in, cu, gdn_init, chunk_indices)
+        out, gdn_final = gdn_prefill(q, k, v, g_in, beta_in, cu, gdn_init, chunk_indices,
+                                     _wants_final_states(pack, index))
         if gather is not None:
             out = out.index_select(0, gather.keep)  # [n_rows, Hv, Dv]
         outputs.append(out.to(x.dtype))
@@ -75,8 +85,8 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
     if pack.exports:
         pack.record_recurrent(layer, torch.cat(gdn_bank), torch.cat(conv_bank))
     core = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # [T, Hv, Dv]
-    core = ew.gated_rms_norm(core.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim), m.norm.weight,
-                             m.norm.variance_epsilon).reshape(T, -1)
+    z = z.reshape(T, -1, m.head_v_dim)  # [T, Hv, Dv], still a column view of the stacked projection
+    core = ew.gated_rms_norm(core, z, m.norm.weight, m.norm.variance_epsilon).reshape(T, -1)
     return m.out_proj(core)
 
 
@@ -93,9 +103,8 @@ def packed_gated_attention(m: qwen.Qwen3_5Attention, x: torch.Tensor, pack, rota
     """x [T, hidden], rotary = (cos, sin) [T, rotary_dim] -> [T, hidden]."""
     T, D = x.shape[0], m.head_dim
     query_gate, key, value = projections(m, x)
-    query, gate = torch.chunk(query_gate.reshape(T, -1, 2 * D), 2, dim=-1)  # [T, H, D] each
-    gate = gate.reshape(T, -1)
-    ew = elementwise_functions(pack.compile_elementwise, x.device)
+    query, gate = torch.chunk(query_gate.reshape(T, -1, 2 * D), 2, dim=-1)  # [T, H, D] views each
+    ew = elementwise_functions(pack.compile_elementwise, x.device, fused=pack.fused_elementwise)
     query, key = ew.qk_norm_rope(query, key.reshape(T, -1, D), m.q_norm.weight, m.k_norm.weight, m.q_norm.eps,
                                  m.k_norm.eps, *rotary)  # [T, H, D], [T, Hkv, D]
     value = value.reshape(T, -1, D)
@@ -120,5 +129,5 @@ def packed_gated_attention(m: qwen.Qwen3_5Attention, x: torch.Tensor, pack, rota
     if pack.exports:
         pack.record_kv(layer, all_key, all_value)
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # [T, H, D]
-    out = ew.sigmoid_gate(out.reshape(T, -1), gate)
+    out = ew.sigmoid_gate(out, gate).reshape(T, -1)  # [T, H * D]
     return m.o_proj(out)

@@ -31,6 +31,9 @@ class PatchOptions:
     # on CUDA, norms / SiLU-mul / gates / RoPE through torch.compile: 27B mean 109.5 -> 93.5 ms, but mid-shape parity
     # against stock 0.0095 -> 0.017 with 1 flip (H200, recipes/results/h200-2026-11-29-s3), so opt-in
     compile_elementwise: bool = False
+    # on CUDA, the elementwise group as Triton kernels that round like the plain code (compiled_elementwise.py);
+    # compile_elementwise wins when both are on
+    fused_elementwise: bool = True
     gdn_fp32: bool = False  # feed the GDN kernel fp32 q/k/v, for parity with the stock fp32 fallback (not yet measured)
 
 
@@ -77,14 +80,14 @@ def patch_record(model) -> PatchRecord | None:
 def apply_patches(model, *, packed_candidates: bool = True, shared_prefix: bool = True,
                   final_row_mlp: bool = True, stacked_projections: bool = True,
                   cuda_graphs: bool = True, compile_elementwise: bool = False,
-                  gdn_fp32: bool = False) -> PatchRecord:
+                  fused_elementwise: bool = True, gdn_fp32: bool = False) -> PatchRecord:
     """Patch ``model`` in place (idempotent: a second call only updates the options) and return the record.
 
     ``stacked_projections`` re-points the projection weights at slices of one stacked weight per module (same
     Parameter objects, same values, no extra memory); that layout stays after ``revert_patches``.
     """
     options = PatchOptions(packed_candidates, shared_prefix, final_row_mlp, stacked_projections, cuda_graphs,
-                           compile_elementwise, gdn_fp32)
+                           compile_elementwise, fused_elementwise, gdn_fp32)
     text_model = text_model_of(model)
     record = getattr(text_model, RECORD_ATTRIBUTE, None)
     if record is not None:

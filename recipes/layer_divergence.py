@@ -26,11 +26,15 @@ def layer_outputs(text_model, run) -> list[torch.Tensor]:
     """Each decoder layer's output ([tokens, hidden]) during ``run()``."""
     outputs: list[torch.Tensor] = []
 
-    def keep(_module, _args, output):
-        output = output[0] if isinstance(output, tuple) else output
+    def keep(_module, _args, kwargs, output):
+        if kwargs.get("pack") is not None:  # the packed layer returns (mlp_out, residual); its output is the sum
+            mlp_out, residual = output
+            output = residual + mlp_out
+        elif isinstance(output, tuple):
+            output = output[0]
         outputs.append(output.reshape(-1, output.shape[-1]).detach())
 
-    hooks = [layer.register_forward_hook(keep) for layer in text_model.layers]
+    hooks = [layer.register_forward_hook(keep, with_kwargs=True) for layer in text_model.layers]
     try:
         with torch.no_grad():
             run()

@@ -111,6 +111,22 @@ def test_graph_replay_matches_eager_on_cuda(tiny_checkpoint):
         assert max(abs(x - y) for x, y in zip(e, f)) < 0.05  # bf16: padded GEMM shapes round differently
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 0.05)])
+def test_triton_elementwise_matches_the_plain_code_in_the_fast_path_on_cuda(tiny_checkpoint, dtype, tolerance):
+    """The whole fast path with the Triton elementwise kernels (the default) against the plain code, eager."""
+    from hf_openjev.fast_path import score_fast
+
+    model = load_export(tiny_checkpoint.export, dtype=dtype, device="cuda")
+    requests = _random_requests(random.Random(5), model.config.vocab_size)
+    apply_patches(model, cuda_graphs=False, fused_elementwise=False)
+    plain = score_fast(model, requests, share_tails=True, min_shared_tokens=8)[0]
+    apply_patches(model, cuda_graphs=False, fused_elementwise=True)
+    fused = score_fast(model, requests, share_tails=True, min_shared_tokens=8)[0]
+    assert plain != [] and max(abs(x - y) for x, y in zip(plain, fused)) < tolerance
+
+
 @pytest.mark.parametrize("tails", [dict(), dict(share_tails=True, min_shared_tokens=16)])
 def test_a_bounded_graph_cache_covers_the_jevbench_workload(tails):
     """The 231 JevBench request shapes (recipes/data) need fewer graph buckets than the cache holds, at <= 20%

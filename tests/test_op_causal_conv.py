@@ -186,3 +186,15 @@ def test_cuda_graph_capture_replay(fla):
     b = to_device(conv_inputs(lengths[::-1], 10240, K, dtype=torch.bfloat16, seed=2, fla=fla), "cuda")
     replayed, eager = capture_replay(OP, a, b)
     assert max_errors(replayed, eager)[0] == 0.0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("fla", [True, False], ids=["fla", "torch"])
+def test_no_initial_state_is_zeros(device, fla):
+    """``initial_state=None`` equals explicit zero states bit for bit (outputs and final states)."""
+    args = to_device(conv_inputs([3, 70, 1], 10240 if device == "cuda" else C, dtype=torch.bfloat16, state=False,
+                                 fla=fla), device)
+    for got, want in zip(OP(**{**args, "initial_state": None}), OP(**args)):
+        assert torch.equal(got, want)
+    torch.library.opcheck(OP, (), {**args, "initial_state": None})

@@ -19,10 +19,14 @@ def _inputs(dtype, t=37, d=48, seed=0, device="cpu"):
     def r(*shape, dt=dtype, scale=1.0):
         return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dt)
 
+    heads, head_dim, rotary = 3, 16, 8  # q/k norm + partial RoPE; the GDN gates over `heads` value heads
     return dict(
         x=r(t, d), residual=r(t, d, scale=4.0), gate=r(t, d), up=r(t, d), weight=r(d, scale=0.3),
         rows=torch.tensor([t - 1, 0, t // 7, t // 7, t // 2], device=device), head_weight=r(1, d, dt=torch.float32),
         head_bias=r(1, dt=torch.float32),
+        query=r(t, heads, head_dim), key=r(t, 1, head_dim), q_weight=r(head_dim, scale=0.1),
+        k_weight=r(head_dim, scale=0.1), cos=r(t, rotary), sin=r(t, rotary),
+        a=r(t, heads), b=r(t, heads), A_log=r(heads, dt=torch.float32), dt_bias=r(heads),
     )
 
 
@@ -73,7 +77,10 @@ def test_final_rows_head_is_stock_norm_then_fp32_linear(dtype):
 
 def _calls(a):
     return {
+        "rms_norm": (a["x"], a["weight"], EPS),
         "add_rms_norm": (a["x"], a["residual"], a["weight"], EPS),
+        "qk_norm_rope": (a["query"], a["key"], a["q_weight"], a["k_weight"], EPS, EPS, a["cos"], a["sin"]),
+        "gdn_gates": (a["a"], a["b"], a["A_log"], a["dt_bias"]),
         "gated_rms_norm": (a["x"], a["gate"], a["weight"], EPS),
         "silu_mul": (a["gate"], a["up"]),
         "sigmoid_gate": (a["x"], a["gate"]),
@@ -91,7 +98,7 @@ def test_compiled_plain_code_matches_eager(dtype):
     """What a compiled model forward does: the plain functions, fused by Inductor in one graph."""
     a = _inputs(dtype)
 
-    def block(x, residual, gate, up, weight, rows, head_weight, head_bias):
+    def block(x, residual, gate, up, weight, rows, head_weight, head_bias, **_):
         normed, residual = ew.add_rms_norm_reference(x, residual, weight, EPS)
         h = ew.silu_mul_reference(normed, up) + ew.sigmoid_gate_reference(gate, normed)
         h = ew.gated_rms_norm_reference(h, gate, weight, EPS)
@@ -106,7 +113,7 @@ def test_compiled_plain_code_matches_eager(dtype):
 def test_ops_compile_fullgraph():
     a = _inputs(torch.float32)
 
-    def f(x, residual, gate, up, weight, rows, head_weight, head_bias):
+    def f(x, residual, gate, up, weight, rows, head_weight, head_bias, **_):
         normed, residual = OPS.add_rms_norm(x, residual, weight, EPS)
         h = OPS.gated_rms_norm(OPS.silu_mul(normed, up), OPS.sigmoid_gate(gate, x), weight, EPS)
         return residual, OPS.final_rows_head(h, rows, weight, EPS, head_weight, head_bias)
@@ -141,3 +148,97 @@ def test_cuda_graph_capture_replay():
 
         replayed, eager = capture_replay(fn, dict(zip(names, args)), dict(zip(names, _calls(b)[name])))
         assert max_errors(replayed, eager)[0] == 0.0, name
+
+
+# the forward's own layouts at the 27B shape: column views of stacked projections, the query half of q|gate
+EXACT = ("silu_mul", "sigmoid_gate", "gdn_gates")  # elementwise only: bit for bit
+NORMS = ("rms_norm", "add_rms_norm", "gated_rms_norm", "qk_norm_rope")  # another summation order: <= 1 unit
+TRITON_FUNCTION = {"rms_norm": "rms_norm", "add_rms_norm": "rms_norm", "gated_rms_norm": "gated_rms_norm",
+                   "qk_norm_rope": "norm_rope", "silu_mul": "silu_mul", "sigmoid_gate": "sigmoid_gate",
+                   "gdn_gates": "gdn_gates"}
+
+
+def _forward_layout(name, dtype, t, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def r(*shape, dt=dtype, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device="cuda") * scale).to(dt)
+
+    if name == "silu_mul":  # MLP gate|up, one [T, 2 * 17408] GEMM output
+        return tuple(r(t, 2 * 17408, scale=2.0).split(17408, dim=-1))
+    if name == "sigmoid_gate":  # attention output [T, 24, 256] and the gate half of q|gate
+        return r(t, 24, 256), r(t, 24, 512, scale=2.0).chunk(2, dim=-1)[1]
+    if name == "gdn_gates":  # b and a: the last 2 x 48 columns of the GDN's stacked projection
+        proj = r(t, 16384 + 96, scale=2.0)
+        return proj[:, -48:], proj[:, -96:-48], r(48, dt=torch.float32), r(48)
+    if name == "rms_norm":
+        return r(t, 5120, scale=3.0), r(5120, scale=0.1), 1e-6
+    if name == "add_rms_norm":
+        return r(t, 5120), r(t, 5120, scale=4.0), r(5120, scale=0.1), 1e-6
+    if name == "gated_rms_norm":  # core [T, 48, 128]; z: a column view of the stacked projection
+        return r(t, 48, 128), r(t, 16384 + 96)[:, 10240:16384].reshape(t, 48, 128), 1 + r(128, scale=0.1), 1e-6
+    if name == "qk_norm_rope":  # query half of q|gate [T, 24, 512]; key: columns of the stacked q|k|v
+        angles = torch.rand(t, 64, generator=gen, device="cuda") * 100
+        query = r(t, 24, 512).chunk(2, dim=-1)[0]
+        key = r(t, 24 * 512 + 2 * 1024)[:, 24 * 512:24 * 512 + 1024].reshape(t, 4, 256)
+        return (query, key, r(256, scale=0.1), r(256, scale=0.1), 1e-6, 1e-6, angles.cos().to(dtype),
+                angles.sin().to(dtype))
+    raise KeyError(name)
+
+
+def _units_apart(got, want):
+    """How many representable values of the dtype lie between got and want (elementwise, same-sign values)."""
+    as_int = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[got.dtype]
+    return (got.view(as_int).long() - want.view(as_int).long()).abs()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens", [1, 37, 1001])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", EXACT + NORMS)
+def test_triton_kernel_rounds_like_the_plain_code(name, dtype, tokens, monkeypatch):
+    """The CUDA op (one Triton kernel, reading the views in place) against the plain code on the same GPU."""
+    from hf_openjev.ops import elementwise_triton
+
+    calls = []
+    kernel = getattr(elementwise_triton, TRITON_FUNCTION[name])
+    monkeypatch.setattr(elementwise_triton, TRITON_FUNCTION[name], lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    args = _forward_layout(name, dtype, tokens)
+    got = getattr(OPS, name)(*args)
+    want = getattr(ew, f"{name}_reference")(*args)
+    assert calls, f"{name}: the CUDA op fell back to the plain code for the forward's layout"
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype and g.is_contiguous()
+        units = _units_apart(g, w)
+        mismatched = (units > 0).float().mean().item()
+        print(f"{name} {dtype} T={tokens}: {mismatched:.2e} of {g.numel()} values differ, max {units.max().item()} unit")
+        if name in EXACT:
+            assert units.max().item() == 0, f"{name}: not bit-identical ({mismatched:.2e} differ)"
+        else:
+            assert units.max().item() <= 1 and mismatched <= 1e-3, f"{name}: {mismatched:.2e} differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", EXACT + NORMS)
+def test_opcheck_cuda(name):
+    torch.library.opcheck(getattr(OPS, name), _forward_layout(name, torch.bfloat16, 19))
+
+
+@pytest.mark.parametrize("name, args", [
+    ("silu_mul", lambda a: (a["gate"].t(), a["up"].t())),  # a strided last dimension
+    ("gated_rms_norm", lambda a: (a["x"], a["gate"], a["weight"].float(), EPS)),  # mixed dtypes
+    ("add_rms_norm", lambda a: (a["x"], a["residual"].float(), a["weight"], EPS)),
+    ("qk_norm_rope", lambda a: (a["query"], a["key"], a["q_weight"], a["k_weight"], EPS, EPS, a["cos"][:, :3],
+                                a["sin"][:, :3])),  # an odd rotary width
+])
+def test_cuda_kernels_fall_back_to_the_plain_code_outside_their_layouts(name, args):
+    """The CUDA entry points hand what the Triton kernels do not cover to the reference (run here on the CPU,
+    where they never import triton)."""
+    call = args(_inputs(torch.bfloat16))
+    got = getattr(ew, f"_{name}_cuda")(*call)
+    want = getattr(ew, f"{name}_reference")(*call)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(g, w)

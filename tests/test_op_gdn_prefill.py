@@ -183,3 +183,18 @@ def test_cuda_rerunning_a_tail_from_the_aligned_state_equals_the_full_sequence(d
     rerun, unaligned, full = _rerun_tail_vs_unaligned_handoff("cuda", dtype, GPU_SHAPES["27b"])
     print(f"{dtype}: unaligned handoff max |diff| {(unaligned.float() - full.float()).abs().max().item():.3g}")
     assert torch.equal(rerun, full)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_no_initial_state_is_zeros_and_final_states_are_optional(device):
+    """``initial_state=None`` equals explicit zeros bit for bit; ``output_final_state=False`` leaves the outputs
+    unchanged and returns an empty [0, Hv, Dk, Dv] result."""
+    shape = GPU_SHAPES["27b"] if device == "cuda" else GPU_SHAPES["small"]
+    args = to_device(gdn_inputs([5, 64, 130], *shape, dtype=torch.bfloat16, state=False, seed=4), device)
+    o_zeros, s_zeros = OP(**args)
+    o_none, s_none = OP(**{**args, "initial_state": None})
+    o_no_final, s_empty = OP(**{**args, "initial_state": None}, output_final_state=False)
+    assert torch.equal(o_none, o_zeros) and torch.equal(s_none, s_zeros) and torch.equal(o_no_final, o_zeros)
+    assert s_empty.shape == (0, *s_zeros.shape[1:]) and s_empty.dtype == torch.float32
+    torch.library.opcheck(OP, (), {**args, "initial_state": None, "output_final_state": False})
