@@ -143,7 +143,7 @@ def _silu_mul_cuda(gate, up):
 
 
 def _sigmoid_gate_cuda(x, gate):
-    if x.dim() != 2 or gate.shape != x.shape or not _same_dtype(x, gate) or not _rows_last_dim_contiguous(x, gate):
+    if x.dim() not in (2, 3) or gate.shape != x.shape or not _same_dtype(x, gate) or not _rows_last_dim_contiguous(x, gate):
         return sigmoid_gate_reference(x, gate)
     return _triton().sigmoid_gate(x, gate)
 

@@ -116,15 +116,17 @@ def _silu_mul_kernel(G, stride_g, U, stride_u, OUT, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _sigmoid_gate_kernel(X, stride_x, G, stride_g, OUT, N, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < N
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+def _sigmoid_gate_kernel(X, stride_xt, stride_xh, G, stride_gt, stride_gh, OUT, n_rows, H, D,
+                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
+    t, h = rows // H, rows % H
+    x = tl.load(X + (t * stride_xt + h * stride_xh)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + (t * stride_gt + h * stride_gh)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     dtype = OUT.dtype.element_ty
     sigmoid = tl.math.div_rn(1.0, 1.0 + libdevice.exp(-g)).to(dtype).to(tl.float32)
-    tl.store(OUT + row * N + cols, (x * sigmoid).to(dtype), mask=mask)
+    tl.store(OUT + rows[:, None] * D + cols[None, :], (x * sigmoid).to(dtype), mask=mask)
 
 
 @triton.jit
@@ -218,10 +220,14 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
 
 
 def sigmoid_gate(x: Tensor, gate: Tensor) -> Tensor:
-    T, N = x.shape
-    out = torch.empty((T, N), dtype=x.dtype, device=x.device)
-    _sigmoid_gate_kernel[(T, triton.cdiv(N, _ELEMENTWISE_BLOCK))](
-        x, x.stride(0), gate, gate.stride(0), out, N, BLOCK=_ELEMENTWISE_BLOCK, num_warps=8, **_LAUNCH)
+    """x, gate [T, H, D] (or [T, D]; the gate half of q|gate in place) -> [T, H, D]."""
+    _, T, H, sxt, sxh = _heads_view(x)
+    _, _, _, sgt, sgh = _heads_view(gate)
+    D = x.shape[-1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    block_r, block_d, warps = _row_blocks(D)
+    _sigmoid_gate_kernel[(triton.cdiv(T * H, block_r),)](
+        x, sxt, sxh, gate, sgt, sgh, out, T * H, H, D, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **_LAUNCH)
     return out
 
 

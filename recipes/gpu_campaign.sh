@@ -26,6 +26,9 @@
 #                                        # short choice also with tails: where the small packs' time goes (issue 8)
 #   bash recipes/gpu_campaign.sh fused   # the Triton elementwise kernels and optional GDN/conv states: their -m gpu
 #                                        # tests first, then the 27B workload on the defaults, alone (issues 4, 8)
+#   bash recipes/gpu_campaign.sh profile4 # the -m gpu tests of the Triton kernels and optional states; 27B kernel
+#                                        # profiles, Triton elementwise (default) vs plain: 107/3,400-token candidates
+#                                        # and three JevBench requests; then mid-shape C vs B parity (issues 4, 5, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-4 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27
@@ -35,7 +38,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -155,6 +158,18 @@ case "$stage" in
     left=$((575 - (SECONDS - start)))
     timeout "$left" $bench --shape 27b --arms C --passes 1 --concurrency "" --single 107,3400 --long-candidate 0 \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 14 ;;
+  profile4)
+    timeout 200 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_elementwise.py" \
+      "$REPO/tests/test_op_gdn_prefill.py" "$REPO/tests/test_op_causal_conv.py" "$REPO/tests/test_cuda_graphs.py" -m gpu \
+      -k "triton or opcheck_cuda or no_initial or (test_op_elementwise and capture_replay) or graph_replay" -q -s \
+      -p no:cacheprovider >"$out/pytest_fused.log" 2>&1
+    echo "pytest rc=$?" | tee -a "$out/pytest_fused.log"
+    grep -E "passed|failed|Error|assert" "$out/pytest_fused.log" | tail -n 12
+    timeout 300 python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --requests 0,12,129 \
+      --out "$out/profile" --patch-options '{}' '{"fused_elementwise": false}' 2>&1 | grep -v "Loading\|falling back" | tail -n 10
+    left=$((575 - (SECONDS - start)))
+    timeout "$left" $bench --shape mid --arms C,B --passes 1 --b-passes 1 --parity-only B --concurrency "" --single "" \
+      --long-candidate 0 --out "$out/mid" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
   floor27)
     timeout 560 $bench --shape 27b --arms B,B1 --b-passes 1 --parity-only B,B1 --limit 100 --concurrency "" \
       --single "" --long-candidate 0 --out "$out" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;

@@ -45,7 +45,7 @@ CATEGORIES = [  # first match wins; kernel names as CUPTI reports them
     ("gdn / conv (fla)", re.compile(r"chunk|delta|wy|solve_tril|conv1d|l2norm|cumsum|fwd_h|fwd_o|kkt", re.I)),
     ("copies / indexing", re.compile(r"copy|memcpy|memset|cat|index|gather|scatter|fill|arange|select", re.I)),
     ("elementwise / reductions", re.compile(r"elementwise|vectorized|reduce|triton_|pointwise|unrolled|norm|silu|"
-                                            r"sigmoid|softplus|exp|mul|add|pow|rsqrt|mean", re.I)),
+                                            r"sigmoid|softplus|exp|mul|add|pow|rsqrt|mean|gates", re.I)),
 ]
 
 
@@ -58,8 +58,8 @@ def wall_ms(model, request, fast_options: dict, repeats: int = 5) -> float:
     return statistics.median(time_fast_calls(model, request, calls=1 + repeats, fast_options=fast_options)[1:])
 
 
-def kernel_times(model, request, fast_options: dict) -> dict[str, float]:
-    """Kernel (CUDA) or op (CPU, self time) -> total ms over one eager request."""
+def kernel_times(model, request, fast_options: dict) -> tuple[dict[str, float], int]:
+    """(kernel (CUDA) or op (CPU, self time) -> total ms over one eager request, number of kernels / ops run)."""
     from torch.profiler import ProfilerActivity, profile
 
     from hf_openjev.scoring import score_prepared
@@ -72,15 +72,18 @@ def kernel_times(model, request, fast_options: dict) -> dict[str, float]:
         score_prepared(model, [request], fast=True, **fast_options)
         sync()
     totals: dict[str, float] = {}
+    launches = 0
     if cuda:
         for event in prof.events():
             if event.device_type == torch.autograd.DeviceType.CUDA:
                 totals[event.name] = totals.get(event.name, 0.0) + event.time_range.elapsed_us() / 1000
+                launches += 1
     else:
         for avg in prof.key_averages():
             if avg.self_cpu_time_total > 0 and avg.key.startswith("aten::"):
                 totals[avg.key] = avg.self_cpu_time_total / 1000
-    return totals
+                launches += avg.count
+    return totals, launches
 
 
 def profile_request(model, label: str, request, fast_options: dict) -> dict:
@@ -91,14 +94,14 @@ def profile_request(model, label: str, request, fast_options: dict) -> dict:
     wall = wall_ms(model, request, fast_options)
     apply_patches(model, **{**vars(options), "cuda_graphs": False})
     wall_eager = wall_ms(model, request, fast_options)
-    kernels = kernel_times(model, request, fast_options)
+    kernels, launches = kernel_times(model, request, fast_options)
     apply_patches(model, **vars(options))
     by_category: dict[str, float] = {}
     for name, ms in kernels.items():
         by_category[category(name)] = by_category.get(category(name), 0.0) + ms
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
     return {"label": label, "tokens": sum(len(seq) for seq in request.sequences), "wall_graphs_ms": wall,
-            "wall_eager_ms": wall_eager, "kernel_sum_ms": sum(kernels.values()),
+            "wall_eager_ms": wall_eager, "kernel_sum_ms": sum(kernels.values()), "kernels": launches,
             "by_category_ms": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
             "top_kernels_ms": [{"name": n[:160], "category": category(n), "ms": ms} for n, ms in top]}
 
@@ -108,17 +111,18 @@ def write_markdown(result: dict, path: Path) -> None:
     lines = [f"# Fast-path profile, {result['shape']} shape, {unit}", "", f"Command: `{result['command']}`", "",
              "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), ""]
     summary = [f"score_fast options: `{json.dumps(result['fast_options'])}`", "",
-               "| patch options | request | input tokens | wall, graphs (ms) | wall, eager (ms) | kernel sum (ms) |",
-               "|---|---|---|---|---|---|"]
+               "| patch options | request | input tokens | wall, graphs (ms) | wall, eager (ms) | kernel sum (ms) | kernels |",
+               "|---|---|---|---|---|---|---|"]
     details = []
     for variant in result["variants"]:
         options = json.dumps(variant["patch_options"])
         for r in variant["requests"]:
             summary.append(f"| `{options}` | {r['label']} | {r['tokens']} | {r['wall_graphs_ms']:.2f} | "
-                           f"{r['wall_eager_ms']:.2f} | {r['kernel_sum_ms']:.2f} |")
+                           f"{r['wall_eager_ms']:.2f} | {r['kernel_sum_ms']:.2f} | {r.get('kernels', '')} |")
             details += [f"## {r['label']}, patch options `{options}`", "",
                         f"wall with graphs {r['wall_graphs_ms']:.2f} ms; eager {r['wall_eager_ms']:.2f} ms; "
-                        f"sum of {unit} (eager run) {r['kernel_sum_ms']:.2f} ms", "", "| category | ms | share |",
+                        f"sum of {unit} (eager run) {r['kernel_sum_ms']:.2f} ms over {r.get('kernels')} launches", "",
+                        "| category | ms | share |",
                         "|---|---|---|"]
             details += [f"| {c} | {ms:.3f} | {ms / max(r['kernel_sum_ms'], 1e-9):.0%} |"
                         for c, ms in r["by_category_ms"].items()]
@@ -164,7 +168,7 @@ def main(argv=None) -> int:
             variant["requests"].append(profile_request(model, label, request, fast_options))
             r = variant["requests"][-1]
             print(f"{patch_options} {label}: graphs {r['wall_graphs_ms']:.1f} ms, eager {r['wall_eager_ms']:.1f} "
-                  f"ms, kernels {r['kernel_sum_ms']:.1f} ms: "
+                  f"ms, kernels {r['kernel_sum_ms']:.1f} ms ({r['kernels']}): "
                   + ", ".join(f"{c} {ms:.1f}" for c, ms in r["by_category_ms"].items()), flush=True)
             (out / f"profile_{args.shape}.json").write_text(json.dumps(result, indent=1))
             write_markdown(result, out / f"profile_{args.shape}.md")

@@ -152,7 +152,9 @@ def test_cuda_graph_capture_replay():
 
 # the forward's own layouts at the 27B shape: column views of stacked projections, the query half of q|gate
 EXACT = ("silu_mul", "sigmoid_gate", "gdn_gates")  # elementwise only: bit for bit
-NORMS = ("rms_norm", "add_rms_norm", "gated_rms_norm", "qk_norm_rope")  # another summation order: <= 1 unit
+# another summation order: fp32 results a few units apart; in bf16 rarely one unit (or a few where RoPE's sum
+# cancels), measured on the H200 (recipes/results/h200-2026-11-29-s5): at most 1e-5 of values differ
+NORMS = ("rms_norm", "add_rms_norm", "gated_rms_norm", "qk_norm_rope")
 TRITON_FUNCTION = {"rms_norm": "rms_norm", "add_rms_norm": "rms_norm", "gated_rms_norm": "gated_rms_norm",
                    "qk_norm_rope": "norm_rope", "silu_mul": "silu_mul", "sigmoid_gate": "sigmoid_gate",
                    "gdn_gates": "gdn_gates"}
@@ -216,8 +218,11 @@ def test_triton_kernel_rounds_like_the_plain_code(name, dtype, tokens, monkeypat
         print(f"{name} {dtype} T={tokens}: {mismatched:.2e} of {g.numel()} values differ, max {units.max().item()} unit")
         if name in EXACT:
             assert units.max().item() == 0, f"{name}: not bit-identical ({mismatched:.2e} differ)"
-        else:
-            assert units.max().item() <= 1 and mismatched <= 1e-3, f"{name}: {mismatched:.2e} differ"
+        elif dtype == torch.float32:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6 * w.abs().max().item())
+        else:  # the few values that differ are off by one unit of the output's scale at most
+            assert mismatched <= 1e-4, f"{name}: {mismatched:.2e} differ"
+            assert (g.float() - w.float()).abs().max().item() <= 2 ** -7 * w.float().abs().max().item()
 
 
 @pytest.mark.gpu
