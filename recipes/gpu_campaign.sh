@@ -8,7 +8,8 @@
 #   bash recipes/gpu_campaign.sh perf    # the 27B benchmark, arms C (graphs), A, B; singles; 16k candidate (issue 8)
 #   bash recipes/gpu_campaign.sh perf2   # 27B: prefix-sharing threshold sweep (issue 5), closed loop 1/8/16 (7, 8)
 #   bash recipes/gpu_campaign.sh parity2 # mid shape C/B/A/A1, the fp32-fed GDN, the first diverging layer (issue 5)
-#   bash recipes/gpu_campaign.sh serve   # 27B closed loop at 1, 8 and 16 in flight, one configuration (issues 7, 8)
+#   bash recipes/gpu_campaign.sh serve   # 27B on the defaults: a pass, tails as a sweep entry, closed loop at 1, 8 and
+#                                        # 16 in flight (one configuration), the 16,384-token candidate (issues 7, 8)
 #   bash recipes/gpu_campaign.sh verify  # check's correctness part (ops vs references + capture, -m gpu tests)
 #                                        # beside parity2, in one call (issues 4, 5)
 #   bash recipes/gpu_campaign.sh profile2 # 27B kernel profile of 107/3,400-token forwards, plain and
@@ -29,6 +30,9 @@
 #   bash recipes/gpu_campaign.sh profile4 # the -m gpu tests of the Triton kernels and optional states; 27B kernel
 #                                        # profiles, Triton elementwise (default) vs plain: 107/3,400-token candidates
 #                                        # and three JevBench requests; then mid-shape C vs B parity (issues 4, 5, 8)
+#   bash recipes/gpu_campaign.sh exact   # the Triton kernels' -m gpu tests (bit-identical to the plain code, norms
+#                                        # included) and the whole fast path's; 27B: a pass, closed loop at 1/8/16,
+#                                        # the 16,384-token candidate; graph-replay profiles of two requests (7, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-4 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27
@@ -38,7 +42,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -170,6 +174,17 @@ case "$stage" in
     left=$((575 - (SECONDS - start)))
     timeout "$left" $bench --shape mid --arms C,B --passes 1 --b-passes 1 --parity-only B --concurrency "" --single "" \
       --long-candidate 0 --out "$out/mid" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
+  exact)
+    timeout 150 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_elementwise.py" \
+      "$REPO/tests/test_cuda_graphs.py" -m gpu -k "(triton and not 37) or opcheck_cuda or triton_elementwise" \
+      -q -s -p no:cacheprovider >"$out/pytest_exact.log" 2>&1
+    echo "pytest rc=$?" | tee -a "$out/pytest_exact.log"
+    grep -E "passed|failed|Error|assert" "$out/pytest_exact.log" | tail -n 12
+    timeout 330 $bench --shape 27b --arms C --passes 1 --concurrency 1,8,16 --single "" --long-candidate 16384 \
+      --out "$out/serve" 2>&1 | grep -v "Loading\|falling back" | tail -n 10
+    left=$((570 - (SECONDS - start)))
+    timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens "" --requests 0,129 \
+      --out "$out/profile" 2>&1 | grep -v "Loading\|falling back" | tail -n 4 ;;
   floor27)
     timeout 560 $bench --shape 27b --arms B,B1 --b-passes 1 --parity-only B,B1 --limit 100 --concurrency "" \
       --single "" --long-candidate 0 --out "$out" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
@@ -191,9 +206,11 @@ case "$stage" in
     # and the first layer where the fast path and stock differ
     parity_split ;;
   serve)
-    # closed-loop clients at 1, 8 and 16 in flight at 27B, one configuration (the defaults) for all three levels
-    timeout 560 $bench --shape 27b --arms C --passes 1 --concurrency 1,8,16 --single "" --long-candidate 0 \
-      --out "$out" 2>&1 | grep -v Loading | tail -n 8 ;;
+    # 27B on the defaults: one measured pass; exact shared prefixes (tails, threshold 32) as a sweep entry on the
+    # same warm model; closed-loop clients at 1, 8 and 16 in flight (one configuration for all three levels); the
+    # 16,384-token candidate's time and peak memory
+    timeout 565 $bench --shape 27b --arms C --passes 1 --concurrency 1,8,16 --single "" --long-candidate 16384 \
+      --sweep '[{"share_tails": true, "min_shared_tokens": 32}]' --out "$out" 2>&1 | grep -v "Loading\|falling back" | tail -n 12 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .

@@ -10,7 +10,9 @@ of ``--requests`` (0-based indices into the workload, with the benchmark's token
   1. wall time with CUDA graphs (median of 5 after a capture), as the benchmark times it;
   2. one eager run under ``torch.profiler``: every GPU kernel's duration, summed per kernel and per category
      (GEMM, Gated DeltaNet / conv (fla), attention (flash), elementwise / reductions, copies / indexing, other).
-The eager kernels are the ones a graph replays, so "wall - GPU sum" estimates what the host adds per request.
+  3. on CUDA, the same profile of a graph-replayed run: the kernels of the padded pack as the graph runs them
+     (CUPTI reports kernels a graph launches), so "wall - kernel sum in the graph" is what the host and idle gaps
+     add per request, and "kernel sum in the graph - eager kernel sum" what the bucket padding costs.
 ``--patch-options`` takes one or more JSON option sets (e.g. '{}' '{"compile_elementwise": true}'), each profiled in
 turn on the same model. Writes ``profile_<shape>.json`` and ``.md``. On a machine without CUDA it profiles CPU ops (a smoke run).
 """
@@ -92,6 +94,9 @@ def profile_request(model, label: str, request, fast_options: dict) -> dict:
     options = patch_record(model).options
     apply_patches(model, **{**vars(options), "cuda_graphs": True})
     wall = wall_ms(model, request, fast_options)
+    # the replayed graph's kernels (padded to the shape bucket), as CUPTI reports kernels launched by a graph
+    graph_kernels, graph_launches = kernel_times(model, request, fast_options) if torch.cuda.is_available() \
+        else ({}, 0)
     apply_patches(model, **{**vars(options), "cuda_graphs": False})
     wall_eager = wall_ms(model, request, fast_options)
     kernels, launches = kernel_times(model, request, fast_options)
@@ -102,6 +107,7 @@ def profile_request(model, label: str, request, fast_options: dict) -> dict:
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
     return {"label": label, "tokens": sum(len(seq) for seq in request.sequences), "wall_graphs_ms": wall,
             "wall_eager_ms": wall_eager, "kernel_sum_ms": sum(kernels.values()), "kernels": launches,
+            "graph_kernel_sum_ms": sum(graph_kernels.values()), "graph_kernels": graph_launches,
             "by_category_ms": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
             "top_kernels_ms": [{"name": n[:160], "category": category(n), "ms": ms} for n, ms in top]}
 
@@ -111,14 +117,15 @@ def write_markdown(result: dict, path: Path) -> None:
     lines = [f"# Fast-path profile, {result['shape']} shape, {unit}", "", f"Command: `{result['command']}`", "",
              "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), ""]
     summary = [f"score_fast options: `{json.dumps(result['fast_options'])}`", "",
-               "| patch options | request | input tokens | wall, graphs (ms) | wall, eager (ms) | kernel sum (ms) | kernels |",
-               "|---|---|---|---|---|---|---|"]
+               "| patch options | request | input tokens | wall, graphs (ms) | wall, eager (ms) | kernel sum (ms) | kernels "
+               "| kernel sum in the graph (ms) | kernels in the graph |", "|---|---|---|---|---|---|---|---|---|"]
     details = []
     for variant in result["variants"]:
         options = json.dumps(variant["patch_options"])
         for r in variant["requests"]:
             summary.append(f"| `{options}` | {r['label']} | {r['tokens']} | {r['wall_graphs_ms']:.2f} | "
-                           f"{r['wall_eager_ms']:.2f} | {r['kernel_sum_ms']:.2f} | {r.get('kernels', '')} |")
+                           f"{r['wall_eager_ms']:.2f} | {r['kernel_sum_ms']:.2f} | {r.get('kernels', '')} | "
+                           f"{r.get('graph_kernel_sum_ms', 0):.2f} | {r.get('graph_kernels', '')} |")
             details += [f"## {r['label']}, patch options `{options}`", "",
                         f"wall with graphs {r['wall_graphs_ms']:.2f} ms; eager {r['wall_eager_ms']:.2f} ms; "
                         f"sum of {unit} (eager run) {r['kernel_sum_ms']:.2f} ms over {r.get('kernels')} launches", "",
@@ -168,7 +175,8 @@ def main(argv=None) -> int:
             variant["requests"].append(profile_request(model, label, request, fast_options))
             r = variant["requests"][-1]
             print(f"{patch_options} {label}: graphs {r['wall_graphs_ms']:.1f} ms, eager {r['wall_eager_ms']:.1f} "
-                  f"ms, kernels {r['kernel_sum_ms']:.1f} ms ({r['kernels']}): "
+                  f"ms, kernels {r['kernel_sum_ms']:.1f} ms ({r['kernels']}; in the graph {r['graph_kernel_sum_ms']:.1f} ms, "
+                  f"{r['graph_kernels']}): "
                   + ", ".join(f"{c} {ms:.1f}" for c, ms in r["by_category_ms"].items()), flush=True)
             (out / f"profile_{args.shape}.json").write_text(json.dumps(result, indent=1))
             write_markdown(result, out / f"profile_{args.shape}.md")

@@ -151,10 +151,8 @@ def test_cuda_graph_capture_replay():
 
 
 # the forward's own layouts at the 27B shape: column views of stacked projections, the query half of q|gate
-EXACT = ("silu_mul", "sigmoid_gate", "gdn_gates")  # elementwise only: bit for bit
-# another summation order: fp32 results a few units apart; in bf16 rarely one unit (or a few where RoPE's sum
-# cancels), measured on the H200 (recipes/results/h200-2026-11-29-s5): at most 1e-5 of values differ
-NORMS = ("rms_norm", "add_rms_norm", "gated_rms_norm", "qk_norm_rope")
+# every kernel rounds like the plain code; the norms take ATen's mean of the squares (its summation order)
+TRITON_OPS = ("silu_mul", "sigmoid_gate", "gdn_gates", "rms_norm", "add_rms_norm", "gated_rms_norm", "qk_norm_rope")
 TRITON_FUNCTION = {"rms_norm": "rms_norm", "add_rms_norm": "rms_norm", "gated_rms_norm": "gated_rms_norm",
                    "qk_norm_rope": "norm_rope", "silu_mul": "silu_mul", "sigmoid_gate": "sigmoid_gate",
                    "gdn_gates": "gdn_gates"}
@@ -198,9 +196,11 @@ def _units_apart(got, want):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("tokens", [1, 37, 1001])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", EXACT + NORMS)
-def test_triton_kernel_rounds_like_the_plain_code(name, dtype, tokens, monkeypatch):
-    """The CUDA op (one Triton kernel, reading the views in place) against the plain code on the same GPU."""
+@pytest.mark.parametrize("name", TRITON_OPS)
+def test_triton_kernel_equals_the_plain_code(name, dtype, tokens, monkeypatch):
+    """The CUDA op (Triton kernels reading the views in place) against the plain code on the same GPU: bit for bit.
+    (Session 5's first version summed the norms' squares in its own order: 2-5 units apart in fp32 on up to 91% of
+    values, one bf16 unit on ~1e-5 of them, enough to move mid-shape parity against stock from 0.0095 to 0.020.)"""
     from hf_openjev.ops import elementwise_triton
 
     calls = []
@@ -216,18 +216,12 @@ def test_triton_kernel_rounds_like_the_plain_code(name, dtype, tokens, monkeypat
         units = _units_apart(g, w)
         mismatched = (units > 0).float().mean().item()
         print(f"{name} {dtype} T={tokens}: {mismatched:.2e} of {g.numel()} values differ, max {units.max().item()} unit")
-        if name in EXACT:
-            assert units.max().item() == 0, f"{name}: not bit-identical ({mismatched:.2e} differ)"
-        elif dtype == torch.float32:
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6 * w.abs().max().item())
-        else:  # the few values that differ are off by one unit of the output's scale at most
-            assert mismatched <= 1e-4, f"{name}: {mismatched:.2e} differ"
-            assert (g.float() - w.float()).abs().max().item() <= 2 ** -7 * w.float().abs().max().item()
+        assert units.max().item() == 0, f"{name}: not bit-identical ({mismatched:.2e} differ)"
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name", EXACT + NORMS)
+@pytest.mark.parametrize("name", TRITON_OPS)
 def test_opcheck_cuda(name):
     torch.library.opcheck(getattr(OPS, name), _forward_layout(name, torch.bfloat16, 19))
 
