@@ -34,18 +34,29 @@ _LAUNCH = dict(enable_fp_fusion=False)
 
 
 @triton.jit
-def _squares_kernel(X, stride_xt, stride_xh, RES, stride_rt, SQUARES, NEW_RES, n_rows, H, D,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """SQUARES [n_rows, D] fp32 = x^2, x = (residual + x rounded to the model dtype, stored to NEW_RES) or x."""
+def _row_tile(n_rows, H, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's rows of a [T * H, D] layout: (rows, cols, in-bounds mask, t = rows // H, h = rows % H)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
-    t, h = rows // H, rows % H
-    x = tl.load(X + (t * stride_xt + h * stride_xh)[:, None] + cols[None, :], mask=mask, other=0.0)
+    return rows, cols, mask, rows // H, rows % H
+
+
+@triton.jit
+def _load_f32(P, stride_t, stride_h, t, h, cols, mask):
+    """[R, D] tile of a [T, H, D] tensor at ``t * stride_t + h * stride_h + d``, in fp32 (zeros out of bounds)."""
+    return tl.load(P + (t * stride_t + h * stride_h)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _squares_kernel(X, stride_xt, stride_xh, RES, stride_rt, SQUARES, NEW_RES, n_rows, H, D,
+                    HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """SQUARES [n_rows, D] fp32 = x^2, x = (residual + x rounded to the model dtype, stored to NEW_RES) or x."""
+    rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
+    x = _load_f32(X, stride_xt, stride_xh, t, h, cols, mask)
     offsets = rows[:, None] * D + cols[None, :]
     if HAS_RESIDUAL:  # new_residual = residual + x, rounded to the model dtype (the decoder layer's add)
-        r = tl.load(RES + (t * stride_rt)[:, None] + cols[None, :], mask=mask, other=0.0)
-        x = (r.to(tl.float32) + x.to(tl.float32)).to(NEW_RES.dtype.element_ty)
+        x = (_load_f32(RES, stride_rt, 0, t, h, cols, mask) + x).to(NEW_RES.dtype.element_ty)
         tl.store(NEW_RES + offsets, x, mask=mask)
     xf = x.to(tl.float32)
     tl.store(SQUARES + offsets, xf * xf, mask=mask)
@@ -60,11 +71,8 @@ def _inv_rms(MEAN_SQUARES, rows, n_rows, eps):
 @triton.jit
 def _rms_norm_kernel(X, stride_xt, stride_xh, MEAN_SQUARES, W, OUT, n_rows, H, D, eps,
                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
-    t, h = rows // H, rows % H
-    x = tl.load(X + (t * stride_xt + h * stride_xh)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
+    x = _load_f32(X, stride_xt, stride_xh, t, h, cols, mask)
     w = tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)
     y = (x * _inv_rms(MEAN_SQUARES, rows, n_rows, eps)) * (1.0 + w)[None, :]
     tl.store(OUT + rows[:, None] * D + cols[None, :], y.to(OUT.dtype.element_ty), mask=mask)
@@ -73,12 +81,9 @@ def _rms_norm_kernel(X, stride_xt, stride_xh, MEAN_SQUARES, W, OUT, n_rows, H, D
 @triton.jit
 def _gated_rms_norm_kernel(X, stride_xt, stride_xh, G, stride_gt, stride_gh, MEAN_SQUARES, W, OUT, n_rows, H, D, eps,
                            BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
-    t, h = rows // H, rows % H
-    x = tl.load(X + (t * stride_xt + h * stride_xh)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + (t * stride_gt + h * stride_gh)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
+    x = _load_f32(X, stride_xt, stride_xh, t, h, cols, mask)
+    g = _load_f32(G, stride_gt, stride_gh, t, h, cols, mask)
     w = tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)
     dtype = OUT.dtype.element_ty
     normed = (x * _inv_rms(MEAN_SQUARES, rows, n_rows, eps)).to(dtype).to(tl.float32)
@@ -91,13 +96,8 @@ def _gated_rms_norm_kernel(X, stride_xt, stride_xh, G, stride_gt, stride_gh, MEA
 def _qk_norm_rope_kernel(X, stride_xt, stride_xh, MEAN_SQUARES, W, COS, SIN, stride_ct, OUT, n_rows, H, D, R, eps,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """Per head row: n = RMSNorm(x) in the model dtype; the first R dims get n*cos + rotate_half(n)*sin."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_D)
-    row_ok = (rows < n_rows)[:, None]
-    mask = row_ok & (cols < D)[None, :]
-    t, h = rows // H, rows % H
-    base = (t * stride_xt + h * stride_xh)[:, None]
-    x = tl.load(X + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
+    x = _load_f32(X, stride_xt, stride_xh, t, h, cols, mask)
     inv = _inv_rms(MEAN_SQUARES, rows, n_rows, eps)
     dtype = OUT.dtype.element_ty
     w = tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)
@@ -106,8 +106,8 @@ def _qk_norm_rope_kernel(X, stride_xt, stride_xh, MEAN_SQUARES, W, COS, SIN, str
     half = R // 2
     partner = tl.where(cols < half, cols + half, cols - half)
     rotated = cols < R
-    pmask = row_ok & rotated[None, :]
-    xp = tl.load(X + base + partner[None, :], mask=pmask, other=0.0).to(tl.float32)
+    pmask = (rows < n_rows)[:, None] & rotated[None, :]
+    xp = tl.load(X + (t * stride_xt + h * stride_xh)[:, None] + partner[None, :], mask=pmask, other=0.0).to(tl.float32)
     wp = tl.load(W + partner, mask=rotated, other=0.0).to(tl.float32)
     normed_p = ((xp * inv) * (1.0 + wp)[None, :]).to(dtype).to(tl.float32)
     normed_p = tl.where((cols < half)[None, :], -normed_p, normed_p)
@@ -134,12 +134,9 @@ def _silu_mul_kernel(G, stride_g, U, stride_u, OUT, N, BLOCK: tl.constexpr):
 @triton.jit
 def _sigmoid_gate_kernel(X, stride_xt, stride_xh, G, stride_gt, stride_gh, OUT, n_rows, H, D,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows < n_rows)[:, None] & (cols < D)[None, :]
-    t, h = rows // H, rows % H
-    x = tl.load(X + (t * stride_xt + h * stride_xh)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + (t * stride_gt + h * stride_gh)[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
+    x = _load_f32(X, stride_xt, stride_xh, t, h, cols, mask)
+    g = _load_f32(G, stride_gt, stride_gh, t, h, cols, mask)
     dtype = OUT.dtype.element_ty
     sigmoid = tl.math.div_rn(1.0, 1.0 + libdevice.exp(-g)).to(dtype).to(tl.float32)
     tl.store(OUT + rows[:, None] * D + cols[None, :], (x * sigmoid).to(dtype), mask=mask)

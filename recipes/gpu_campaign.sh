@@ -33,6 +33,8 @@
 #   bash recipes/gpu_campaign.sh exact   # the Triton kernels' -m gpu tests (bit-identical to the plain code, norms
 #                                        # included) and the whole fast path's; 27B: a pass, closed loop at 1/8/16,
 #                                        # the 16,384-token candidate; graph-replay profiles of two requests (7, 8)
+#   bash recipes/gpu_campaign.sh final5  # the Triton kernels' bit-identity tests (1,001 tokens) and the whole fast
+#                                        # path's; mid-shape C vs B parity on the defaults (issues 4, 5)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-4 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27
@@ -42,7 +44,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -185,6 +187,15 @@ case "$stage" in
     left=$((570 - (SECONDS - start)))
     timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens "" --requests 0,129 \
       --out "$out/profile" 2>&1 | grep -v "Loading\|falling back" | tail -n 4 ;;
+  final5)
+    timeout 80 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_elementwise.py" \
+      "$REPO/tests/test_cuda_graphs.py" -m gpu -k "(triton and 1001) or triton_elementwise" -q -s -p no:cacheprovider \
+      >"$out/pytest_final5.log" 2>&1
+    echo "pytest rc=$?" | tee -a "$out/pytest_final5.log"
+    grep -E "passed|failed|Error|assert" "$out/pytest_final5.log" | tail -n 8
+    left=$((285 - (SECONDS - start)))
+    timeout "$left" $bench --shape mid --arms C,B --passes 1 --b-passes 1 --parity-only B --concurrency "" --single "" \
+      --long-candidate 0 --out "$out/mid" 2>&1 | grep -v "Loading\|falling back" | tail -n 6 ;;
   floor27)
     timeout 560 $bench --shape 27b --arms B,B1 --b-passes 1 --parity-only B,B1 --limit 100 --concurrency "" \
       --single "" --long-candidate 0 --out "$out" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
