@@ -48,7 +48,7 @@ def test_padded_packs_give_the_same_rows(patched_model, tails):
         for pack in plan.packs:
             plain = build_pack_context(plan, pack, {}, "cpu")
             padded = build_pack_context(plan, pack, {}, "cpu", pad=True)
-            assert padded.input_ids.shape[0] > plain.input_ids.shape[0]  # at least one dummy sequence per level
+            assert padded.input_ids.shape[0] >= plain.input_ids.shape[0]  # dummies, or levels that fill a bucket
             rows = text_model(pack=padded)
             assert rows.shape[0] == padded.final_rows.shape[0] >= len(padded.leaf_ids)
             torch.testing.assert_close(rows[: len(padded.leaf_ids)], text_model(pack=plain), rtol=1e-5, atol=1e-5)

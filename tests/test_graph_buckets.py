@@ -32,6 +32,8 @@ def test_padded_levels_with_equal_real_chunk_counts_share_a_bucket():
     rng = random.Random(0)
     for _ in range(500):
         lengths = [rng.randint(1, 300) for _ in range(rng.randint(1, 20))]
+        if bucket_sequences(len(lengths)) == len(lengths) and bucket_tokens(sum(lengths)) == sum(lengths):
+            continue  # a level that fills its bucket (test below)
         dummies = pad_level(lengths)
         padded = lengths + dummies
         n_b, t_b = len(padded), sum(padded)
@@ -40,3 +42,11 @@ def test_padded_levels_with_equal_real_chunk_counts_share_a_bucket():
         # the padded chunk count is a function of (real chunks, padding, dummies): same key for same real shape
         assert chunks(padded) == chunks(lengths) + max(len(dummies), -(-(t_b - sum(lengths)) // 64))
         assert min(dummies) >= 1
+
+
+@pytest.mark.parametrize("lengths", [[640], [64], [448], [30, 34], [100, 28, 1, 127]])
+def test_a_level_that_fills_its_bucket_gets_no_dummy(lengths):
+    """A power-of-two number of sequences holding a bucket's token count (e.g. one prefix shared at a multiple of
+    64 tokens) is its own bucket; one token more or one sequence fewer needs dummies again."""
+    assert pad_level(lengths) == []
+    assert pad_level(lengths + [1]) != [] and pad_level([*lengths[:-1], lengths[-1] + 1]) != []
