@@ -91,8 +91,10 @@ def _register(name: str, fn, cuda_fn=None):
     return op
 
 
-def _rows_last_dim_contiguous(*tensors: Tensor) -> bool:
-    return all(t.stride(-1) == 1 for t in tensors)
+def _kernel_can_read(*tensors: Tensor) -> bool:
+    """The Triton kernels address with int32 offsets along rows of a contiguous last dimension."""
+    return all(t.stride(-1) == 1 and sum((n - 1) * st for n, st in zip(t.shape, t.stride())) < 2**31 - 1
+               for t in tensors)
 
 
 def _same_dtype(*tensors: Tensor) -> bool:
@@ -106,21 +108,21 @@ def _triton():
 
 
 def _rms_norm_cuda(x, weight, eps):
-    if x.dim() not in (2, 3) or not _rows_last_dim_contiguous(x):
+    if x.dim() not in (2, 3) or not _kernel_can_read(x, weight):
         return rms_norm_reference(x, weight, eps)
     return _triton().rms_norm(x, weight, eps)[0]
 
 
 def _add_rms_norm_cuda(x, residual, weight, eps):
     if x.dim() != 2 or residual.shape != x.shape or not _same_dtype(x, residual) \
-            or not _rows_last_dim_contiguous(x, residual):
+            or not _kernel_can_read(x, residual, weight):
         return add_rms_norm_reference(x, residual, weight, eps)
     return _triton().rms_norm(x, weight, eps, residual=residual)
 
 
 def _gated_rms_norm_cuda(x, gate, weight, eps):
     if x.dim() not in (2, 3) or gate.shape != x.shape or not _same_dtype(x, gate, weight) \
-            or not _rows_last_dim_contiguous(x, gate):
+            or not _kernel_can_read(x, gate, weight):
         return gated_rms_norm_reference(x, gate, weight, eps)
     return _triton().gated_rms_norm(x, gate, weight, eps)
 
@@ -129,7 +131,7 @@ def _qk_norm_rope_cuda(query, key, q_weight, k_weight, q_eps, k_eps, cos, sin):
     ok = (query.dim() == 3 and key.dim() == 3 and cos.dim() == 2 and cos.shape == sin.shape
           and cos.shape[0] == query.shape[0] == key.shape[0] and cos.shape[1] % 2 == 0
           and cos.shape[1] <= query.shape[-1] and _same_dtype(query, key, cos, sin)
-          and _rows_last_dim_contiguous(query, key, cos, sin) and cos.stride(0) == sin.stride(0))
+          and _kernel_can_read(query, key, cos, sin, q_weight, k_weight) and cos.stride(0) == sin.stride(0))
     if not ok:
         return qk_norm_rope_reference(query, key, q_weight, k_weight, q_eps, k_eps, cos, sin)
     triton_ops = _triton()
@@ -137,19 +139,19 @@ def _qk_norm_rope_cuda(query, key, q_weight, k_weight, q_eps, k_eps, cos, sin):
 
 
 def _silu_mul_cuda(gate, up):
-    if gate.dim() != 2 or gate.shape != up.shape or not _same_dtype(gate, up) or not _rows_last_dim_contiguous(gate, up):
+    if gate.dim() != 2 or gate.shape != up.shape or not _same_dtype(gate, up) or not _kernel_can_read(gate, up):
         return silu_mul_reference(gate, up)
     return _triton().silu_mul(gate, up)
 
 
 def _sigmoid_gate_cuda(x, gate):
-    if x.dim() not in (2, 3) or gate.shape != x.shape or not _same_dtype(x, gate) or not _rows_last_dim_contiguous(x, gate):
+    if x.dim() not in (2, 3) or gate.shape != x.shape or not _same_dtype(x, gate) or not _kernel_can_read(x, gate):
         return sigmoid_gate_reference(x, gate)
     return _triton().sigmoid_gate(x, gate)
 
 
 def _gdn_gates_cuda(a, b, A_log, dt_bias):
-    if a.dim() != 2 or b.shape != a.shape or not _rows_last_dim_contiguous(a, b, A_log, dt_bias):
+    if a.dim() != 2 or b.shape != a.shape or not _kernel_can_read(a, b, A_log, dt_bias):
         return gdn_gates_reference(a, b, A_log, dt_bias)
     return _triton().gdn_gates(a, b, A_log, dt_bias)
 

@@ -241,3 +241,9 @@ def test_cuda_kernels_fall_back_to_the_plain_code_outside_their_layouts(name, ar
     want = getattr(ew, f"{name}_reference")(*call)
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         assert torch.equal(g, w)
+
+
+def test_the_kernels_refuse_offsets_past_int32():
+    assert ew._kernel_can_read(torch.empty(4096, 34816, device="meta")[:, :17408])  # the MLP's gate at 4,096 tokens
+    assert not ew._kernel_can_read(torch.empty(2**16, 2**15 + 1, device="meta"))  # -> the plain code instead
+    assert not ew._kernel_can_read(torch.empty(8, 16).t())  # a strided last dimension
