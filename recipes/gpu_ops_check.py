@@ -62,8 +62,13 @@ def elementwise_inputs(name: str, lengths: list[int], dtype, seed: int = 0) -> d
 
     rows = torch.tensor(lengths, device=DEVICE).cumsum(0) - 1  # the last row of every sequence
     return {
+        "rms_norm": lambda: dict(x=r(T, HIDDEN, scale=3.0), weight=r(HIDDEN, scale=0.3), eps=EPS),
         "add_rms_norm": lambda: dict(x=r(T, HIDDEN), residual=r(T, HIDDEN, scale=4.0), weight=r(HIDDEN, scale=0.3),
                                      eps=EPS),
+        "qk_norm_rope": lambda: dict(query=r(T, 24, 256), key=r(T, 4, 256), q_weight=r(256, scale=0.1),
+                                     k_weight=r(256, scale=0.1), q_eps=EPS, k_eps=EPS, cos=r(T, 64).clamp(-1, 1),
+                                     sin=r(T, 64).clamp(-1, 1)),
+        "gdn_gates": lambda: dict(a=r(T, 48), b=r(T, 48), A_log=r(48, dt=torch.float32), dt_bias=r(48)),
         "gated_rms_norm": lambda: dict(x=r(T * 48, 128), gate=r(T * 48, 128), weight=r(128, scale=0.3), eps=EPS),
         "silu_mul": lambda: dict(gate=r(T, MLP), up=r(T, MLP)),
         "sigmoid_gate": lambda: dict(x=r(T, 24 * 256), gate=r(T, 24 * 256)),
@@ -89,7 +94,8 @@ CASES = {
                          lambda ls, dt, s: prefix_inputs(ls, [64, 0, 512, 1024], [i % 4 for i in range(len(ls))],
                                                          24, 4, 256, dt, DEVICE, seed=s)),
 }
-for _name in ("add_rms_norm", "gated_rms_norm", "silu_mul", "sigmoid_gate", "final_rows_head"):
+for _name in ("rms_norm", "add_rms_norm", "qk_norm_rope", "gated_rms_norm", "silu_mul", "sigmoid_gate", "gdn_gates",
+              "final_rows_head"):
     CASES[_name] = (getattr(OPS, _name), getattr(elementwise, f"{_name}_reference"), "ew",
                     lambda ls, dt, s, _n=_name: elementwise_inputs(_n, ls, dt, s))
 
