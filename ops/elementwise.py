@@ -39,18 +39,13 @@ def gated_rms_norm_reference(x: Tensor, gate: Tensor, weight: Tensor, eps: float
 
 def qk_norm_rope_reference(query: Tensor, key: Tensor, q_weight: Tensor, k_weight: Tensor, q_eps: float,
                            k_eps: float, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """The stock attention's q/k RMSNorm, then RoPE on the first R dims (transformers' ``apply_rotary_pos_emb``
-    with ``rotate_half``). query [T, H, D], key [T, Hkv, D], cos/sin [T, R] -> new [T, H, D], [T, Hkv, D]."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    rotary_dim = cos.shape[-1]
+    """The stock attention's q/k RMSNorm, then transformers' own (partial) RoPE on the first R dims.
+    query [T, H, D], key [T, Hkv, D], cos/sin [T, R] -> new [T, H, D], [T, Hkv, D]."""
+    # imported here, not at module level: the stock module imports fla when it is installed (hf_openjev.ops never)
+    from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
 
-    def rope(x):
-        x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-        half = x_rot.shape[-1] // 2
-        rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
-        return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
-
-    return rope(rms_norm_reference(query, q_weight, q_eps)), rope(rms_norm_reference(key, k_weight, k_eps))
+    query, key = rms_norm_reference(query, q_weight, q_eps), rms_norm_reference(key, k_weight, k_eps)
+    return apply_rotary_pos_emb(query, key, cos, sin, unsqueeze_dim=1)
 
 
 def gdn_gates_reference(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:

@@ -172,16 +172,16 @@ def _row_blocks(d: int) -> tuple[int, int, int]:
     return block_r, block_d, 8 if block_r * block_d >= 4096 else 4
 
 
-def _heads_view(x: Tensor) -> tuple[Tensor, int, int, int, int]:
-    """x [T, D] or [T, H, D] with a contiguous last dim -> (x, T, H, stride_t, stride_h)."""
+def _heads_view(x: Tensor) -> tuple[int, int, int, int]:
+    """x [T, D] or [T, H, D] with a contiguous last dim -> (T, H, stride_t, stride_h)."""
     if x.dim() == 2:
-        return x, x.shape[0], 1, x.stride(0), 0
-    return x, x.shape[0], x.shape[1], x.stride(0), x.stride(1)
+        return x.shape[0], 1, x.stride(0), 0
+    return x.shape[0], x.shape[1], x.stride(0), x.stride(1)
 
 
 def _mean_squares(x: Tensor, residual: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """x [T, D] or [T, H, D] -> (mean of the squares per row [T * H] fp32, residual + x or None)."""
-    _, T, H, stride_t, stride_h = _heads_view(x)
+    T, H, stride_t, stride_h = _heads_view(x)
     D = x.shape[-1]
     squares = torch.empty((T * H, D), dtype=torch.float32, device=x.device)
     new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
@@ -199,7 +199,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
     residual + x)."""
     mean_squares, new_residual = _mean_squares(x, residual)
     source = new_residual if new_residual is not None else x
-    _, T, H, stride_t, stride_h = _heads_view(source)
+    T, H, stride_t, stride_h = _heads_view(source)
     D = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     block_r, block_d, warps = _row_blocks(D)
@@ -211,8 +211,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
 
 def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x, gate [T, H, D] (or [T, D]) -> [T, H, D]."""
-    _, T, H, sxt, sxh = _heads_view(x)
-    _, _, _, sgt, sgh = _heads_view(gate)
+    T, H, sxt, sxh = _heads_view(x)
+    _, _, sgt, sgh = _heads_view(gate)
     D = x.shape[-1]
     mean_squares, _ = _mean_squares(x)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -225,7 +225,7 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
 
 def norm_rope(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
     """x [T, H, D], cos/sin [T, R] -> [T, H, D]."""
-    _, T, H, sxt, sxh = _heads_view(x)
+    T, H, sxt, sxh = _heads_view(x)
     D, R = x.shape[-1], cos.shape[-1]
     mean_squares, _ = _mean_squares(x)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -250,8 +250,8 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
 
 def sigmoid_gate(x: Tensor, gate: Tensor) -> Tensor:
     """x, gate [T, H, D] (or [T, D]; the gate half of q|gate in place) -> [T, H, D]."""
-    _, T, H, sxt, sxh = _heads_view(x)
-    _, _, _, sgt, sgh = _heads_view(gate)
+    T, H, sxt, sxh = _heads_view(x)
+    _, _, sgt, sgh = _heads_view(gate)
     D = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     block_r, block_d, warps = _row_blocks(D)

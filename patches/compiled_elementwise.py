@@ -34,7 +34,6 @@ from hf_openjev.ops import elementwise as ops
 NAMES = ("rms_norm", "add_rms_norm", "gated_rms_norm", "silu_mul", "sigmoid_gate", "gdn_gates", "qk_norm_rope")
 PLAIN = SimpleNamespace(**{name: getattr(ops, f"{name}_reference") for name in NAMES})
 FUSED = SimpleNamespace(**{name: getattr(torch.ops.hf_openjev, name) for name in NAMES})
-gdn_gates = ops.gdn_gates_reference  # the stock gate math (tests import it from here)
 
 
 @functools.cache

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_openjev.patches.compiled_elementwise import PLAIN, _compiled, elementwise_functions, gdn_gates
+from hf_openjev.ops.elementwise import gdn_gates_reference as gdn_gates
+from hf_openjev.patches.compiled_elementwise import FUSED, PLAIN, _compiled, elementwise_functions
 
 torch.set_num_threads(1)
 
@@ -16,6 +17,15 @@ def test_compiled_only_when_asked_and_on_cuda():
     assert elementwise_functions(False, torch.device("cuda")) is PLAIN
     compiled = elementwise_functions(True, torch.device("cuda"))  # wrappers only: nothing compiles until called
     assert compiled is not PLAIN and set(vars(compiled)) == set(vars(PLAIN))
+    assert elementwise_functions(True, torch.device("cuda"), fused=True) is compiled  # compiled wins over fused
+
+
+def test_fused_functions_are_the_registered_ops_on_every_device():
+    """The default set: the hf_openjev ops (Triton kernels on CUDA, the plain code on the CPU)."""
+    for device in ("cpu", "cuda"):
+        assert elementwise_functions(False, torch.device(device), fused=True) is FUSED
+    assert set(vars(FUSED)) == set(vars(PLAIN))
+    assert all(getattr(FUSED, name) is getattr(torch.ops.hf_openjev, name) for name in vars(FUSED))
 
 
 def test_qk_norm_rope_is_the_stock_attention_math():

@@ -165,6 +165,8 @@ def test_graph_keys_tell_compiled_from_plain_elementwise():
     compiled = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True, compile_elementwise=True)
     assert compiled.compile_elementwise and not plain.compile_elementwise
     assert compiled.graph_key != plain.graph_key  # a graph captured with one never replays for the other
+    unfused = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True, fused_elementwise=False)
+    assert plain.fused_elementwise and unfused.graph_key not in (plain.graph_key, compiled.graph_key)
 
 
 def test_graph_ready_packs():

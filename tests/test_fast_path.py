@@ -426,6 +426,27 @@ def test_patches_stay_applied_and_fast_path_applies_defaults(sensitive):
     assert patch_record(model).options == PatchOptions()
 
 
+def test_fresh_levels_read_no_state_and_last_levels_write_none(workload, monkeypatch):
+    """The GDN passes no initial state to a level whose sequences all start fresh, and asks no final states of a
+    pack's last level when nothing is exported (plans that split trees across packs do export)."""
+    from hf_openjev.patches import packed_candidates
+
+    calls = []
+
+    def recording_gdn(*args):
+        calls.append((args[6] is None, args[8]))  # (no initial state, output_final_state)
+        return gdn(*args)
+
+    gdn = packed_candidates.gdn_prefill
+    monkeypatch.setattr(packed_candidates, "gdn_prefill", recording_gdn)
+    apply_patches(workload.model)
+    fast = run_fast(workload)
+    assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
+    assert (True, False) in calls  # a one-level pack: no state in, none out
+    assert (True, True) in calls and (False, False) in calls  # a prefix level, then its children
+    assert (False, True) in calls  # split trees: states handed in and exported
+
+
 def test_the_conv_reads_qkv_in_place_from_the_stacked_projection(workload, monkeypatch):
     """With stacked projections the GDN hands the conv qkv as a column view (no [T, C] copy per layer)."""
     from hf_openjev.patches import packed_candidates

@@ -23,6 +23,7 @@ def test_one_request_by_hand():
         result = recipe.workload_floor([request], **options)
         assert result["computed_tokens"] == tokens
         assert result["mean_ms"] == pytest.approx(max(13.3, tokens * 293 / 4096))
+        assert result["max_decisions_per_s"] == pytest.approx(1 / (tokens * 293 / 4096 / 1000))  # one question
 
 
 def test_the_workload_table(tmp_path, capsys):
