@@ -8,11 +8,14 @@ ATen kernels, and rounds where the plain code rounds:
   IEEE round-to-nearest (``div_rn``), as nvcc compiles ATen's ``/``;
 - FMA contraction is off (``enable_fp_fusion=False``): the plain code rounds every product on its own.
 
-- the norms take the mean of the squares from ATen (``torch.mean`` over an fp32 ``[rows, D]`` tensor of squares a
-  Triton kernel writes), which sums in the plain code's order: a sum in the kernel's own order moved one bf16
-  output in ~1e5 by a unit, and that alone took mid-shape parity against stock from 0.0095 to 0.020 on these
-  random-weight models (recipes/results/h200-2026-11-29-s5). A norm is therefore three kernels (squares, mean,
-  finish) instead of the plain code's ten.
+- the norms sum the squares of a row in the order of ATen's mean (``torch.mean`` over the plain code's fp32
+  ``[rows, D]`` tensor of squares), so that their means are the plain code's to the last bit. A sum in another
+  order moved one bf16 output in ~1e5 by a unit, and that alone took mid-shape parity against stock from 0.0095
+  to 0.020 on these random-weight models (recipes/results/h200-2026-11-29-s5). The order is the one of
+  ``reduce_kernel`` in aten/src/ATen/native/cuda/Reduce.cuh for rows >= 16 (one warp per row; see
+  ``_sum_squares_aten``); ``row_order`` checks it against ATen on the device once per width before any kernel
+  relies on it. Where it does not apply (fewer than 16 rows, widths not a multiple of 128 or past 8,064, or a
+  device where the check fails), a norm takes ATen's mean of squares a Triton kernel writes: three kernels.
 
 So every kernel here is expected to equal the plain code bit for bit; tests/test_op_elementwise.py (``-m gpu``)
 checks that on the forward's own layouts at the 27B shape.
@@ -23,6 +26,8 @@ as ``t * stride_t + h * stride_h + d`` (last dimension contiguous); outputs are 
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -49,56 +54,138 @@ def _load_f32(P, stride_t, stride_h, t, h, cols, mask):
 
 
 @triton.jit
-def _squares_kernel(X, stride_xt, stride_xh, RES, stride_rt, SQUARES, NEW_RES, n_rows, H, D,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """SQUARES [n_rows, D] fp32 = x^2, x = (residual + x rounded to the model dtype, stored to NEW_RES) or x."""
+def _residual_sum(X, x_offsets, RES, res_offsets, mask, HAS_RESIDUAL: tl.constexpr):
+    """x in fp32, or residual + x rounded to the model dtype (the decoder layer's add) when HAS_RESIDUAL."""
+    x = tl.load(X + x_offsets, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        x = (tl.load(RES + res_offsets, mask=mask, other=0.0).to(tl.float32) + x).to(X.dtype.element_ty)
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _squares_kernel(X, stride_xt, stride_xh, RES, stride_rt, SQUARES, n_rows, H, D, HAS_RESIDUAL: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """SQUARES [n_rows, D] fp32 = x^2, x = X or (RES + X rounded to the model dtype) when HAS_RESIDUAL."""
     rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
-    x = _load_f32(X, stride_xt, stride_xh, t, h, cols, mask)
+    x = _residual_sum(X, (t * stride_xt + h * stride_xh)[:, None] + cols[None, :], RES,
+                      (t * stride_rt)[:, None] + cols[None, :], mask, HAS_RESIDUAL)
+    tl.store(SQUARES + rows[:, None] * D + cols[None, :], x * x, mask=mask)
+
+
+# Where ATen's mean keeps the squares of a contiguous fp32 [rows, D] row (rows >= 16; D = 128 * J; D / 32 < 256):
+# block 32 x 16, one warp per row, no split across warps or blocks. Lane l keeps 4 accumulators; accumulator i
+# adds, in order of j, element 128 j + 4 l + i (vectorized loads) or 128 j + 32 i + l (one element per load);
+# then a0 + a1 + a2 + a3 left to right; then warp shuffles, a pairwise tree over the lanes: offsets 16, 8, 4, 2, 1
+# ("halving": lane l first adds lane l + 16) in torch's current source, 1, 2, 4, 8, 16 in older ones; the mean is
+# that sum times float(rows) / float(rows * D). Which loads and which tree a torch build uses, ``row_order`` finds
+# out on the device; the kernels take them as constexprs (IN_KERNEL_SUM False: read ATen's mean from MEAN_SQUARES).
+
+
+@triton.jit
+def _sum_squares_aten(X, stride_xt, stride_xh, RES, stride_rt, rows, t, h, n_rows, HAS_RESIDUAL: tl.constexpr,
+                      VECTORIZED: tl.constexpr, HALVING_LANES: tl.constexpr, J: tl.constexpr, BLOCK_R: tl.constexpr):
+    """[R]: the sum of x^2 over each row, added in ATen's order (above)."""
+    lane = tl.arange(0, 32)[:, None]
+    slot = tl.arange(0, 4)[None, :]
+    if VECTORIZED:
+        inner = lane * 4 + slot  # [32, 4]
+    else:
+        inner = slot * 32 + lane
+    mask = (rows < n_rows)[:, None, None]
+    x_base = (t * stride_xt + h * stride_xh)[:, None, None]
+    res_base = (t * stride_rt)[:, None, None]
+    acc = tl.zeros((BLOCK_R, 32, 4), dtype=tl.float32)
+    for j in tl.static_range(J):
+        offsets = j * 128 + inner[None, :, :]
+        x = _residual_sum(X, x_base + offsets, RES, res_base + offsets, mask, HAS_RESIDUAL)
+        acc += x * x  # the first add is 0 + x^2: exact, as ATen's start from its identity
+    slot3 = tl.arange(0, 4)[None, None, :]  # pick accumulator i exactly (its value plus three zeros)
+    total = tl.sum(tl.where(slot3 == 0, acc, 0.0), axis=2)
+    total = total + tl.sum(tl.where(slot3 == 1, acc, 0.0), axis=2)
+    total = total + tl.sum(tl.where(slot3 == 2, acc, 0.0), axis=2)
+    total = total + tl.sum(tl.where(slot3 == 3, acc, 0.0), axis=2)  # [R, 32]
+    if HALVING_LANES:  # lane l + lane l + 16, then l + l + 8, ...
+        total = tl.sum(tl.reshape(total, (BLOCK_R, 2, 16)), axis=1)
+        total = tl.sum(tl.reshape(total, (BLOCK_R, 2, 8)), axis=1)
+        total = tl.sum(tl.reshape(total, (BLOCK_R, 2, 4)), axis=1)
+        total = tl.sum(tl.reshape(total, (BLOCK_R, 2, 2)), axis=1)
+    else:  # lanes 2k + 2k + 1, then pairs of pairs, ...
+        total = tl.sum(tl.reshape(total, (BLOCK_R, 16, 2)), axis=2)
+        total = tl.sum(tl.reshape(total, (BLOCK_R, 8, 2)), axis=2)
+        total = tl.sum(tl.reshape(total, (BLOCK_R, 4, 2)), axis=2)
+        total = tl.sum(tl.reshape(total, (BLOCK_R, 2, 2)), axis=2)
+    return tl.sum(total, axis=1)  # the last pair
+
+
+@triton.jit
+def _inv_rms(X, stride_xt, stride_xh, RES, stride_rt, MEAN_SQUARES, rows, t, h, n_rows, factor, eps,
+             HAS_RESIDUAL: tl.constexpr, IN_KERNEL_SUM: tl.constexpr, VECTORIZED: tl.constexpr,
+             HALVING_LANES: tl.constexpr, J: tl.constexpr, BLOCK_R: tl.constexpr):
+    """[R, 1]: 1 / sqrt(mean(x^2) + eps) of each row; the mean summed here or read from ATen's."""
+    if IN_KERNEL_SUM:
+        mean = _sum_squares_aten(X, stride_xt, stride_xh, RES, stride_rt, rows, t, h, n_rows, HAS_RESIDUAL,
+                                 VECTORIZED, HALVING_LANES, J, BLOCK_R) * factor
+    else:
+        mean = tl.load(MEAN_SQUARES + rows, mask=rows < n_rows, other=1.0)
+    return libdevice.rsqrt(mean + eps)[:, None]
+
+
+@triton.jit
+def _mean_squares_kernel(X, stride_xt, stride_xh, OUT, n_rows, H, factor, VECTORIZED: tl.constexpr,
+                         HALVING_LANES: tl.constexpr, J: tl.constexpr, BLOCK_R: tl.constexpr):
+    """OUT [n_rows] fp32 = mean(x^2) per row in ATen's order (``row_order``'s check and the tests)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mean = _sum_squares_aten(X, stride_xt, stride_xh, X, 0, rows, rows // H, rows % H, n_rows, False, VECTORIZED,
+                             HALVING_LANES, J, BLOCK_R) * factor
+    tl.store(OUT + rows, mean, mask=rows < n_rows)
+
+
+@triton.jit
+def _rms_norm_kernel(X, stride_xt, stride_xh, RES, stride_rt, NEW_RES, MEAN_SQUARES, W, OUT, n_rows, H, D, factor, eps,
+                     HAS_RESIDUAL: tl.constexpr, IN_KERNEL_SUM: tl.constexpr, VECTORIZED: tl.constexpr,
+                     HALVING_LANES: tl.constexpr, J: tl.constexpr, BLOCK_R: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    """OUT = RMSNorm(x), x = X or (RES + X in the model dtype, stored to NEW_RES when HAS_RESIDUAL)."""
+    rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
+    inv = _inv_rms(X, stride_xt, stride_xh, RES, stride_rt, MEAN_SQUARES, rows, t, h, n_rows, factor, eps,
+                   HAS_RESIDUAL, IN_KERNEL_SUM, VECTORIZED, HALVING_LANES, J, BLOCK_R)
     offsets = rows[:, None] * D + cols[None, :]
-    if HAS_RESIDUAL:  # new_residual = residual + x, rounded to the model dtype (the decoder layer's add)
-        x = (_load_f32(RES, stride_rt, 0, t, h, cols, mask) + x).to(NEW_RES.dtype.element_ty)
-        tl.store(NEW_RES + offsets, x, mask=mask)
-    xf = x.to(tl.float32)
-    tl.store(SQUARES + offsets, xf * xf, mask=mask)
-
-
-@triton.jit
-def _inv_rms(MEAN_SQUARES, rows, n_rows, eps):
-    """[R, 1]: 1 / sqrt(mean(x^2) + eps) of each row, from ATen's mean."""
-    return libdevice.rsqrt(tl.load(MEAN_SQUARES + rows, mask=rows < n_rows, other=1.0) + eps)[:, None]
-
-
-@triton.jit
-def _rms_norm_kernel(X, stride_xt, stride_xh, MEAN_SQUARES, W, OUT, n_rows, H, D, eps,
-                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
-    x = _load_f32(X, stride_xt, stride_xh, t, h, cols, mask)
+    x = _residual_sum(X, (t * stride_xt + h * stride_xh)[:, None] + cols[None, :], RES,
+                      (t * stride_rt)[:, None] + cols[None, :], mask, HAS_RESIDUAL)
+    if HAS_RESIDUAL:
+        tl.store(NEW_RES + offsets, x.to(NEW_RES.dtype.element_ty), mask=mask)
     w = tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)
-    y = (x * _inv_rms(MEAN_SQUARES, rows, n_rows, eps)) * (1.0 + w)[None, :]
-    tl.store(OUT + rows[:, None] * D + cols[None, :], y.to(OUT.dtype.element_ty), mask=mask)
+    y = (x * inv) * (1.0 + w)[None, :]
+    tl.store(OUT + offsets, y.to(OUT.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _gated_rms_norm_kernel(X, stride_xt, stride_xh, G, stride_gt, stride_gh, MEAN_SQUARES, W, OUT, n_rows, H, D, eps,
-                           BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def _gated_rms_norm_kernel(X, stride_xt, stride_xh, G, stride_gt, stride_gh, MEAN_SQUARES, W, OUT, n_rows, H, D, factor,
+                           eps, IN_KERNEL_SUM: tl.constexpr, VECTORIZED: tl.constexpr,
+                     HALVING_LANES: tl.constexpr, J: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
+    inv = _inv_rms(X, stride_xt, stride_xh, X, 0, MEAN_SQUARES, rows, t, h, n_rows, factor, eps, False, IN_KERNEL_SUM,
+                   VECTORIZED, HALVING_LANES, J, BLOCK_R)
     x = _load_f32(X, stride_xt, stride_xh, t, h, cols, mask)
     g = _load_f32(G, stride_gt, stride_gh, t, h, cols, mask)
     w = tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)
     dtype = OUT.dtype.element_ty
-    normed = (x * _inv_rms(MEAN_SQUARES, rows, n_rows, eps)).to(dtype).to(tl.float32)
+    normed = (x * inv).to(dtype).to(tl.float32)
     weighted = (w[None, :] * normed).to(dtype).to(tl.float32)
     silu = tl.math.div_rn(g, 1.0 + libdevice.exp(-g))
     tl.store(OUT + rows[:, None] * D + cols[None, :], (weighted * silu).to(dtype), mask=mask)
 
 
 @triton.jit
-def _qk_norm_rope_kernel(X, stride_xt, stride_xh, MEAN_SQUARES, W, COS, SIN, stride_ct, OUT, n_rows, H, D, R, eps,
-                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def _qk_norm_rope_kernel(X, stride_xt, stride_xh, MEAN_SQUARES, W, COS, SIN, stride_ct, OUT, n_rows, H, D, R, factor,
+                         eps, IN_KERNEL_SUM: tl.constexpr, VECTORIZED: tl.constexpr,
+                     HALVING_LANES: tl.constexpr, J: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """Per head row: n = RMSNorm(x) in the model dtype; the first R dims get n*cos + rotate_half(n)*sin."""
     rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
+    inv = _inv_rms(X, stride_xt, stride_xh, X, 0, MEAN_SQUARES, rows, t, h, n_rows, factor, eps, False, IN_KERNEL_SUM,
+                   VECTORIZED, HALVING_LANES, J, BLOCK_R)
     x = _load_f32(X, stride_xt, stride_xh, t, h, cols, mask)
-    inv = _inv_rms(MEAN_SQUARES, rows, n_rows, eps)
     dtype = OUT.dtype.element_ty
     w = tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)
     normed = ((x * inv) * (1.0 + w)[None, :]).to(dtype).to(tl.float32)
@@ -179,33 +266,80 @@ def _heads_view(x: Tensor) -> tuple[int, int, int, int]:
     return x.shape[0], x.shape[1], x.stride(0), x.stride(1)
 
 
-def _mean_squares(x: Tensor, residual: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    """x [T, D] or [T, H, D] -> (mean of the squares per row [T * H] fp32, residual + x or None)."""
+MIN_ATEN_ORDER_ROWS = 16  # fewer rows: ATen widens its warps along the row, another order (Reduce.cuh)
+
+
+@functools.cache
+def _mean_factor(rows: int, d: int) -> float:
+    """ATen's factor of a mean over [rows, d]: float(rows) / float(rows * d), in fp32."""
+    return (torch.tensor(float(rows), dtype=torch.float32) / torch.tensor(float(rows * d), dtype=torch.float32)).item()
+
+
+ROW_ORDERS = tuple(dict(VECTORIZED=v, HALVING_LANES=h) for v in (True, False) for h in (True, False))
+
+
+def _mean_squares_in_order(x: Tensor, order: dict) -> Tensor:
+    """x [rows, D] contiguous (D a multiple of 128) -> mean(x^2) per row [rows] fp32, summed in ``order``."""
+    rows, d = x.shape
+    out = torch.empty(rows, dtype=torch.float32, device=x.device)
+    _mean_squares_kernel[(triton.cdiv(rows, 4),)](x, d, 0, out, rows, 1, _mean_factor(rows, d), J=d // 128, BLOCK_R=4,
+                                                 num_warps=4, **order, **_LAUNCH)
+    return out
+
+
+@functools.cache
+def row_order(d: int, device: torch.device) -> dict | None:
+    """How ATen's mean sums rows of width ``d`` on this device (one of ``ROW_ORDERS``), found by comparing each
+    candidate bit for bit with ``torch.mean`` on 256 random fp32 rows; None where the kernels' orders do not apply
+    or no single one matches (the norms then take ATen's mean). Runs once per width and device, at the first norm
+    (never inside a capture: a graph's warm-up run comes first)."""
+    if d % 128 or -(-d // 32) >= 256:  # a tail, or ATen splits a row across warps
+        return None
+    x = torch.randn((256, d), generator=torch.Generator(device=device).manual_seed(d), device=device) * 3
+    want = x.pow(2).mean(-1)  # the plain code's reduction
+    matches = [order for order in ROW_ORDERS if torch.equal(_mean_squares_in_order(x, order), want)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _norm_order(x: Tensor, residual: Tensor | None = None) -> tuple[dict, Tensor]:
+    """(the norm kernels' order constexprs for x's rows, ATen's mean of the squares per row [T * H] fp32 when the
+    kernels cannot sum in its order, else x: a pointer the kernel never reads)."""
     T, H, stride_t, stride_h = _heads_view(x)
     D = x.shape[-1]
+    order = row_order(D, x.device) if T * H >= MIN_ATEN_ORDER_ROWS else None
+    if order is not None:
+        return dict(IN_KERNEL_SUM=True, **order), x
     squares = torch.empty((T * H, D), dtype=torch.float32, device=x.device)
-    new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
     block_r, block_d, warps = _row_blocks(D)
     _squares_kernel[(triton.cdiv(T * H, block_r),)](
         x, stride_t, stride_h, residual if residual is not None else x,
-        residual.stride(0) if residual is not None else 0, squares,
-        new_residual if new_residual is not None else squares, T * H, H, D,
-        HAS_RESIDUAL=residual is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **_LAUNCH)
-    return squares.mean(-1), new_residual  # ATen's reduction: the plain code's summation order
+        residual.stride(0) if residual is not None else 0, squares, T * H, H, D, HAS_RESIDUAL=residual is not None,
+        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **_LAUNCH)
+    return dict(IN_KERNEL_SUM=False, VECTORIZED=False, HALVING_LANES=False), squares.mean(-1)  # ATen's reduction
+
+
+def _norm_args(x: Tensor, residual: Tensor | None = None) -> dict:
+    """The launch arguments every norm kernel shares: grid, mean source, factor, order and tiles."""
+    T, H, _, _ = _heads_view(x)
+    D = x.shape[-1]
+    order, mean_squares = _norm_order(x, residual)
+    block_r, block_d, warps = _row_blocks(D)
+    return dict(grid=(triton.cdiv(T * H, block_r),), mean_squares=mean_squares, factor=_mean_factor(T * H, D),
+                meta=dict(J=D // 128, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **order, **_LAUNCH))
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """x [T, D] or [T, H, D] -> (RMSNorm(x) contiguous, None); with ``residual`` [T, D]: (the norm of residual + x,
     residual + x)."""
-    mean_squares, new_residual = _mean_squares(x, residual)
-    source = new_residual if new_residual is not None else x
-    T, H, stride_t, stride_h = _heads_view(source)
+    T, H, stride_t, stride_h = _heads_view(x)
     D = x.shape[-1]
+    a = _norm_args(x, residual)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    block_r, block_d, warps = _row_blocks(D)
-    _rms_norm_kernel[(triton.cdiv(T * H, block_r),)](
-        source, stride_t, stride_h, mean_squares, weight, out, T * H, H, D, eps,
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **_LAUNCH)
+    new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
+    _rms_norm_kernel[a["grid"]](
+        x, stride_t, stride_h, residual if residual is not None else x,
+        residual.stride(0) if residual is not None else 0, new_residual if residual is not None else out,
+        a["mean_squares"], weight, out, T * H, H, D, a["factor"], eps, HAS_RESIDUAL=residual is not None, **a["meta"])
     return out, new_residual
 
 
@@ -213,26 +347,22 @@ def gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tenso
     """x, gate [T, H, D] (or [T, D]) -> [T, H, D]."""
     T, H, sxt, sxh = _heads_view(x)
     _, _, sgt, sgh = _heads_view(gate)
-    D = x.shape[-1]
-    mean_squares, _ = _mean_squares(x)
+    a = _norm_args(x)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    block_r, block_d, warps = _row_blocks(D)
-    _gated_rms_norm_kernel[(triton.cdiv(T * H, block_r),)](
-        x, sxt, sxh, gate, sgt, sgh, mean_squares, weight, out, T * H, H, D, eps,
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **_LAUNCH)
+    _gated_rms_norm_kernel[a["grid"]](
+        x, sxt, sxh, gate, sgt, sgh, a["mean_squares"], weight, out, T * H, H, x.shape[-1], a["factor"], eps,
+        **a["meta"])
     return out
 
 
 def norm_rope(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
     """x [T, H, D], cos/sin [T, R] -> [T, H, D]."""
     T, H, sxt, sxh = _heads_view(x)
-    D, R = x.shape[-1], cos.shape[-1]
-    mean_squares, _ = _mean_squares(x)
+    a = _norm_args(x)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    block_r, block_d, warps = _row_blocks(D)
-    _qk_norm_rope_kernel[(triton.cdiv(T * H, block_r),)](
-        x, sxt, sxh, mean_squares, weight, cos, sin, cos.stride(0), out, T * H, H, D, R, eps,
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, **_LAUNCH)
+    _qk_norm_rope_kernel[a["grid"]](
+        x, sxt, sxh, a["mean_squares"], weight, cos, sin, cos.stride(0), out, T * H, H, x.shape[-1], cos.shape[-1],
+        a["factor"], eps, **a["meta"])
     return out
 
 

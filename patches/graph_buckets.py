@@ -10,10 +10,11 @@ chunk count, the padding and the number of dummies; a level that already fills a
 from __future__ import annotations
 
 CHUNK = 64
-# (up to, granularity); beyond: 1024. Past 512 tokens a pack is compute-bound, so padding costs its share of time:
-# 128-token steps pad the JevBench workload by 5.2% of its tokens (coarser 256/512 steps past 1,024: ~14%, with
-# dummies on every level) for 86 graph buckets (tests/test_cuda_graphs.py)
-TOKEN_STEPS = ((512, 64), (4096, 128))
+# (up to, granularity); beyond: 1024. Past ~200 tokens a pack's GEMMs are compute-bound, so padding costs its share
+# of time. 32-token steps pad the JevBench workload's packs by 2.1% of their tokens for 110 graph buckets (3.6% and
+# 120 with share_tails); 64 up to 512 then 128 padded 5.2% for 86, and the H200 measured that padding at up to 17%
+# of a request's time (recipes/results/h200-2026-11-29-s5). More buckets cost capture time, once per bucket.
+TOKEN_STEPS = ((4096, 32),)
 
 
 def bucket_sequences(n: int) -> int:
@@ -25,7 +26,7 @@ def bucket_sequences(n: int) -> int:
 
 
 def bucket_tokens(t: int) -> int:
-    """Round ``t`` up to a granularity that grows with it (at most 25% past 512 tokens, under 4% past 3,200)."""
+    """Round ``t`` up to the token step of its range (``TOKEN_STEPS``; 1,024 past the last)."""
     for limit, step in TOKEN_STEPS:
         if t <= limit:
             return -(-t // step) * step

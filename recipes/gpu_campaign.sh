@@ -35,6 +35,9 @@
 #                                        # the 16,384-token candidate; graph-replay profiles of two requests (7, 8)
 #   bash recipes/gpu_campaign.sh final5  # the Triton kernels' bit-identity tests (1,001 tokens) and the whole fast
 #                                        # path's; mid-shape C vs B parity on the defaults (issues 4, 5)
+#   bash recipes/gpu_campaign.sh order   # the -m gpu tests of the Triton kernels (norms summing in ATen's order,
+#                                        # bit-identical at 1/15/37/1,001 tokens) and of graphs and the whole fast
+#                                        # path; 27B: a pass on the defaults (32-token buckets) and singles (issue 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-5 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -45,7 +48,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -197,6 +200,14 @@ case "$stage" in
     left=$((285 - (SECONDS - start)))
     timeout "$left" $bench --shape mid --arms C,B --passes 1 --b-passes 1 --parity-only B --concurrency "" --single "" \
       --long-candidate 0 --out "$out/mid" 2>&1 | grep -v "Loading\|falling back" | tail -n 6 ;;
+  order)
+    timeout 220 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_elementwise.py" \
+      "$REPO/tests/test_cuda_graphs.py" -m gpu -q -s -p no:cacheprovider >"$out/pytest_order.log" 2>&1
+    echo "pytest rc=$?" | tee -a "$out/pytest_order.log"
+    grep -E "passed|failed|Error|assert|order" "$out/pytest_order.log" | tail -n 14
+    left=$((560 - (SECONDS - start)))
+    timeout "$left" $bench --shape 27b --arms C --passes 1 --concurrency "" --long-candidate 0 \
+      --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 10 ;;
   floor27)
     timeout 560 $bench --shape 27b --arms B,B1 --b-passes 1 --parity-only B,B1 --limit 100 --concurrency "" \
       --single "" --long-candidate 0 --out "$out" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;

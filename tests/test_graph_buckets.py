@@ -12,8 +12,8 @@ def test_bucket_sequences_is_the_next_power_of_two():
 
 
 def test_bucket_tokens_steps():
-    assert [bucket_tokens(t) for t in (1, 64, 65, 512, 513, 1025, 2049, 3400, 4096, 4097, 5000)] == \
-        [64, 64, 128, 512, 640, 1152, 2176, 3456, 4096, 5120, 5120]
+    assert [bucket_tokens(t) for t in (1, 32, 33, 64, 65, 512, 513, 1025, 2049, 3400, 4096, 4097, 5000)] == \
+        [32, 32, 64, 64, 96, 512, 544, 1056, 2080, 3424, 4096, 5120, 5120]
 
 
 @pytest.mark.parametrize("padding,count", [(1, 1), (5, 5), (64, 1), (65, 1), (130, 3), (200, 2), (7, 3)])

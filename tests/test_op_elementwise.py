@@ -151,7 +151,7 @@ def test_cuda_graph_capture_replay():
 
 
 # the forward's own layouts at the 27B shape: column views of stacked projections, the query half of q|gate
-# every kernel rounds like the plain code; the norms take ATen's mean of the squares (its summation order)
+# every kernel rounds like the plain code; the norms sum the squares in ATen's order (or take ATen's mean)
 TRITON_OPS = ("silu_mul", "sigmoid_gate", "gdn_gates", "rms_norm", "add_rms_norm", "gated_rms_norm", "qk_norm_rope")
 TRITON_FUNCTION = {"rms_norm": "rms_norm", "add_rms_norm": "rms_norm", "gated_rms_norm": "gated_rms_norm",
                    "qk_norm_rope": "norm_rope", "silu_mul": "silu_mul", "sigmoid_gate": "sigmoid_gate",
@@ -194,7 +194,7 @@ def _units_apart(got, want):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("tokens", [1, 37, 1001])
+@pytest.mark.parametrize("tokens", [1, 15, 37, 1001])  # under and over the 16 rows where the norms sum in-kernel
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", TRITON_OPS)
 def test_triton_kernel_equals_the_plain_code(name, dtype, tokens, monkeypatch):
@@ -217,6 +217,26 @@ def test_triton_kernel_equals_the_plain_code(name, dtype, tokens, monkeypatch):
         mismatched = (units > 0).float().mean().item()
         print(f"{name} {dtype} T={tokens}: {mismatched:.2e} of {g.numel()} values differ, max {units.max().item()} unit")
         assert units.max().item() == 0, f"{name}: not bit-identical ({mismatched:.2e} differ)"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("d", [128, 256, 5120])  # the 27B's GDN norm, q/k norm and hidden widths
+def test_norms_sum_in_atens_order(d):
+    """The kernels find ATen's summation order for these widths (else every norm falls back to three kernels), it
+    holds on rows other than the check's own, and only packs of 16 rows or more sum in the kernel."""
+    from hf_openjev.ops import elementwise_triton as et
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    order = et.row_order(d, device)
+    print(f"width {d}: ATen's order {order}")
+    assert order is not None, f"no candidate order equals torch.mean over rows of {d}"
+    gen = torch.Generator(device="cuda").manual_seed(d + 1)
+    for rows in (16, 17, 1001):
+        x = torch.randn(rows, d, generator=gen, device="cuda") * 7
+        assert torch.equal(et._mean_squares_in_order(x, order), x.pow(2).mean(-1)), rows
+    assert et._norm_order(torch.zeros(16, d, device=device, dtype=torch.bfloat16))[0]["IN_KERNEL_SUM"]
+    assert not et._norm_order(torch.zeros(15, d, device=device, dtype=torch.bfloat16))[0]["IN_KERNEL_SUM"]
 
 
 @pytest.mark.gpu
