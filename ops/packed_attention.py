@@ -10,10 +10,11 @@ cu_prefix[j]:cu_prefix[j+1] of prefix_k / prefix_v, never copied per sequence) a
 CUDA, bf16/fp16: flash attention 2 inside torch. packed_attention calls
 ``torch.nn.attention.varlen.varlen_attn(window_size=(-1, 0), enable_gqa=True)`` when this torch has that API
 (2.13 does), else ``aten._flash_attention_forward(is_causal=True)`` (what varlen_attn wraps; FA2 aligns the
-causal mask bottom-right and handles GQA natively). prefix_attention makes two FA2 calls and merges them by
-log-sum-exp: own keys (causal, cu_seqlens) and prefix keys (non-causal; cu_seqlens_k[i] = cu_prefix[
-prefix_index[i]] as the start offset and seqused_k[i] = the block length, so each sequence reads its block in
-place; FA2 uses only cu_seqlens_k[i] when seqused_k is given). No host sync, no data-dependent shapes.
+causal mask bottom-right and handles GQA natively). prefix_attention makes two FA2 calls, own keys (causal,
+cu_seqlens) and prefix keys (non-causal; cu_seqlens_k[i] = cu_prefix[prefix_index[i]] as the start offset and
+seqused_k[i] = the block length, so each sequence reads its block in place; FA2 uses only cu_seqlens_k[i] when
+seqused_k is given), and merges them by log-sum-exp in one Triton kernel (``lse_merge_triton.py``, bit for bit
+``merge_by_lse_reference``). No host sync, no data-dependent shapes.
 CUDA, fp32 (FA2 has no fp32): ``*_masked``: one SDPA over all packed tokens with a device-built boolean mask
 (O(Tq * Tk) memory; for checks, not speed).
 """
@@ -148,6 +149,32 @@ def _varlen_causal(q, k, v, cu_q, cu_k, max_q, max_k, scale):
     return _flash(q, k, v, cu_q, cu_k, max_q, max_k, True, scale)[0]
 
 
+def merge_by_lse_reference(o_own, lse_own, o_pre, lse_pre):
+    """Attention over two disjoint key sets from each set's attention and log-sum-exp (fp32 math).
+    o_* [Tq, H, D]; lse_* [H, Tq] fp32, not finite where a part had no keys (FA2: +inf): that part counts zero.
+    -> [Tq, H, D] in o_own.dtype."""
+    lse_own, lse_pre = lse_own.t().unsqueeze(-1), lse_pre.t().unsqueeze(-1)  # [Tq, H, 1]
+    empty = ~lse_pre.isfinite()
+    lse_pre = lse_pre.masked_fill(empty, float("-inf"))
+    o_pre = o_pre.masked_fill(empty, 0)
+    top = torch.maximum(lse_own, lse_pre)
+    w_own, w_pre = (lse_own - top).exp(), (lse_pre - top).exp()
+    o = (w_own * o_own.float() + w_pre * o_pre.float()) / (w_own + w_pre)
+    return o.to(o_own.dtype)
+
+
+def merge_by_lse(o_own, lse_own, o_pre, lse_pre):
+    """``merge_by_lse_reference`` in one Triton kernel on CUDA (bit for bit; ``lse_merge_triton.py``) where the
+    layouts are FA2's own: contiguous outputs, [H, Tq] lse with a contiguous last dim."""
+    if (o_own.is_cuda and o_own.is_contiguous() and o_pre.is_contiguous() and o_own.shape == o_pre.shape
+            and o_own.dtype == o_pre.dtype and lse_own.dtype == lse_pre.dtype == torch.float32
+            and lse_own.stride() == lse_pre.stride() and lse_own.stride(1) == 1):
+        from hf_openjev.ops.lse_merge_triton import merge_by_lse as merge_in_triton
+
+        return merge_in_triton(o_own, lse_own, o_pre, lse_pre)
+    return merge_by_lse_reference(o_own, lse_own, o_pre, lse_pre)
+
+
 def prefix_attention_flash(
     q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale, max_q, max_p, flash=_flash
 ):
@@ -158,14 +185,7 @@ def prefix_attention_flash(
     cu_k = torch.cat([starts, cp[-1:]])  # only cu_k[i] is read when seqused_k is given
     used = (cp[idx + 1] - starts).int()
     o_pre, lse_pre = flash(q, prefix_k, prefix_v, cu_seqlens, cu_k, max_q, max_p, False, scale, seqused_k=used)
-    has = (used > 0)[_seq_ids(cu_seqlens, q.shape[0])[0]][:, None, None]  # [Tq, 1, 1]: its block is not empty
-    lse_own, lse_pre = lse_own.t().unsqueeze(-1), lse_pre.t().unsqueeze(-1)  # [Tq, H, 1]
-    lse_pre = torch.where(has, lse_pre, float("-inf"))  # an empty block contributes nothing (FA2 gives +inf)
-    o_pre = torch.where(has, o_pre, 0)
-    m = torch.maximum(lse_own, lse_pre)
-    w_own, w_pre = (lse_own - m).exp(), (lse_pre - m).exp()
-    o = (w_own * o_own.float() + w_pre * o_pre.float()) / (w_own + w_pre)
-    return o.to(q.dtype)
+    return merge_by_lse(o_own, lse_own, o_pre, lse_pre)  # an empty block: FA2's lse is +inf there
 
 
 # ------------------------------------------------------------------------------------------------- the ops

@@ -38,6 +38,9 @@
 #   bash recipes/gpu_campaign.sh order   # the -m gpu tests of the Triton kernels (norms summing in ATen's order,
 #                                        # bit-identical at 1/15/37/1,001 tokens) and of graphs and the whole fast
 #                                        # path; 27B: a pass on the defaults (32-token buckets) and singles (issue 8)
+#   bash recipes/gpu_campaign.sh merge   # the attention ops' -m gpu tests (the Triton log-sum-exp merge, bit for bit);
+#                                        # mid-shape C vs B parity on the defaults; 27B graph-replay profiles of a
+#                                        # 107-token candidate and requests 0, 12, 129 (issues 4, 5, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-5 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -48,7 +51,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -208,6 +211,16 @@ case "$stage" in
     left=$((560 - (SECONDS - start)))
     timeout "$left" $bench --shape 27b --arms C --passes 1 --concurrency "" --long-candidate 0 \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 10 ;;
+  merge)
+    timeout 100 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_packed_attention.py" \
+      -m gpu -q -s -p no:cacheprovider >"$out/pytest_merge.log" 2>&1
+    echo "pytest rc=$?" | tee -a "$out/pytest_merge.log"
+    grep -E "passed|failed|Error|assert" "$out/pytest_merge.log" | tail -n 8
+    timeout 330 $bench --shape mid --arms C,B --passes 1 --b-passes 1 --parity-only B --concurrency "" --single "" \
+      --long-candidate 0 --out "$out/mid" 2>&1 | grep -v "Loading\|falling back" | tail -n 6
+    left=$((570 - (SECONDS - start)))
+    timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107 --requests 0,12,129 \
+      --out "$out/profile" 2>&1 | grep -v "Loading\|falling back" | tail -n 4 ;;
   floor27)
     timeout 560 $bench --shape 27b --arms B,B1 --b-passes 1 --parity-only B,B1 --limit 100 --concurrency "" \
       --single "" --long-candidate 0 --out "$out" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;

@@ -199,3 +199,30 @@ def test_cuda_graph_capture_replay(dtype):
     b = to_device(prefix_inputs(lengths[::-1], [64, 128, 256], index[::-1], 24, 4, 256, dtype=dtype, seed=4), "cuda")
     replayed, eager = capture_replay(PREFIX, a, b)
     assert max_errors(replayed, eager)[0] == 0.0
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_lse_merge_kernel_equals_the_reference(dtype):
+    """The Triton merge against merge_by_lse_reference on the same GPU, bit for bit, with rows whose prefix part had
+    no keys (FA2's +inf lse) among them."""
+    from hf_openjev.ops.lse_merge_triton import merge_by_lse as merge_in_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    tq, h, d = 1001, 24, 256
+    o_own, o_pre = (torch.randn(tq, h, d, generator=gen, device="cuda").to(dtype) for _ in range(2))
+    lse_own, lse_pre = (torch.randn(h, tq, generator=gen, device="cuda") * 8 for _ in range(2))
+    lse_pre[:, 100:137] = float("inf")
+    o_pre[100:137] = float("nan")  # never read where the part is empty
+    want = pa.merge_by_lse_reference(o_own, lse_own, o_pre, lse_pre)
+    got = merge_in_triton(o_own, lse_own, o_pre, lse_pre)
+    assert torch.equal(got, want) and torch.equal(got[100:137], o_own[100:137])
+    assert torch.equal(pa.merge_by_lse(o_own, lse_own, o_pre, lse_pre), want)
+
+
+def test_lse_merge_reference_drops_an_empty_part():
+    o_own, o_pre = torch.randn(5, 3, 8), torch.full((5, 3, 8), float("nan"))
+    lse_own, lse_pre = torch.randn(3, 5), torch.full((3, 5), float("inf"))
+    assert torch.equal(pa.merge_by_lse_reference(o_own, lse_own, o_pre, lse_pre), o_own)
+    assert torch.equal(pa.merge_by_lse(o_own, lse_own, o_pre, lse_pre), o_own)  # CPU: the reference
