@@ -41,6 +41,8 @@
 #   bash recipes/gpu_campaign.sh merge   # the attention ops' -m gpu tests (the Triton log-sum-exp merge, bit for bit);
 #                                        # mid-shape C vs B parity on the defaults; 27B graph-replay profiles of a
 #                                        # 107-token candidate and requests 0, 12, 129 (issues 4, 5, 8)
+#   bash recipes/gpu_campaign.sh final6  # 27B on the session's final defaults, alone: a pass, singles, closed loop at
+#                                        # 1/8/16 in flight, the 16,384-token candidate (issues 7, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-5 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -51,7 +53,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -221,6 +223,9 @@ case "$stage" in
     left=$((570 - (SECONDS - start)))
     timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107 --requests 0,12,129 \
       --out "$out/profile" 2>&1 | grep -v "Loading\|falling back" | tail -n 4 ;;
+  final6)
+    timeout 560 $bench --shape 27b --arms C --passes 1 --concurrency 1,8,16 --long-candidate 16384 \
+      --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 12 ;;
   floor27)
     timeout 560 $bench --shape 27b --arms B,B1 --b-passes 1 --parity-only B,B1 --limit 100 --concurrency "" \
       --single "" --long-candidate 0 --out "$out" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
