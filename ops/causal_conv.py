@@ -12,7 +12,9 @@ the activation): a fused fp32 conv + SiLU rounds once instead, and on random bf1
 moved probabilities 3x further from stock Transformers (recipes/results/cpu-2026-11-29/). For fp32 inputs the
 rounding is a no-op.
 
-No bias (the Qwen3.5 conv has none).
+No bias (the Qwen3.5 conv has none). ``activation=False`` returns the rounded conv without the SiLU (the Gated
+DeltaNet applies it with its q/k/v split, ``ops.elementwise.silu_qkv``); ``output_final_state=False`` skips the
+final states (an empty ``[0, C, K]``), as a pack's last level without exports needs none.
 
 CUDA: with ``chunk_indices`` (the [C, 2] rows from ``ops.varlen.prepare_varlen_metadata``; fla's conv uses
 the same 64-token chunking as GDN) it runs fla-core's Triton varlen ``causal_conv1d`` without activation
@@ -43,9 +45,17 @@ def _zero_states(x, weight, cu_seqlens) -> Tensor:
     return x.new_zeros(cu_seqlens.shape[0] - 1, x.shape[1], weight.shape[1])
 
 
-def causal_conv1d_packed_reference(x, weight, cu_seqlens, initial_state, chunk_indices=None):
+def _outputs(conv, final_state, activation: bool, output_final_state: bool) -> tuple[Tensor, Tensor]:
+    """(SiLU(conv) or conv, final_state or an empty [0, C, K]): the op's optional activation and states."""
+    y = F.silu(conv) if activation else conv
+    return y, final_state if output_final_state else final_state.new_empty((0, *final_state.shape[1:]))
+
+
+def causal_conv1d_packed_reference(x, weight, cu_seqlens, initial_state, chunk_indices=None, activation=True,
+                                   output_final_state=True):
     """Loop over sequences. x [T, C]; weight [C, K]; cu_seqlens [N+1]; initial_state [N, C, K] or None (zeros).
-    Returns (y [T, C] in x.dtype, final_state [N, C, K] in x.dtype)."""
+    Returns (y [T, C] in x.dtype, final_state [N, C, K] in x.dtype); y without the SiLU when ``activation`` is
+    False, final_state empty ([0, C, K]) when ``output_final_state`` is False."""
     _check(x, weight, cu_seqlens, initial_state)
     if initial_state is None:
         initial_state = _zero_states(x, weight, cu_seqlens)
@@ -59,10 +69,10 @@ def causal_conv1d_packed_reference(x, weight, cu_seqlens, initial_state, chunk_i
         L = e - s
         y[s:e] = sum(w[j] * xs[1 + j : 1 + j + L] for j in range(K))
         states.append(xs[-K:].t())
-    return F.silu(y.to(x.dtype)), torch.stack(states).to(x.dtype).contiguous()
+    return _outputs(y.to(x.dtype), torch.stack(states).to(x.dtype).contiguous(), activation, output_final_state)
 
 
-def causal_conv1d_packed_torch(x, weight, cu_seqlens, initial_state):
+def causal_conv1d_packed_torch(x, weight, cu_seqlens, initial_state, activation=True, output_final_state=True):
     """Same result as the reference, computed with gathers only (no host sync, fixed shapes)."""
     _check(x, weight, cu_seqlens, initial_state)
     if initial_state is None:
@@ -85,7 +95,7 @@ def causal_conv1d_packed_torch(x, weight, cu_seqlens, initial_state):
     n = torch.arange(N, device=x.device)
     p = (cu[1:] - cu[:-1])[:, None] - K + torch.arange(K, device=x.device)  # [N, K] last K positions
     final_state = src[rows(n[:, None], p, cu[:-1, None])].transpose(1, 2).contiguous()  # [N, C, K]
-    return F.silu(y.to(x.dtype)), final_state
+    return _outputs(y.to(x.dtype), final_state, activation, output_final_state)
 
 
 @torch.library.custom_op("hf_openjev::causal_conv1d_packed", mutates_args=())
@@ -95,21 +105,25 @@ def causal_conv1d_packed(
     cu_seqlens: Tensor,  # [N+1]
     initial_state: Tensor | None,  # [N, C, K]; None = zeros
     chunk_indices: Tensor | None = None,  # [C, 2] from prepare_varlen_metadata; CUDA: selects fla's kernel
+    activation: bool = True,  # False: the conv rounded to x.dtype, without the SiLU (the caller applies it)
+    output_final_state: bool = True,  # False: no final states are computed (an empty [0, C, K] result)
 ) -> tuple[Tensor, Tensor]:
     """-> (y [T, C] = SiLU(causal depthwise conv), final_state [N, C, K]), both in x.dtype."""
-    return causal_conv1d_packed_reference(x, weight, cu_seqlens, initial_state)
+    return causal_conv1d_packed_reference(x, weight, cu_seqlens, initial_state, None, activation, output_final_state)
 
 
 @causal_conv1d_packed.register_fake
-def _(x, weight, cu_seqlens, initial_state, chunk_indices=None):
+def _(x, weight, cu_seqlens, initial_state, chunk_indices=None, activation=True, output_final_state=True):
     _check(x, weight, cu_seqlens, initial_state)
-    return x.new_empty(x.shape), x.new_empty(cu_seqlens.shape[0] - 1, x.shape[1], weight.shape[1])
+    n = cu_seqlens.shape[0] - 1 if output_final_state else 0
+    return x.new_empty(x.shape), x.new_empty(n, x.shape[1], weight.shape[1])
 
 
 @causal_conv1d_packed.register_kernel("cuda")
-def _causal_conv1d_packed_cuda(x, weight, cu_seqlens, initial_state, chunk_indices=None):
+def _causal_conv1d_packed_cuda(x, weight, cu_seqlens, initial_state, chunk_indices=None, activation=True,
+                               output_final_state=True):
     if chunk_indices is None:
-        return causal_conv1d_packed_torch(x, weight, cu_seqlens, initial_state)
+        return causal_conv1d_packed_torch(x, weight, cu_seqlens, initial_state, activation, output_final_state)
     _check(x, weight, cu_seqlens, initial_state)
     from hf_openjev.ops._fla import fla_ready
 
@@ -121,10 +135,12 @@ def _causal_conv1d_packed_cuda(x, weight, cu_seqlens, initial_state, chunk_indic
         weight=weight.contiguous(),
         bias=None,
         initial_state=None if initial_state is None else initial_state.to(x.dtype).contiguous(),
-        output_final_state=True,
+        output_final_state=output_final_state,
         activation=None,  # SiLU after rounding, as the stock module (see the module docstring)
         backend="triton",
         cu_seqlens=cu_seqlens,
         chunk_indices=chunk_indices,
     )
-    return F.silu(y[0]), final_state
+    if final_state is None:  # output_final_state=False
+        final_state = x.new_empty((0, x.shape[1], weight.shape[1]))
+    return F.silu(y[0]) if activation else y[0], final_state

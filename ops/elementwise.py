@@ -1,5 +1,5 @@
 """The elementwise group: (residual +) zero-centred RMSNorm, gated RMSNorm, q/k norm + RoPE, SiLU*mul, sigmoid
-gate, Gated DeltaNet gates, final-row head.
+gate, Gated DeltaNet gates, the Gated DeltaNet's SiLU + q/k/v split, final-row head.
 
 Each ``<op>_reference`` is the plain torch code with the exact dtype handling of the stock Qwen3.5 modules; it
 is what a compiled model forward calls so that Inductor fuses it with its neighbours. The registered ops
@@ -52,6 +52,14 @@ def gdn_gates_reference(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) ->
     """The stock Gated DeltaNet gates: g = -exp(A_log) * softplus(a + dt_bias) (fp32), beta = sigmoid(b) (b's
     dtype). a, b [T, Hv] -> (g [T, Hv] fp32, beta [T, Hv])."""
     return -A_log.float().exp() * F.softplus(a.float() + dt_bias), b.sigmoid()
+
+
+def silu_qkv_reference(mixed: Tensor, key_dim: int, value_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The Gated DeltaNet's activation after its conv: SiLU(mixed) in the model dtype, split into contiguous
+    q [T, key_dim], k [T, key_dim], v [T, value_dim] (fla's kernels read contiguous tensors; views would be copied
+    there). mixed [T, 2 * key_dim + value_dim]."""
+    parts = F.silu(mixed).split([key_dim, key_dim, value_dim], dim=-1)
+    return tuple(part.clone(memory_format=torch.contiguous_format) for part in parts)
 
 
 def silu_mul_reference(gate: Tensor, up: Tensor) -> Tensor:
@@ -139,6 +147,12 @@ def _silu_mul_cuda(gate, up):
     return _triton().silu_mul(gate, up)
 
 
+def _silu_qkv_cuda(mixed, key_dim, value_dim):
+    if mixed.dim() != 2 or mixed.shape[1] != 2 * key_dim + value_dim or not _kernel_can_read(mixed):
+        return silu_qkv_reference(mixed, key_dim, value_dim)
+    return _triton().silu_qkv(mixed, key_dim, value_dim)
+
+
 def _sigmoid_gate_cuda(x, gate):
     if x.dim() not in (2, 3) or gate.shape != x.shape or not _same_dtype(x, gate) or not _kernel_can_read(x, gate):
         return sigmoid_gate_reference(x, gate)
@@ -157,5 +171,6 @@ gated_rms_norm = _register("gated_rms_norm", gated_rms_norm_reference, _gated_rm
 qk_norm_rope = _register("qk_norm_rope", qk_norm_rope_reference, _qk_norm_rope_cuda)
 gdn_gates = _register("gdn_gates", gdn_gates_reference, _gdn_gates_cuda)
 silu_mul = _register("silu_mul", silu_mul_reference, _silu_mul_cuda)
+silu_qkv = _register("silu_qkv", silu_qkv_reference, _silu_qkv_cuda)
 sigmoid_gate = _register("sigmoid_gate", sigmoid_gate_reference, _sigmoid_gate_cuda)
 final_rows_head = _register("final_rows_head", final_rows_head_reference)

@@ -219,6 +219,19 @@ def _silu_mul_kernel(G, stride_g, U, stride_u, OUT, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _silu_qkv_kernel(X, stride_x, Q, K, V, KD, VD, BLOCK: tl.constexpr):
+    """Row of X [T, 2 KD + VD] -> SiLU in the model dtype, written to Q [T, KD], K [T, KD], V [T, VD]."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    width = 2 * KD + VD
+    x = tl.load(X + row * stride_x + cols, mask=cols < width, other=0.0).to(tl.float32)
+    y = tl.math.div_rn(x, 1.0 + libdevice.exp(-x)).to(Q.dtype.element_ty)
+    tl.store(Q + row * KD + cols, y, mask=cols < KD)
+    tl.store(K + row * KD + (cols - KD), y, mask=(cols >= KD) & (cols < 2 * KD))
+    tl.store(V + row * VD + (cols - 2 * KD), y, mask=(cols >= 2 * KD) & (cols < width))
+
+
+@triton.jit
 def _sigmoid_gate_kernel(X, stride_xt, stride_xh, G, stride_gt, stride_gh, OUT, n_rows, H, D,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
@@ -376,6 +389,17 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     _silu_mul_kernel[(T, triton.cdiv(N, _ELEMENTWISE_BLOCK))](
         gate, gate.stride(0), up, up.stride(0), out, N, BLOCK=_ELEMENTWISE_BLOCK, num_warps=8, **_LAUNCH)
     return out
+
+
+def silu_qkv(mixed: Tensor, key_dim: int, value_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """mixed [T, 2 * key_dim + value_dim] (row-strided allowed) -> SiLU'd contiguous q, k [T, key_dim] and
+    v [T, value_dim]."""
+    T, width = mixed.shape
+    q, k = (torch.empty((T, key_dim), dtype=mixed.dtype, device=mixed.device) for _ in range(2))
+    v = torch.empty((T, value_dim), dtype=mixed.dtype, device=mixed.device)
+    _silu_qkv_kernel[(T, triton.cdiv(width, _ELEMENTWISE_BLOCK))](
+        mixed, mixed.stride(0), q, k, v, key_dim, value_dim, BLOCK=_ELEMENTWISE_BLOCK, num_warps=8, **_LAUNCH)
+    return q, k, v
 
 
 def sigmoid_gate(x: Tensor, gate: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 """The patched forward's elementwise work: Triton kernels, plain torch, or plain torch compiled by Inductor.
 
 Three sets of the same functions (norms, gated norm, q/k norm + RoPE, SiLU-mul, sigmoid gate, Gated DeltaNet
-gates), chosen per pack by ``elementwise_functions``:
+gates, the Gated DeltaNet's SiLU + q/k/v split), chosen per pack by ``elementwise_functions``:
 
 - ``FUSED`` (``PatchOptions.fused_elementwise``, the default): the ``torch.ops.hf_openjev`` ops. On CUDA each is
   one hand-written Triton kernel that rounds where the plain code rounds (``hf_openjev/ops/elementwise_triton.py``)
@@ -31,7 +31,8 @@ import torch
 import hf_openjev.ops  # noqa: F401 - registers torch.ops.hf_openjev.*
 from hf_openjev.ops import elementwise as ops
 
-NAMES = ("rms_norm", "add_rms_norm", "gated_rms_norm", "silu_mul", "sigmoid_gate", "gdn_gates", "qk_norm_rope")
+NAMES = ("rms_norm", "add_rms_norm", "gated_rms_norm", "silu_mul", "sigmoid_gate", "gdn_gates", "qk_norm_rope",
+         "silu_qkv")
 PLAIN = SimpleNamespace(**{name: getattr(ops, f"{name}_reference") for name in NAMES})
 FUSED = SimpleNamespace(**{name: getattr(torch.ops.hf_openjev, name) for name in NAMES})
 

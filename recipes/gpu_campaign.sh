@@ -43,6 +43,9 @@
 #                                        # 107-token candidate and requests 0, 12, 129 (issues 4, 5, 8)
 #   bash recipes/gpu_campaign.sh final6  # 27B on the session's final defaults, alone: a pass, singles, closed loop at
 #                                        # 1/8/16 in flight, the 16,384-token candidate (issues 7, 8)
+#   bash recipes/gpu_campaign.sh qkv     # the -m gpu tests of the GDN's SiLU + q/k/v split kernel and the conv
+#                                        # without activation or final states, the whole fast path's; then 27B: a pass
+#                                        # on the defaults and singles, in what time is left (issues 4, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-5 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -53,7 +56,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -226,6 +229,16 @@ case "$stage" in
   final6)
     timeout 560 $bench --shape 27b --arms C --passes 1 --concurrency 1,8,16 --long-candidate 16384 \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 12 ;;
+  qkv)
+    timeout 200 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_elementwise.py" \
+      "$REPO/tests/test_op_causal_conv.py" "$REPO/tests/test_cuda_graphs.py" -m gpu \
+      -k "test_op_elementwise or without_activation or test_cuda_graphs" -q -s -p no:cacheprovider \
+      >"$out/pytest_qkv.log" 2>&1
+    echo "pytest rc=$?" | tee -a "$out/pytest_qkv.log"
+    grep -E "passed|failed|Error|assert" "$out/pytest_qkv.log" | tail -n 10
+    left=$((${QKV_BUDGET_S:-420} - (SECONDS - start)))
+    timeout "$left" $bench --shape 27b --arms C --passes 1 --concurrency "" --long-candidate 0 \
+      --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
   floor27)
     timeout 560 $bench --shape 27b --arms B,B1 --b-passes 1 --parity-only B,B1 --limit 100 --concurrency "" \
       --single "" --long-candidate 0 --out "$out" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;

@@ -5,6 +5,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn, causal_conv1d_update
 
 from hf_openjev.ops._checks import capture_replay, conv_inputs, max_errors, random_lengths, split_lengths, to_device
@@ -106,6 +107,20 @@ def test_cpu_op_is_the_reference():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("fla", [True, False])
+def test_without_activation_or_final_states(fla):
+    """activation=False: the conv before its SiLU (the GDN applies it with its q/k/v split); output_final_state=False:
+    an empty [0, C, K] instead of the states. Same for the sync-free torch path."""
+    args = conv_inputs([33, 90, 1], C, K, state=True, seed=13, fla=fla)
+    y, s = OP(**args)
+    pre, none = OP(**args, activation=False, output_final_state=False)
+    assert torch.equal(F.silu(pre), y) and none.shape == (0, C, K) and none.dtype == s.dtype
+    positional = (args["x"], args["weight"], args["cu_seqlens"], args["initial_state"])
+    pre_t, none_t = causal_conv1d_packed_torch(*positional, activation=False, output_final_state=False)
+    assert torch.equal(pre_t, pre) and none_t.shape == (0, C, K)
+    torch.library.opcheck(OP, tuple(args.values()) + (False, False))
+
+
 def _column_view(x: torch.Tensor, extra: int = 29) -> torch.Tensor:
     """x's values as the first columns of a wider tensor: the layout of qkv split off a stacked projection."""
     wide = torch.randn(x.shape[0], x.shape[1] + extra, dtype=x.dtype, device=x.device)
@@ -198,3 +213,14 @@ def test_no_initial_state_is_zeros(device, fla):
     for got, want in zip(OP(**{**args, "initial_state": None}), OP(**args)):
         assert torch.equal(got, want)
     torch.library.opcheck(OP, (), {**args, "initial_state": None})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fla", [True, False], ids=["fla", "torch"])
+def test_cuda_without_activation_or_final_states(fla):
+    lengths = random_lengths(random.Random(4), 6, hi=700) + [1, 64]
+    args = to_device(conv_inputs(lengths, 10240, K, dtype=torch.bfloat16, state=True, seed=14, fla=fla), "cuda")
+    y, s = OP(**args)
+    pre, none = OP(**args, activation=False, output_final_state=False)
+    assert torch.equal(F.silu(pre), y) and none.shape == (0, 10240, K)

@@ -11,6 +11,7 @@ from hf_openjev.ops._checks import capture_replay, max_errors
 OPS = torch.ops.hf_openjev
 EPS = 1e-6
 DTYPES = [torch.float32, torch.bfloat16]
+KEY_DIM, VALUE_DIM = 8, 24
 
 
 def _inputs(dtype, t=37, d=48, seed=0, device="cpu"):
@@ -27,6 +28,7 @@ def _inputs(dtype, t=37, d=48, seed=0, device="cpu"):
         query=r(t, heads, head_dim), key=r(t, 1, head_dim), q_weight=r(head_dim, scale=0.1),
         k_weight=r(head_dim, scale=0.1), cos=r(t, rotary), sin=r(t, rotary),
         a=r(t, heads), b=r(t, heads), A_log=r(heads, dt=torch.float32), dt_bias=r(heads),
+        mixed=r(t, 2 * KEY_DIM + VALUE_DIM, scale=3.0),  # the GDN's conv output: q | k | v
     )
 
 
@@ -63,6 +65,16 @@ def test_silu_mul_and_sigmoid_gate_are_stock(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_qkv_is_the_stock_activation_and_split(dtype):
+    """Qwen3_5GatedDeltaNet: SiLU after the conv, then torch.split into q, k, v; here each part contiguous."""
+    mixed = _inputs(dtype)["mixed"]
+    got = OPS.silu_qkv(mixed, KEY_DIM, VALUE_DIM)
+    want = torch.split(F.silu(mixed), [KEY_DIM, KEY_DIM, VALUE_DIM], dim=-1)
+    for g, w in zip(got, want, strict=True):
+        assert g.is_contiguous() and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_final_rows_head_is_stock_norm_then_fp32_linear(dtype):
     a = _inputs(dtype)
     head = torch.nn.Linear(a["x"].shape[-1], 1)
@@ -84,6 +96,7 @@ def _calls(a):
         "gated_rms_norm": (a["x"], a["gate"], a["weight"], EPS),
         "silu_mul": (a["gate"], a["up"]),
         "sigmoid_gate": (a["x"], a["gate"]),
+        "silu_qkv": (a["mixed"], KEY_DIM, VALUE_DIM),
         "final_rows_head": (a["x"], a["rows"], a["weight"], EPS, a["head_weight"], a["head_bias"]),
     }
 
@@ -152,10 +165,11 @@ def test_cuda_graph_capture_replay():
 
 # the forward's own layouts at the 27B shape: column views of stacked projections, the query half of q|gate
 # every kernel rounds like the plain code; the norms sum the squares in ATen's order (or take ATen's mean)
-TRITON_OPS = ("silu_mul", "sigmoid_gate", "gdn_gates", "rms_norm", "add_rms_norm", "gated_rms_norm", "qk_norm_rope")
+TRITON_OPS = ("silu_mul", "sigmoid_gate", "gdn_gates", "rms_norm", "add_rms_norm", "gated_rms_norm", "qk_norm_rope",
+              "silu_qkv")
 TRITON_FUNCTION = {"rms_norm": "rms_norm", "add_rms_norm": "rms_norm", "gated_rms_norm": "gated_rms_norm",
                    "qk_norm_rope": "norm_rope", "silu_mul": "silu_mul", "sigmoid_gate": "sigmoid_gate",
-                   "gdn_gates": "gdn_gates"}
+                   "gdn_gates": "gdn_gates", "silu_qkv": "silu_qkv"}
 
 
 def _forward_layout(name, dtype, t, seed=0):
@@ -166,6 +180,8 @@ def _forward_layout(name, dtype, t, seed=0):
 
     if name == "silu_mul":  # MLP gate|up, one [T, 2 * 17408] GEMM output
         return tuple(r(t, 2 * 17408, scale=2.0).split(17408, dim=-1))
+    if name == "silu_qkv":  # the GDN conv's output [T, 2 * 2048 + 6144] (fla's conv writes it contiguous)
+        return r(t, 2 * 2048 + 6144, scale=3.0), 2048, 6144
     if name == "sigmoid_gate":  # attention output [T, 24, 256] and the gate half of q|gate
         return r(t, 24, 256), r(t, 24, 512, scale=2.0).chunk(2, dim=-1)[1]
     if name == "gdn_gates":  # b and a: the last 2 x 48 columns of the GDN's stacked projection
@@ -248,6 +264,7 @@ def test_opcheck_cuda(name):
 
 @pytest.mark.parametrize("name, args", [
     ("silu_mul", lambda a: (a["gate"].t(), a["up"].t())),  # a strided last dimension
+    ("silu_qkv", lambda a: (a["mixed"].t().contiguous().t(), KEY_DIM, VALUE_DIM)),
     ("gated_rms_norm", lambda a: (a["x"], a["gate"], a["weight"].float(), EPS)),  # mixed dtypes
     ("add_rms_norm", lambda a: (a["x"], a["residual"].float(), a["weight"], EPS)),
     ("qk_norm_rope", lambda a: (a["query"], a["key"], a["q_weight"], a["k_weight"], EPS, EPS, a["cos"][:, :3],
