@@ -230,14 +230,14 @@ case "$stage" in
     timeout 560 $bench --shape 27b --arms C --passes 1 --concurrency 1,8,16 --long-candidate 16384 \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 12 ;;
   qkv)
-    timeout 200 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_elementwise.py" \
+    timeout 160 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_elementwise.py" \
       "$REPO/tests/test_op_causal_conv.py" "$REPO/tests/test_cuda_graphs.py" -m gpu \
-      -k "test_op_elementwise or without_activation or test_cuda_graphs" -q -s -p no:cacheprovider \
+      -k "silu_qkv or without_activation or test_cuda_graphs" -q -s -p no:cacheprovider \
       >"$out/pytest_qkv.log" 2>&1
     echo "pytest rc=$?" | tee -a "$out/pytest_qkv.log"
     grep -E "passed|failed|Error|assert" "$out/pytest_qkv.log" | tail -n 10
     left=$((${QKV_BUDGET_S:-420} - (SECONDS - start)))
-    timeout "$left" $bench --shape 27b --arms C --passes 1 --concurrency "" --long-candidate 0 \
+    timeout "$left" $bench --shape 27b --arms C --passes 1 --concurrency "" --long-candidate 0 --single 107 \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
   floor27)
     timeout 560 $bench --shape 27b --arms B,B1 --b-passes 1 --parity-only B,B1 --limit 100 --concurrency "" \
