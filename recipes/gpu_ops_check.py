@@ -71,6 +71,7 @@ def elementwise_inputs(name: str, lengths: list[int], dtype, seed: int = 0) -> d
         "gdn_gates": lambda: dict(a=r(T, 48), b=r(T, 48), A_log=r(48, dt=torch.float32), dt_bias=r(48)),
         "gated_rms_norm": lambda: dict(x=r(T * 48, 128), gate=r(T * 48, 128), weight=r(128, scale=0.3), eps=EPS),
         "silu_mul": lambda: dict(gate=r(T, MLP), up=r(T, MLP)),
+        "silu_qkv": lambda: dict(mixed=r(T, 2 * 2048 + 6144, scale=3.0), key_dim=2048, value_dim=6144),
         "sigmoid_gate": lambda: dict(x=r(T, 24 * 256), gate=r(T, 24 * 256)),
         "final_rows_head": lambda: dict(hidden=r(T, HIDDEN), rows=rows, norm_weight=r(HIDDEN, scale=0.3), eps=EPS,
                                         head_weight=r(1, HIDDEN, dt=torch.float32), head_bias=r(1, dt=torch.float32)),
@@ -94,8 +95,8 @@ CASES = {
                          lambda ls, dt, s: prefix_inputs(ls, [64, 0, 512, 1024], [i % 4 for i in range(len(ls))],
                                                          24, 4, 256, dt, DEVICE, seed=s)),
 }
-for _name in ("rms_norm", "add_rms_norm", "qk_norm_rope", "gated_rms_norm", "silu_mul", "sigmoid_gate", "gdn_gates",
-              "final_rows_head"):
+for _name in ("rms_norm", "add_rms_norm", "qk_norm_rope", "gated_rms_norm", "silu_mul", "silu_qkv", "sigmoid_gate",
+              "gdn_gates", "final_rows_head"):
     CASES[_name] = (getattr(OPS, _name), getattr(elementwise, f"{_name}_reference"), "ew",
                     lambda ls, dt, s, _n=_name: elementwise_inputs(_n, ls, dt, s))
 

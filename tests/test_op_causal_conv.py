@@ -107,17 +107,23 @@ def test_cpu_op_is_the_reference():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("fla", [True, False])
-def test_without_activation_or_final_states(fla):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("fla", [True, False], ids=["fla", "torch"])
+def test_without_activation_or_final_states(device, fla):
     """activation=False: the conv before its SiLU (the GDN applies it with its q/k/v split); output_final_state=False:
-    an empty [0, C, K] instead of the states. Same for the sync-free torch path."""
-    args = conv_inputs([33, 90, 1], C, K, state=True, seed=13, fla=fla)
+    an empty [0, C, K] instead of the states. The sync-free torch path gives the same conv."""
+    channels = 10240 if device == "cuda" else C
+    args = to_device(conv_inputs([33, 90, 1, 64], channels, K, dtype=torch.bfloat16, state=True, seed=13, fla=fla),
+                     device)
     y, s = OP(**args)
     pre, none = OP(**args, activation=False, output_final_state=False)
-    assert torch.equal(F.silu(pre), y) and none.shape == (0, C, K) and none.dtype == s.dtype
+    assert torch.equal(F.silu(pre), y) and none.shape == (0, channels, K) and none.dtype == s.dtype
     positional = (args["x"], args["weight"], args["cu_seqlens"], args["initial_state"])
     pre_t, none_t = causal_conv1d_packed_torch(*positional, activation=False, output_final_state=False)
-    assert torch.equal(pre_t, pre) and none_t.shape == (0, C, K)
+    assert none_t.shape == (0, channels, K)
+    if device == "cpu" or not fla:  # the op ran the reference / the torch path itself (fla's kernel: tolerances above)
+        assert torch.equal(pre_t, pre)
     torch.library.opcheck(OP, tuple(args.values()) + (False, False))
 
 
@@ -214,13 +220,3 @@ def test_no_initial_state_is_zeros(device, fla):
         assert torch.equal(got, want)
     torch.library.opcheck(OP, (), {**args, "initial_state": None})
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("fla", [True, False], ids=["fla", "torch"])
-def test_cuda_without_activation_or_final_states(fla):
-    lengths = random_lengths(random.Random(4), 6, hi=700) + [1, 64]
-    args = to_device(conv_inputs(lengths, 10240, K, dtype=torch.bfloat16, state=True, seed=14, fla=fla), "cuda")
-    y, s = OP(**args)
-    pre, none = OP(**args, activation=False, output_final_state=False)
-    assert torch.equal(F.silu(pre), y) and none.shape == (0, 10240, K)
