@@ -12,7 +12,8 @@ of ``--requests`` (0-based indices into the workload, with the benchmark's token
      (GEMM, Gated DeltaNet / conv (fla), attention (flash), elementwise / reductions, copies / indexing, other).
   3. on CUDA, the same profile of a graph-replayed run: the kernels of the padded pack as the graph runs them
      (CUPTI reports kernels a graph launches), so "wall - kernel sum in the graph" is what the host and idle gaps
-     add per request, and "kernel sum in the graph - eager kernel sum" what the bucket padding costs.
+     add per request, and "kernel sum in the graph - eager kernel sum" what the bucket padding and the GPU's clocks
+     under back-to-back load cost; per category too (GEMMs slower in the graph over ~the same tokens: clocks).
 ``--patch-options`` takes one or more JSON option sets (e.g. '{}' '{"compile_elementwise": true}'), each profiled in
 turn on the same model. Writes ``profile_<shape>.json`` and ``.md``. On a machine without CUDA it profiles CPU ops (a smoke run).
 """
@@ -53,6 +54,13 @@ CATEGORIES = [  # first match wins; kernel names as CUPTI reports them
 
 def category(name: str) -> str:
     return next((label for label, pattern in CATEGORIES if pattern.search(name)), "other")
+
+
+def sum_by_category(kernels: dict[str, float]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for name, ms in kernels.items():
+        totals[category(name)] = totals.get(category(name), 0.0) + ms
+    return totals
 
 
 def wall_ms(model, request, fast_options: dict, repeats: int = 5) -> float:
@@ -101,14 +109,15 @@ def profile_request(model, label: str, request, fast_options: dict) -> dict:
     wall_eager = wall_ms(model, request, fast_options)
     kernels, launches = kernel_times(model, request, fast_options)
     apply_patches(model, **vars(options))
-    by_category: dict[str, float] = {}
-    for name, ms in kernels.items():
-        by_category[category(name)] = by_category.get(category(name), 0.0) + ms
+    by_category = sum_by_category(kernels)
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
     return {"label": label, "tokens": sum(len(seq) for seq in request.sequences), "wall_graphs_ms": wall,
             "wall_eager_ms": wall_eager, "kernel_sum_ms": sum(kernels.values()), "kernels": launches,
             "graph_kernel_sum_ms": sum(graph_kernels.values()), "graph_kernels": graph_launches,
             "by_category_ms": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
+            # the same categories in the replayed graph: GEMMs slower there with the same token count point at
+            # clocks under back-to-back load, more elementwise/GDN time at the padded bucket's tokens
+            "graph_by_category_ms": sum_by_category(graph_kernels),
             "top_kernels_ms": [{"name": n[:160], "category": category(n), "ms": ms} for n, ms in top]}
 
 
@@ -129,10 +138,12 @@ def write_markdown(result: dict, path: Path) -> None:
             details += [f"## {r['label']}, patch options `{options}`", "",
                         f"wall with graphs {r['wall_graphs_ms']:.2f} ms; eager {r['wall_eager_ms']:.2f} ms; "
                         f"sum of {unit} (eager run) {r['kernel_sum_ms']:.2f} ms over {r.get('kernels')} launches", "",
-                        "| category | ms | share |",
-                        "|---|---|---|"]
-            details += [f"| {c} | {ms:.3f} | {ms / max(r['kernel_sum_ms'], 1e-9):.0%} |"
-                        for c, ms in r["by_category_ms"].items()]
+                        "| category | ms | share | ms in the graph |",
+                        "|---|---|---|---|"]
+            in_graph = r.get("graph_by_category_ms", {})
+            for c, ms in r["by_category_ms"].items():
+                graph_ms = f"{in_graph[c]:.3f}" if c in in_graph else ""
+                details.append(f"| {c} | {ms:.3f} | {ms / max(r['kernel_sum_ms'], 1e-9):.0%} | {graph_ms} |")
             details += ["", "| kernel | category | ms |", "|---|---|---|"]
             details += [f"| `{k['name']}` | {k['category']} | {k['ms']:.3f} |" for k in r["top_kernels_ms"]]
             details.append("")

@@ -32,7 +32,14 @@ def test_the_profiler_runs_on_the_tiny_shape(tmp_path):
     assert request["tokens"] == 37 and request["wall_graphs_ms"] > 0 and request["kernel_sum_ms"] > 0
     assert abs(sum(request["by_category_ms"].values()) - request["kernel_sum_ms"]) < 1e-6
     assert "gemm" in request["by_category_ms"]  # the projections' matmuls are found
+    assert request["graph_by_category_ms"] == {}  # no CUDA, no replayed graph to profile
     assert "one 37-token candidate" in (tmp_path / "profile_tiny.md").read_text()
+
+
+def test_kernels_sum_by_category():
+    recipe = load_recipe("profile_forward")
+    totals = recipe.sum_by_category({"nvjet_sm90_tst_128x112": 2.0, "ampere_bf16_gemm": 1.0, "_silu_qkv_kernel": 0.5})
+    assert totals == {"gemm": 3.0, "elementwise / reductions": 0.5}
 
 
 def test_the_profiler_takes_jevbench_requests_and_fast_options(tmp_path):
