@@ -162,8 +162,8 @@ def _rms_norm_kernel(X, stride_xt, stride_xh, RES, stride_rt, NEW_RES, MEAN_SQUA
 
 @triton.jit
 def _gated_rms_norm_kernel(X, stride_xt, stride_xh, G, stride_gt, stride_gh, MEAN_SQUARES, W, OUT, n_rows, H, D, factor,
-                           eps, IN_KERNEL_SUM: tl.constexpr, VECTORIZED: tl.constexpr,
-                     HALVING_LANES: tl.constexpr, J: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                           eps, IN_KERNEL_SUM: tl.constexpr, VECTORIZED: tl.constexpr, HALVING_LANES: tl.constexpr,
+                           J: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
     inv = _inv_rms(X, stride_xt, stride_xh, X, 0, MEAN_SQUARES, rows, t, h, n_rows, factor, eps, False, IN_KERNEL_SUM,
                    VECTORIZED, HALVING_LANES, J, BLOCK_R)
@@ -179,8 +179,8 @@ def _gated_rms_norm_kernel(X, stride_xt, stride_xh, G, stride_gt, stride_gh, MEA
 
 @triton.jit
 def _qk_norm_rope_kernel(X, stride_xt, stride_xh, MEAN_SQUARES, W, COS, SIN, stride_ct, OUT, n_rows, H, D, R, factor,
-                         eps, IN_KERNEL_SUM: tl.constexpr, VECTORIZED: tl.constexpr,
-                     HALVING_LANES: tl.constexpr, J: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                         eps, IN_KERNEL_SUM: tl.constexpr, VECTORIZED: tl.constexpr, HALVING_LANES: tl.constexpr,
+                         J: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """Per head row: n = RMSNorm(x) in the model dtype; the first R dims get n*cos + rotate_half(n)*sin."""
     rows, cols, mask, t, h = _row_tile(n_rows, H, D, BLOCK_R, BLOCK_D)
     inv = _inv_rms(X, stride_xt, stride_xh, X, 0, MEAN_SQUARES, rows, t, h, n_rows, factor, eps, False, IN_KERNEL_SUM,

@@ -447,6 +447,31 @@ def test_fresh_levels_read_no_state_and_last_levels_write_none(workload, monkeyp
     assert (False, True) in calls  # split trees: states handed in and exported
 
 
+def test_the_gdn_hands_on_contiguous_qkv_and_asks_only_for_states_it_reads(workload, monkeypatch):
+    """The GDN kernel gets q, k, v contiguous (``silu_qkv``; fla would copy views), and the conv computes final
+    states only where a later level or pack reads them (not on a pack's last level without exports)."""
+    from hf_openjev.patches import packed_candidates
+
+    qkv_layouts, conv_final_asked = [], []
+
+    def recording_gdn(q, k, v, *args):
+        qkv_layouts.append((q.is_contiguous(), k.is_contiguous(), v.is_contiguous()))
+        return gdn(q, k, v, *args)
+
+    def recording_conv(x, weight, cu_seqlens, initial_state, chunk_indices, activation, output_final_state):
+        conv_final_asked.append(output_final_state)
+        return conv(x, weight, cu_seqlens, initial_state, chunk_indices, activation, output_final_state)
+
+    gdn, conv = packed_candidates.gdn_prefill, packed_candidates.causal_conv1d_packed
+    monkeypatch.setattr(packed_candidates, "gdn_prefill", recording_gdn)
+    monkeypatch.setattr(packed_candidates, "causal_conv1d_packed", recording_conv)
+    apply_patches(workload.model)
+    fast = run_fast(workload)
+    assert qkv_layouts and all(layout == (True, True, True) for layout in qkv_layouts)
+    assert False in conv_final_asked  # last levels without exports skip them
+    assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
+
+
 def test_the_conv_reads_qkv_in_place_from_the_stacked_projection(workload, monkeypatch):
     """With stacked projections the GDN hands the conv qkv as a column view (no [T, C] copy per layer)."""
     from hf_openjev.patches import packed_candidates
