@@ -443,9 +443,15 @@ def main(argv=None) -> int:
             FAST_OPTIONS.update({**base_fast_options, **overrides})
             label = json.dumps(overrides, sort_keys=True)
             run_pass(model, work, fast=True)  # warm: new shapes autotune and capture here
-            times = [t * 1000 for t, _ in run_pass(model, work, fast=True)]
+            measured = run_pass(model, work, fast=True)
+            times = [t * 1000 for t, _ in measured]
             sweep[label] = {**summarize(times), "table": table(work, times), "fast_options": dict(FAST_OPTIONS)}
-            print(f"sweep {label}: mean {sweep[label]['mean_ms']:.1f} ms", flush=True)
+            for ref in ("A", "B"):  # the entry's answers against the reference arms this run has
+                if ref in responses:
+                    sweep[label][f"parity_vs_{ref}"] = parity(responses[ref], [r for _, r in measured])
+            print(f"sweep {label}: mean {sweep[label]['mean_ms']:.1f} ms"
+                  + "".join(f", parity vs {ref} {sweep[label][f'parity_vs_{ref}']}" for ref in ("A", "B")
+                            if f"parity_vs_{ref}" in sweep[label]), flush=True)
         results["sweep"] = sweep
         FAST_OPTIONS.clear()  # back to the options the arms ran with
         FAST_OPTIONS.update(base_fast_options)
@@ -515,8 +521,13 @@ def write_markdown(results: dict, path: Path) -> None:
                   f"{v.get('captures_while_measured', '-')} |" for c, v in results["closed_loop"].items()]
     if "sweep" in results:
         lines += ["", "## sweep of score_fast options (arm C; one warm-up and one measured pass each)", "",
-                  "| options (over --fast-options) | mean ms | p50 ms | p95 ms |", "|---|---|---|---|"]
-        lines += [f"| `{k}` | {v['mean_ms']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} |"
+                  "| options (over --fast-options) | mean ms | p50 ms | p95 ms | parity vs A | parity vs B |",
+                  "|---|---|---|---|---|---|"]
+
+        def parity_cell(p):
+            return "-" if p is None else f"{p['max_abs_dp']:.4g}, {p['decision_flips']} flips"
+        lines += [f"| `{k}` | {v['mean_ms']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | "
+                  f"{parity_cell(v.get('parity_vs_A'))} | {parity_cell(v.get('parity_vs_B'))} |"
                   for k, v in results["sweep"].items()]
     for n, v in results.get("single_candidate", {}).items():
         lines.append(f"\nsingle {n}-token candidate (C): median {v['median_ms']:.1f} ms of 5 (first call "

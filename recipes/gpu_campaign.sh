@@ -46,6 +46,9 @@
 #   bash recipes/gpu_campaign.sh qkv     # the -m gpu tests of the GDN's SiLU + q/k/v split kernel and the conv
 #                                        # without activation or final states, the whole fast path's; then 27B: a pass
 #                                        # on the defaults and singles, in what time is left (issues 4, 8)
+#   bash recipes/gpu_campaign.sh probe7  # the conv's and graphs' -m gpu tests beside mid-shape parity (defaults and
+#                                        # tails against B and A); then alone: the forward's GEMM time per bucket row
+#                                        # count (cuBLAS, cuBLASLt) and torch's attention kernels at 27B (4, 5, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-6 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -57,7 +60,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -266,6 +269,30 @@ case "$stage" in
     # 16,384-token candidate's time and peak memory
     timeout 565 $bench --shape 27b --arms C --passes 1 --concurrency 1,8,16 --single "" --long-candidate 16384 \
       --sweep '[{"share_tails": true, "min_shared_tokens": 32}]' --out "$out" 2>&1 | grep -v "Loading\|falling back" | tail -n 12 ;;
+  probe7)
+    # the -m gpu tests of the conv (its device-parametrized final form) and of graphs / the whole fast path, beside
+    # the mid-shape parity of the defaults and of exact sharing (tails, a sweep entry) against B and A; then, alone
+    # on the GPU, the forward's GEMM time at every bucket row count (cuBLAS, cuBLASLt) and torch's attention
+    # kernels at the 27B attention shape (issues 4, 5, 8)
+    ts() { while IFS= read -r line; do echo "$(date +%T) $line"; done; }
+    quiet() { grep --line-buffered -v "Loading\|falling back"; }
+    export FLA_CACHE_RESULTS=0
+    (timeout 260 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_causal_conv.py" \
+      "$REPO/tests/test_cuda_graphs.py" -m gpu -k "without_activation or test_cuda_graphs" -q -s -p no:cacheprovider \
+      >"$out/pytest_probe7.log" 2>&1; echo "pytest rc=$?" >>"$out/pytest_probe7.log") &
+    (timeout 330 $bench --shape mid --arms C,B,A --parity-only B,A --passes 1 --b-passes 1 --concurrency "" \
+      --single "" --long-candidate 0 --sweep '[{"share_tails": true, "min_shared_tokens": 32}]' \
+      --out "$out/mid" 2>&1 | quiet | ts >"$out/mid.log") &
+    wait
+    unset FLA_CACHE_RESULTS
+    for f in "$out"/*.log; do echo "=== $f"; grep -E "passed|failed|Error|rc=|parity|sweep|arm" "$f" | tail -n 12; done
+    echo "=== alone: GEMM sweep, then attention kernels ($((SECONDS - start)) s so far)"
+    left=$((520 - (SECONDS - start)))
+    timeout $((left < 60 ? 60 : left)) python3 "$REPO/recipes/gemm_sweep.py" --blas cublas,cublaslt --lt-step 128 \
+      --budget-s $((left < 60 ? 40 : left - 25)) \
+      --out "$out/gemm_sweep" 2>&1 | tail -n 30
+    left=$((585 - (SECONDS - start)))
+    timeout $((left < 30 ? 30 : left)) python3 "$REPO/recipes/attention_backends.py" --out "$out/attention" 2>&1 | tail -n 80 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
