@@ -18,7 +18,6 @@ than ``--margin`` (a bucket table could then round such packs up). CPU: ``--smok
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
