@@ -7,15 +7,16 @@ in-pack ancestors), so each level is one contiguous slice and one mixer call per
     [ level 0 segments | level 1 segments | level 2 segments ]
 
 State routing: per layer, a *bank* of states holds row 0 = zeros (no parent), rows 1..E = states handed in
-from earlier packs (``external``), then the final states of each level in order. A segment's initial
+from earlier packs (``external``), then the final states of each level in order (one row per sequence of the
+level's mixer call, dummies included). A segment's initial
 Gated DeltaNet / conv state is ``bank[parent_row]``. For attention, a segment that continues a prefix reads
 that prefix's whole chain of keys (``chain_index`` into ``[external K/V ; this pack's K/V]``): one block per
 parent, shared by all its children, never copied per candidate.
 
 Tails (planner segments with ``hands_state=False``): a level whose segments continue a tail gets a
-:class:`GdnGather`. Its Gated DeltaNet runs over a gathered layout, each sequence = [its tail ancestors' rows ;
-its own rows], from the state of the nearest ancestor that hands one on (or zeros); ``keep`` picks the level's
-own rows out of the result. The conv and attention continue the tail as any other parent.
+:class:`GdnGather`. Its conv and Gated DeltaNet run over a gathered layout, each sequence = [its tail ancestors'
+rows ; its own rows], from the states of the nearest ancestor that hands them on (or zeros); ``keep`` picks the
+level's own rows out of the result. Attention continues the tail as any other parent.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class SegmentState:
 
 @dataclass
 class GdnGather:
-    """A level's Gated DeltaNet over gathered rows (sequences that continue a tail re-run its rows)."""
+    """A level's conv and Gated DeltaNet over gathered rows (sequences that continue a tail re-run its rows)."""
 
     rows: torch.Tensor  # [T'] int64 pack rows of the gathered layout (all < the level's end)
     cu_seqlens: torch.Tensor  # [n+1] int32 over the gathered layout
@@ -225,9 +226,8 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
                     block_of_parent[parent] = len(blocks)
                     blocks.append(prefix)
                 chain_of_segment.append(block_of_parent[parent])
-        for seg_id in ids:
-            bank_row[seg_id] = next_row
-            next_row += 1
+        for i, seg_id in enumerate(ids):
+            bank_row[seg_id] = next_row + i
         if pad:  # dummy sequences: token 0 from position 0, zero state, no prefix block; their bank rows unused
             for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
                 token_ids.extend([0] * length)
@@ -235,10 +235,12 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
                 cu.append(len(token_ids) - lo)
                 parent_rows.append(0)
                 chain_of_segment.append(0)
-                next_row += 1
         continues_tail = any(segments[i].parent is not None and not segments[segments[i].parent].hands_state
                              for i in ids)
         gdn = gather_for_tails(ids, lo, len(token_ids) - lo, pad) if continues_tail else None
+        # the level's final states fill one bank row per sequence of its mixer call (real ones first, then
+        # dummies): the gathered layout's when it re-runs tails, whose padding may differ from the level's
+        next_row += len(parent_rows) if gdn is None else gdn.parent_rows.shape[0]
         meta = prepare_varlen_metadata(cu, device=device)
         has_parents = any(r != 0 for r in parent_rows)
         spec = LevelSpec(lo=lo, hi=len(token_ids), cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,

@@ -45,33 +45,32 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
     g, beta = ew.gdn_gates(a, b, m.A_log, m.dt_bias)  # [T, Hv] fp32, [T, Hv]
     conv_weight = m.conv1d.weight.squeeze(1)  # [C, K]
     layer = m.layer_idx
-    # the fp32 state bank ([1, Hv, Dk, Dv] per row) only when some level reads it or the pack exports from it
+    # the state banks ([1, Hv, Dk, Dv] fp32 and [1, C, K] per row) only when some level reads them or the pack
+    # exports from them
     reads_bank = bool(pack.exports) or any(level.continues_state for level in pack.levels)
     gdn_bank = _bank(x.new_zeros(1, m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32),
                      pack.external_gdn.get(layer)) if reads_bank else []
-    reads_conv_bank = bool(pack.exports) or any(level.has_parents for level in pack.levels)
-    conv_bank = _bank(qkv.new_zeros(1, m.conv_dim, m.conv_kernel_size),
-                      pack.external_conv.get(layer)) if reads_conv_bank else []
-    outputs, qkv_levels = [], []
+    conv_bank = _bank(qkv.new_zeros(1, m.conv_dim, m.conv_kernel_size), pack.external_conv.get(layer)) \
+        if reads_bank else []
+    outputs = []
     for index, level in enumerate(pack.levels):
         rows = slice(level.lo, level.hi)
         wants_final = _wants_final_states(pack, index)
-        # [n, C, K]; None (zeros) when every sequence of the level starts fresh
-        conv_init = torch.cat(conv_bank).index_select(0, level.parent_rows) if level.has_parents else None
-        conv, conv_final = causal_conv1d_packed(qkv[rows], conv_weight, level.cu_seqlens, conv_init,
-                                                level.chunk_indices, False, wants_final)  # [n_rows, C], no SiLU
-        q, k, v = ew.silu_qkv(conv, m.key_dim, m.value_dim)  # contiguous [n_rows, Kd] x 2, [.., Vd]
-        qkv_levels.append((q, k, v))
         gather = level.gdn
         if gather is None:
-            g_in, beta_in, cu, chunk_indices, init_rows = g[rows], beta[rows], level.cu_seqlens, \
-                level.chunk_indices, level.parent_rows
-        else:  # sequences that continue a tail re-run its rows: [tail rows ; own rows] (pack_context.GdnGather)
-            q, k, v = (torch.cat(parts).index_select(0, gather.rows) for parts in zip(*qkv_levels))  # [T', .]
-            g_in, beta_in = g.index_select(0, gather.rows), beta.index_select(0, gather.rows)
+            conv_in, g_in, beta_in = qkv[rows], g[rows], beta[rows]
+            cu, chunk_indices, init_rows = level.cu_seqlens, level.chunk_indices, level.parent_rows
+        else:  # sequences that continue a tail re-run its rows, [tail rows ; own rows], from their anchor's states
+            conv_in, g_in, beta_in = (t.index_select(0, gather.rows) for t in (qkv, g, beta))  # [T', .]
             cu, chunk_indices, init_rows = gather.cu_seqlens, gather.chunk_indices, gather.parent_rows
-        # [n, Hv, Dk, Dv]; None (zeros, nothing materialised) for a level whose sequences all start fresh
-        gdn_init = torch.cat(gdn_bank).index_select(0, init_rows) if level.continues_state else None
+        # [n, C, K] and [n, Hv, Dk, Dv]; None (zeros, nothing materialised) when every sequence starts fresh
+        conv_init = gdn_init = None
+        if level.continues_state:
+            conv_init = torch.cat(conv_bank).index_select(0, init_rows)
+            gdn_init = torch.cat(gdn_bank).index_select(0, init_rows)
+        conv, conv_final = causal_conv1d_packed(conv_in, conv_weight, cu, conv_init, chunk_indices, False,
+                                                wants_final)  # [n_rows, C], no SiLU
+        q, k, v = ew.silu_qkv(conv, m.key_dim, m.value_dim)  # contiguous [n_rows, Kd] x 2, [.., Vd]
         n = q.shape[0]
         q = q.reshape(n, m.num_k_heads, m.head_k_dim)
         k = k.reshape(n, m.num_k_heads, m.head_k_dim)
@@ -80,9 +79,9 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
             q, k, v = q.float(), k.float(), v.float()
         out, gdn_final = gdn_prefill(q, k, v, g_in, beta_in, cu, gdn_init, chunk_indices, wants_final)
         if gather is not None:
-            out = out.index_select(0, gather.keep)  # [n_rows, Hv, Dv]
+            out = out.index_select(0, gather.keep)  # [n_rows, Hv, Dv]: the level's own rows
         outputs.append(out.to(x.dtype))
-        gdn_bank.append(gdn_final)
+        gdn_bank.append(gdn_final)  # one row per sequence of the call (pack_context numbers the bank so)
         conv_bank.append(conv_final)
     if pack.exports:
         pack.record_recurrent(layer, torch.cat(gdn_bank), torch.cat(conv_bank))
