@@ -449,6 +449,8 @@ def main(argv=None) -> int:
             for ref in ("A", "B"):  # the entry's answers against the reference arms this run has
                 if ref in responses:
                     sweep[label][f"parity_vs_{ref}"] = parity(responses[ref], [r for _, r in measured])
+            results["sweep"] = sweep
+            save()  # after every entry, so a run cut short keeps the entries it finished
             print(f"sweep {label}: mean {sweep[label]['mean_ms']:.1f} ms"
                   + "".join(f", parity vs {ref} {sweep[label][f'parity_vs_{ref}']}" for ref in ("A", "B")
                             if f"parity_vs_{ref}" in sweep[label]), flush=True)

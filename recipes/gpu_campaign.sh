@@ -49,6 +49,8 @@
 #   bash recipes/gpu_campaign.sh probe7  # the conv's and graphs' -m gpu tests beside mid-shape parity (defaults and
 #                                        # tails against B and A); then alone: the forward's GEMM time per bucket row
 #                                        # count (cuBLAS, cuBLASLt) and torch's attention kernels at 27B (4, 5, 8)
+#   bash recipes/gpu_campaign.sh tails7  # 27B alone: a pass on the defaults, singles, tails at thresholds 32 and 16 as
+#                                        # sweep entries, closed loop at 1/8/16, the 16,384-token candidate (7, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-6 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -60,7 +62,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -293,6 +295,12 @@ case "$stage" in
       --out "$out/gemm_sweep" 2>&1 | tail -n 30
     left=$((585 - (SECONDS - start)))
     timeout $((left < 30 ? 30 : left)) python3 "$REPO/recipes/attention_backends.py" --out "$out/attention" 2>&1 | tail -n 80 ;;
+  tails7)
+    # 27B, alone: a pass on the defaults, singles; exact shared prefixes (tails) at thresholds 32 and 16 as sweep
+    # entries on the same warm model; closed loop at 1/8/16 in flight and the 16,384-token candidate (issues 7, 8)
+    timeout 570 $bench --shape 27b --arms C --passes 1 --concurrency 1,8,16 --single 107,3400 --long-candidate 16384 \
+      --sweep '[{"share_tails": true, "min_shared_tokens": 32}, {"share_tails": true, "min_shared_tokens": 16}]' \
+      --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 16 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
