@@ -127,6 +127,36 @@ def test_without_activation_or_final_states(device, fla):
     torch.library.opcheck(OP, tuple(args.values()) + (False, False))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("fla", [True, False], ids=["fla", "torch"])
+@pytest.mark.parametrize("tail", [1, 3, 37])
+def test_rerunning_a_tail_equals_continuing_it(device, fla, tail):
+    """What the fast path's tails rely on (pack_context.GdnGather): the conv over [tail ; own] from the state before
+    the tail gives the own rows and final state of the conv over own from the tail's final state, bit for bit."""
+    channels = 10240 if device == "cuda" else C
+    own = [5, 70, 2]
+    base = to_device(conv_inputs([tail] * len(own) + own, channels, K, dtype=torch.bfloat16, seed=21, fla=fla), device)
+    n, x, w = len(own), base["x"], base["weight"]
+    tails, owns = x[: tail * n], x[tail * n:]  # [n * tail, C], [sum(own), C]
+    start = base["initial_state"][:n]  # [n, C, K]: the state before each tail
+
+    def run(rows, lengths, state):
+        meta = conv_inputs(lengths, channels, K, fla=fla)  # only its varlen metadata is used
+        args = to_device(dict(cu_seqlens=meta["cu_seqlens"], chunk_indices=meta["chunk_indices"]), device)
+        return OP(rows, w, args["cu_seqlens"], state, args["chunk_indices"], False, True)
+
+    _, after_tail = run(tails, [tail] * n, start)  # [n, C, K]
+    continued, final = run(owns, own, after_tail)
+    offsets = [0]
+    for length in own:
+        offsets.append(offsets[-1] + length)
+    gathered = torch.cat([torch.cat([tails[i * tail:(i + 1) * tail], owns[offsets[i]:offsets[i + 1]]]) for i in range(n)])
+    rerun, final_rerun = run(gathered, [tail + length for length in own], start)
+    keep = torch.cat([torch.arange(offsets[i] + (i + 1) * tail, offsets[i + 1] + (i + 1) * tail) for i in range(n)])
+    assert torch.equal(rerun[keep.to(rerun.device)], continued) and torch.equal(final_rerun, final)
+
+
 def _column_view(x: torch.Tensor, extra: int = 29) -> torch.Tensor:
     """x's values as the first columns of a wider tensor: the layout of qkv split off a stacked projection."""
     wide = torch.randn(x.shape[0], x.shape[1] + extra, dtype=x.dtype, device=x.device)
