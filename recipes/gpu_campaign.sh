@@ -51,6 +51,8 @@
 #                                        # count (cuBLAS, cuBLASLt) and torch's attention kernels at 27B (4, 5, 8)
 #   bash recipes/gpu_campaign.sh tails7  # 27B alone: a pass on the defaults, singles, tails at thresholds 32 and 16 as
 #                                        # sweep entries, closed loop at 1/8/16, the 16,384-token candidate (7, 8)
+#   bash recipes/gpu_campaign.sh tailsmid # mid-shape parity of tails (thresholds 16, 32) against B and A, beside the
+#                                        # -m gpu tests of the gathered tails layout (issues 4, 5, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-6 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -62,7 +64,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -301,6 +303,22 @@ case "$stage" in
     timeout 570 $bench --shape 27b --arms C --passes 1 --concurrency 1,8,16 --single 107,3400 --long-candidate 16384 \
       --sweep '[{"share_tails": true, "min_shared_tokens": 32}, {"share_tails": true, "min_shared_tokens": 16}]' \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 16 ;;
+  tailsmid)
+    # mid-shape parity of exact shared prefixes (tails, threshold 16 as arm C, 32 as a sweep entry) against B and A,
+    # beside the -m gpu tests of the gathered tails layout (conv re-run = continued, fla's GDN re-run, graphs and
+    # the whole fast path); parity does not depend on timing, so sharing the GPU costs it nothing (issues 4, 5, 8)
+    ts() { while IFS= read -r line; do echo "$(date +%T) $line"; done; }
+    quiet() { grep --line-buffered -v "Loading\|falling back"; }
+    export FLA_CACHE_RESULTS=0
+    (timeout 300 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_causal_conv.py" \
+      "$REPO/tests/test_op_gdn_prefill.py" "$REPO/tests/test_cuda_graphs.py" -m gpu \
+      -k "rerunning or test_cuda_graphs" -q -s -p no:cacheprovider >"$out/pytest_tails.log" 2>&1;
+     echo "pytest rc=$?" >>"$out/pytest_tails.log") &
+    (timeout 450 $bench --shape mid --arms C,B,A --parity-only B,A --passes 1 --b-passes 1 --concurrency "" \
+      --single "" --long-candidate 0 --fast-options '{"share_tails": true, "min_shared_tokens": 16}' \
+      --sweep '[{"min_shared_tokens": 32}]' --out "$out/mid" 2>&1 | quiet | ts >"$out/mid.log") &
+    wait
+    for f in "$out"/*.log; do echo "=== $f"; grep -E "passed|failed|Error|rc=|parity|sweep|arm|differ" "$f" | tail -n 14; done ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
