@@ -7,16 +7,20 @@ in-pack ancestors), so each level is one contiguous slice and one mixer call per
     [ level 0 segments | level 1 segments | level 2 segments ]
 
 State routing: per layer, a *bank* of states holds row 0 = zeros (no parent), rows 1..E = states handed in
-from earlier packs (``external``), then the final states of each level in order (one row per sequence of the
-level's mixer call, dummies included). A segment's initial
-Gated DeltaNet / conv state is ``bank[parent_row]``. For attention, a segment that continues a prefix reads
-that prefix's whole chain of keys (``chain_index`` into ``[external K/V ; this pack's K/V]``): one block per
-parent, shared by all its children, never copied per candidate.
+from earlier packs (``external``), then the final states of each Gated DeltaNet call in order (one row per
+sequence of the call, dummies included). A segment's initial Gated DeltaNet / conv state is ``bank[row]`` of its
+*anchor*: its parent, or for a segment that continues a tail, the nearest ancestor that hands a state on. For
+attention, a segment that continues a prefix reads that prefix's whole chain of keys (``chain_index`` into
+``[external K/V ; this pack's K/V]``): one block per parent, shared by all its children, never copied per
+candidate.
 
-Tails (planner segments with ``hands_state=False``): a level whose segments continue a tail gets a
-:class:`GdnGather`. Its conv and Gated DeltaNet run over a gathered layout, each sequence = [its tail ancestors'
-rows ; its own rows], from the states of the nearest ancestor that hands them on (or zeros); ``keep`` picks the
-level's own rows out of the result. Attention continues the tail as any other parent.
+Gated DeltaNet calls (:class:`GdnCall`): consecutive levels share one conv + GDN call per layer when none of
+their sequences starts from a state another of them writes. Without tails every level reads its parent level's
+states, so each level is one call over its own rows. Tails (planner segments with ``hands_state=False``) hand
+no state on: a segment that continues one re-runs its rows, each sequence of the call being [its tail ancestors'
+rows ; its own rows] from its anchor's states (a *gathered* layout, ``keep`` picks the call's own rows out of the
+result), so the tail's level and its children's read the same anchor and run as one call. Attention continues a
+tail as any other parent.
 """
 
 from __future__ import annotations
@@ -42,18 +46,29 @@ class SegmentState:
 
 
 @dataclass
-class GdnGather:
-    """A level's conv and Gated DeltaNet over gathered rows (sequences that continue a tail re-run its rows)."""
+class GdnCall:
+    """One conv + Gated DeltaNet call per layer over the levels ``first..last`` (pack rows [lo, hi)): over those
+    rows in order (``rows`` None; one level, no tails), or over a gathered layout of them."""
 
-    rows: torch.Tensor  # [T'] int64 pack rows of the gathered layout (all < the level's end)
-    cu_seqlens: torch.Tensor  # [n+1] int32 over the gathered layout
-    chunk_indices: torch.Tensor  # [C', 2]
-    parent_rows: torch.Tensor  # [n] int64 state-bank rows of the initial states
-    keep: torch.Tensor  # [hi - lo] int64 gathered row of each of the level's rows
-    has_parents: bool = True  # some sequence starts from a handed-on state (not all from zeros)
+    first: int
+    last: int  # levels first..last (inclusive)
+    lo: int
+    hi: int  # the pack rows [lo, hi) it computes
+    cu_seqlens: torch.Tensor  # [n+1] int32 over its layout
+    chunk_indices: torch.Tensor  # [C, 2] for the GDN and conv kernels (CUDA)
+    parent_rows: torch.Tensor  # [n] int64 state-bank rows of the initial states (0 = zeros)
+    has_parents: bool  # some sequence starts from a handed-on state (not all from zeros)
+    rows: torch.Tensor | None = None  # [T'] int64 pack rows of the gathered layout (all < hi)
+    keep: torch.Tensor | None = None  # [hi - lo] int64 gathered row of each of the rows [lo, hi)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.rows, self.cu_seqlens, self.chunk_indices, self.parent_rows, self.keep]
+        """The call's own device inputs (a one-level call without tails shares its level's cu_seqlens/chunks)."""
+        own = [self.parent_rows]
+        return own if self.rows is None else own + [self.cu_seqlens, self.chunk_indices, self.rows, self.keep]
+
+    def key(self) -> tuple:
+        return (self.first, self.last, self.has_parents, tuple(self.cu_seqlens.shape), tuple(self.chunk_indices.shape),
+                None if self.rows is None else tuple(self.rows.shape))
 
 
 @dataclass
@@ -63,18 +78,11 @@ class LevelSpec:
     cu_seqlens: torch.Tensor  # [n+1] int32, relative to lo
     chunk_indices: torch.Tensor  # [C, 2] for the GDN kernel (CUDA)
     max_seqlen: int
-    parent_rows: torch.Tensor  # [n] int64 rows of the state bank (0 = zero state)
-    has_parents: bool
+    has_parents: bool  # some sequence continues a prefix (attention reads its chain of keys)
     chain_index: torch.Tensor | None = None  # [P] int64 rows of [external K/V ; pack K/V]
     cu_chain: torch.Tensor | None = None  # [m+1] int32 (block 0 is empty: segments without a parent)
     chain_of_segment: torch.Tensor | None = None  # [n] int32
     max_chain: int = 0
-    gdn: GdnGather | None = None  # set when a segment of the level continues a tail
-
-    @property
-    def continues_state(self) -> bool:
-        """Some sequence's Gated DeltaNet starts from a handed-on state (else every one starts from zeros)."""
-        return self.has_parents if self.gdn is None else self.gdn.has_parents
 
 
 @dataclass
@@ -84,6 +92,7 @@ class PackContext:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     levels: list[LevelSpec]
+    gdn_calls: list[GdnCall]
     final_rows: torch.Tensor  # [N] int64: last token of each scored candidate, in ``leaf_ids`` order
     leaf_ids: list[int]
     final_row_mlp: bool = True
@@ -104,11 +113,11 @@ class PackContext:
         """Every device input of the forward, in a fixed order (what a graph replay copies in)."""
         out = [self.input_ids, self.positions, self.final_rows]
         for level in self.levels:
-            out += [level.cu_seqlens, level.chunk_indices, level.parent_rows]
-            if level.gdn is not None:
-                out += level.gdn.tensors()
+            out += [level.cu_seqlens, level.chunk_indices]
             if level.has_parents:
                 out += [level.chain_index, level.cu_chain, level.chain_of_segment]
+        for call in self.gdn_calls:
+            out += call.tensors()
         return out
 
     def record_recurrent(self, layer: int, gdn_bank: torch.Tensor, conv_bank: torch.Tensor) -> None:
@@ -124,13 +133,16 @@ class PackContext:
 
 def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, final_row_mlp: bool = True,
                        compile_elementwise: bool = False, fused_elementwise: bool = True, gdn_fp32: bool = False,
-                       pad: bool = False) -> PackContext:
+                       pad: bool = False, merge_levels: bool = True) -> PackContext:
     """Lay out ``pack`` (a planner Pack of ``plan``) and route states; ``store`` holds earlier packs' exports.
 
     ``pad=True`` (packs without external states or exports only) pads every level with dummy sequences to its
     shape bucket (:mod:`.graph_buckets`) and sets ``graph_key``: contexts with equal keys have equal tensor
     shapes, so one captured CUDA graph replays them all. Dummy tokens start from zero states, read no prefix and
     are never scored, so the real sequences' results do not change.
+
+    ``merge_levels=False`` gives every level its own Gated DeltaNet call (one sequence's arithmetic does not depend
+    on the other sequences of its call, so the rows are the same; tests compare the two).
     """
     if pad and (pack.external or pack.export):
         raise ValueError("only packs without external states or exports can be padded for graph replay")
@@ -182,32 +194,13 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
             parent = segments[parent].parent
         return tails[::-1], parent
 
-    def gather_for_tails(ids: list[int], lo: int, level_tokens: int, pad: bool) -> GdnGather:
-        rows, cu, parents, keep = [], [0], [], [0] * level_tokens
-        for seg_id in ids:
-            tails, anchor = gdn_start(seg_id)
-            for tail in tails:
-                rows.extend(range(start_of[tail], start_of[tail] + len(segments[tail].tokens)))
-            own = len(segments[seg_id].tokens)
-            keep[start_of[seg_id] - lo: start_of[seg_id] - lo + own] = range(len(rows), len(rows) + own)
-            rows.extend(range(start_of[seg_id], start_of[seg_id] + own))
-            cu.append(len(rows))
-            parents.append(bank_row[anchor] if anchor is not None else 0)
-        if pad:  # dummies re-read row `lo` from zero states; the level's dummy rows keep gathered row 0
-            for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
-                rows.extend([lo] * length)
-                cu.append(len(rows))
-                parents.append(0)
-        meta = prepare_varlen_metadata(cu, device=device)
-        return GdnGather(torch.tensor(rows, dtype=torch.long, device=device), meta.cu_seqlens, meta.chunk_indices,
-                         torch.tensor(parents, dtype=torch.long, device=device),
-                         torch.tensor(keep, dtype=torch.long, device=device), any(p != 0 for p in parents))
-
+    level_ids: list[list[int]] = []  # each level's real segments, in layout order
     for level in sorted(by_level):
         ids = by_level[level]
+        level_ids.append(ids)
         lo = len(token_ids)
         cu = [0]
-        parent_rows, blocks, block_of_parent, chain_of_segment = [], [[]], {}, []
+        blocks, block_of_parent, chain_of_segment = [[]], {}, []
         for seg_id in ids:
             seg = segments[seg_id]
             start_of[seg_id] = len(token_ids)
@@ -215,7 +208,6 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
             positions.extend(range(seg.start, seg.end))
             cu.append(len(token_ids) - lo)
             parent = seg.parent
-            parent_rows.append(bank_row[parent] if parent is not None else 0)
             prefix = parent_chain(seg_id)
             own = [ext_len + start_of[seg_id] + i for i in range(len(seg.tokens))]
             chain_rows[seg_id] = prefix + own
@@ -226,26 +218,16 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
                     block_of_parent[parent] = len(blocks)
                     blocks.append(prefix)
                 chain_of_segment.append(block_of_parent[parent])
-        for i, seg_id in enumerate(ids):
-            bank_row[seg_id] = next_row + i
-        if pad:  # dummy sequences: token 0 from position 0, zero state, no prefix block; their bank rows unused
+        if pad:  # dummy sequences: token 0 from position 0, zero state, no prefix block
             for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
                 token_ids.extend([0] * length)
                 positions.extend(range(length))
                 cu.append(len(token_ids) - lo)
-                parent_rows.append(0)
                 chain_of_segment.append(0)
-        continues_tail = any(segments[i].parent is not None and not segments[segments[i].parent].hands_state
-                             for i in ids)
-        gdn = gather_for_tails(ids, lo, len(token_ids) - lo, pad) if continues_tail else None
-        # the level's final states fill one bank row per sequence of its mixer call (real ones first, then
-        # dummies): the gathered layout's when it re-runs tails, whose padding may differ from the level's
-        next_row += len(parent_rows) if gdn is None else gdn.parent_rows.shape[0]
         meta = prepare_varlen_metadata(cu, device=device)
-        has_parents = any(r != 0 for r in parent_rows)
+        has_parents = any(segments[i].parent is not None for i in ids)
         spec = LevelSpec(lo=lo, hi=len(token_ids), cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
-                         max_seqlen=(len(token_ids) - lo) if pad else meta.max_seqlen, has_parents=has_parents,
-                         parent_rows=torch.tensor(parent_rows, dtype=torch.long, device=device), gdn=gdn)
+                         max_seqlen=(len(token_ids) - lo) if pad else meta.max_seqlen, has_parents=has_parents)
         if has_parents:
             chain = [r for b in blocks for r in b]
             cu_chain = [0]
@@ -261,6 +243,54 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
             spec.chain_of_segment = torch.tensor(chain_of_segment, dtype=torch.int32, device=device)
         levels.append(spec)
 
+    # Gated DeltaNet calls: a level joins the open call unless one of its anchors is computed in that call
+    level_of_segment = {seg_id: index for index, ids in enumerate(level_ids) for seg_id in ids}
+    groups: list[list[int]] = []
+    for index, ids in enumerate(level_ids):
+        anchors = {gdn_start(seg_id)[1] for seg_id in ids}
+        if merge_levels and groups and not any(level_of_segment.get(a) in groups[-1] for a in anchors if a is not None):
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+
+    def gdn_call(group: list[int]) -> GdnCall:
+        """Build the call of levels ``group`` and number its sequences' bank rows (real ones first, then dummies)."""
+        nonlocal next_row
+        first, last = levels[group[0]], levels[group[-1]]
+        sequences = [seg_id for index in group for seg_id in level_ids[index]]
+        anchors = [gdn_start(seg_id)[1] for seg_id in sequences]
+        parents = [bank_row[a] if a is not None else 0 for a in anchors]
+        gathered = len(group) > 1 or any(gdn_start(seg_id)[0] for seg_id in sequences)
+        for i, seg_id in enumerate(sequences):
+            bank_row[seg_id] = next_row + i
+        if not gathered:  # one level over its own rows: its layout, dummies from zero states
+            parents += [0] * (first.cu_seqlens.shape[0] - 1 - len(sequences))
+            next_row += len(parents)
+            return GdnCall(group[0], group[-1], first.lo, first.hi, first.cu_seqlens, first.chunk_indices,
+                           torch.tensor(parents, dtype=torch.long, device=device), any(parents))
+        rows, cu, keep = [], [0], [0] * (last.hi - first.lo)  # level dummy rows keep gathered row 0 (never read)
+        for seg_id in sequences:
+            for tail in gdn_start(seg_id)[0]:
+                rows.extend(range(start_of[tail], start_of[tail] + len(segments[tail].tokens)))
+            own = len(segments[seg_id].tokens)
+            at = start_of[seg_id] - first.lo
+            keep[at: at + own] = range(len(rows), len(rows) + own)
+            rows.extend(range(start_of[seg_id], start_of[seg_id] + own))
+            cu.append(len(rows))
+        if pad:  # dummies re-read the call's first row from zero states
+            for length in pad_level([cu[i + 1] - cu[i] for i in range(len(sequences))]):
+                rows.extend([first.lo] * length)
+                cu.append(len(rows))
+                parents.append(0)
+        next_row += len(parents)
+        meta = prepare_varlen_metadata(cu, device=device)
+        return GdnCall(group[0], group[-1], first.lo, last.hi, meta.cu_seqlens, meta.chunk_indices,
+                       torch.tensor(parents, dtype=torch.long, device=device), any(parents),
+                       torch.tensor(rows, dtype=torch.long, device=device),
+                       torch.tensor(keep, dtype=torch.long, device=device))
+
+    gdn_calls = [gdn_call(group) for group in groups]
+
     leaf_ids = [s for s in pack.segments if segments[s].leaf is not None]
     final_rows = [start_of[s] + len(segments[s].tokens) - 1 for s in leaf_ids]
     if pad:  # extra rows re-read row 0; callers keep the first len(leaf_ids) outputs
@@ -269,6 +299,7 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         input_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         levels=levels,
+        gdn_calls=gdn_calls,
         final_rows=torch.tensor(final_rows, dtype=torch.long, device=device),
         leaf_ids=leaf_ids,
         final_row_mlp=final_row_mlp,
@@ -280,10 +311,8 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
     if pad:
         ctx.graph_key = (final_row_mlp, compile_elementwise, fused_elementwise, gdn_fp32, len(final_rows), tuple(
             (level.hi - level.lo, tuple(level.cu_seqlens.shape), tuple(level.chunk_indices.shape), level.has_parents,
-             level.max_chain, tuple(level.cu_chain.shape) if level.has_parents else None,
-             None if level.gdn is None else (tuple(level.gdn.rows.shape), tuple(level.gdn.chunk_indices.shape),
-                                             level.gdn.has_parents))
-            for level in levels))
+             level.max_chain, tuple(level.cu_chain.shape) if level.has_parents else None)
+            for level in levels), tuple(call.key() for call in gdn_calls))
     if external:
         first = store[external[0]]
         for layer in first.gdn:

@@ -23,11 +23,6 @@ def _bank(zero_row: torch.Tensor, external: torch.Tensor | None) -> list[torch.T
     return [zero_row] if external is None else [zero_row, external]
 
 
-def _wants_final_states(pack, level_index: int) -> bool:
-    """A level's final states are read by later levels of the pack or exported to later packs."""
-    return level_index < len(pack.levels) - 1 or bool(pack.exports)
-
-
 class PackedGatedDeltaNet(qwen.Qwen3_5GatedDeltaNet):
     """Gated DeltaNet over packed sequences: conv + chunked delta rule per level, fp32 states across prefixes."""
 
@@ -45,31 +40,28 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
     g, beta = ew.gdn_gates(a, b, m.A_log, m.dt_bias)  # [T, Hv] fp32, [T, Hv]
     conv_weight = m.conv1d.weight.squeeze(1)  # [C, K]
     layer = m.layer_idx
-    # the state banks ([1, Hv, Dk, Dv] fp32 and [1, C, K] per row) only when some level reads them or the pack
+    # the state banks ([1, Hv, Dk, Dv] fp32 and [1, C, K] per row) only when some call reads them or the pack
     # exports from them
-    reads_bank = bool(pack.exports) or any(level.continues_state for level in pack.levels)
+    reads_bank = bool(pack.exports) or any(call.has_parents for call in pack.gdn_calls)
     gdn_bank = _bank(x.new_zeros(1, m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32),
                      pack.external_gdn.get(layer)) if reads_bank else []
     conv_bank = _bank(qkv.new_zeros(1, m.conv_dim, m.conv_kernel_size), pack.external_conv.get(layer)) \
         if reads_bank else []
     outputs = []
-    for index, level in enumerate(pack.levels):
-        rows = slice(level.lo, level.hi)
-        wants_final = _wants_final_states(pack, index)
-        gather = level.gdn
-        if gather is None:
+    for index, call in enumerate(pack.gdn_calls):  # pack_context.GdnCall: one or more levels
+        wants_final = index < len(pack.gdn_calls) - 1 or bool(pack.exports)  # later calls or packs read them
+        if call.rows is None:  # the call's rows [lo, hi) in order
+            rows = slice(call.lo, call.hi)
             conv_in, g_in, beta_in = qkv[rows], g[rows], beta[rows]
-            cu, chunk_indices, init_rows = level.cu_seqlens, level.chunk_indices, level.parent_rows
-        else:  # sequences that continue a tail re-run its rows, [tail rows ; own rows], from their anchor's states
-            conv_in, g_in, beta_in = (t.index_select(0, gather.rows) for t in (qkv, g, beta))  # [T', .]
-            cu, chunk_indices, init_rows = gather.cu_seqlens, gather.chunk_indices, gather.parent_rows
-        # [n, C, K] and [n, Hv, Dk, Dv]; None (zeros, nothing materialised) when every sequence starts fresh
+        else:  # a gathered layout: sequences that continue a tail re-run its rows, [tail rows ; own rows]
+            conv_in, g_in, beta_in = (t.index_select(0, call.rows) for t in (qkv, g, beta))  # [T', .]
+        # [n, C, K] and [n, Hv, Dk, Dv] from the anchors; None (zeros, nothing materialised) when all start fresh
         conv_init = gdn_init = None
-        if level.continues_state:
-            conv_init = torch.cat(conv_bank).index_select(0, init_rows)
-            gdn_init = torch.cat(gdn_bank).index_select(0, init_rows)
-        conv, conv_final = causal_conv1d_packed(conv_in, conv_weight, cu, conv_init, chunk_indices, False,
-                                                wants_final)  # [n_rows, C], no SiLU
+        if call.has_parents:
+            conv_init = torch.cat(conv_bank).index_select(0, call.parent_rows)
+            gdn_init = torch.cat(gdn_bank).index_select(0, call.parent_rows)
+        conv, conv_final = causal_conv1d_packed(conv_in, conv_weight, call.cu_seqlens, conv_init, call.chunk_indices,
+                                                False, wants_final)  # [n_rows, C], no SiLU
         q, k, v = ew.silu_qkv(conv, m.key_dim, m.value_dim)  # contiguous [n_rows, Kd] x 2, [.., Vd]
         n = q.shape[0]
         q = q.reshape(n, m.num_k_heads, m.head_k_dim)
@@ -77,9 +69,10 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         v = v.reshape(n, m.num_v_heads, m.head_v_dim)
         if pack.gdn_fp32:  # fla then keeps its WY factors and chunk states in fp32 too (the stock fallback does)
             q, k, v = q.float(), k.float(), v.float()
-        out, gdn_final = gdn_prefill(q, k, v, g_in, beta_in, cu, gdn_init, chunk_indices, wants_final)
-        if gather is not None:
-            out = out.index_select(0, gather.keep)  # [n_rows, Hv, Dv]: the level's own rows
+        out, gdn_final = gdn_prefill(q, k, v, g_in, beta_in, call.cu_seqlens, gdn_init, call.chunk_indices,
+                                     wants_final)
+        if call.keep is not None:
+            out = out.index_select(0, call.keep)  # [hi - lo, Hv, Dv]: the call's own rows
         outputs.append(out.to(x.dtype))
         gdn_bank.append(gdn_final)  # one row per sequence of the call (pack_context numbers the bank so)
         conv_bank.append(conv_final)

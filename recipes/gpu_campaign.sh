@@ -53,6 +53,8 @@
 #                                        # sweep entries, closed loop at 1/8/16, the 16,384-token candidate (7, 8)
 #   bash recipes/gpu_campaign.sh tailsmid # mid-shape parity of tails (thresholds 16, 32) against B and A, beside the
 #                                        # -m gpu tests of the gathered tails layout (issues 4, 5, 8)
+#   bash recipes/gpu_campaign.sh merged  # merged GDN calls = one call per level on fla (-m gpu); 27B requests of <= 128
+#                                        # tokens with tails at threshold 16, in what time is left (issues 4, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-6 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -64,7 +66,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid | merged}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -319,6 +321,17 @@ case "$stage" in
       --sweep '[{"min_shared_tokens": 32}]' --out "$out/mid" 2>&1 | quiet | ts >"$out/mid.log") &
     wait
     for f in "$out"/*.log; do echo "=== $f"; grep -E "passed|failed|Error|rc=|parity|sweep|arm|differ" "$f" | tail -n 14; done ;;
+  merged)
+    # the -m gpu test that merged GDN calls give the rows of one call per level (fla, bf16, eager), then 27B on
+    # the requests of at most 128 tokens with tails at threshold 16 (merged calls), alone, in what time is left
+    timeout 110 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_cuda_graphs.py" -m gpu \
+      -k "merged" -q -s -p no:cacheprovider >"$out/pytest_merged.log" 2>&1
+    echo "pytest rc=$?" | tee -a "$out/pytest_merged.log"
+    grep -E "passed|failed|Error|assert" "$out/pytest_merged.log" | tail -n 6
+    left=$((${MERGED_BUDGET_S:-250} - (SECONDS - start)))
+    timeout $((left < 30 ? 30 : left)) $bench --shape 27b --arms C --passes 1 --concurrency "" --single "" \
+      --long-candidate 0 --max-length 128 --fast-options '{"share_tails": true, "min_shared_tokens": 16}' \
+      --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .

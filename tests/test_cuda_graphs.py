@@ -54,7 +54,7 @@ def test_padded_packs_give_the_same_rows(patched_model, tails):
             torch.testing.assert_close(rows[: len(padded.leaf_ids)], text_model(pack=plain), rtol=1e-5, atol=1e-5)
             keys.add(padded.graph_key)
             checked += 1
-            gathered += sum(level.gdn is not None for level in padded.levels)
+            gathered += sum(call.rows is not None for call in padded.gdn_calls)
     assert checked >= 12 and len(keys) > 1
     assert (gathered > 0) == bool(tails)  # levels that re-run a tail's rows were padded and checked
 
@@ -181,3 +181,57 @@ def test_graph_ready_packs():
     split = plan_requests([[[[7] * 130 + [8], [7] * 130 + [9], [7] * 130 + [10]]]], max_sequences=1)
     assert not any(graph_ready(split, pack) for pack in split.packs if pack.external or pack.export)
     assert any(pack.external for pack in split.packs) and any(pack.export for pack in split.packs)
+
+
+def _calls_and_levels(plan, pack):
+    ctx = build_pack_context(plan, pack, {}, "cpu")
+    return [(call.first, call.last, call.rows is not None) for call in ctx.gdn_calls], len(ctx.levels)
+
+
+def test_levels_share_a_gdn_call_only_when_none_reads_the_others_states():
+    """A tail hands no state on, so the tail's level and its children's (which re-run its rows from the same
+    anchor) run as one conv + GDN call; a level that reads a state of the open call starts a new one."""
+    prefix = list(range(100, 140))  # 40 tokens: no multiple of 64 inside, so all of it is a tail
+    short = [[prefix + [7, 8, 9], prefix + [5, 6]]]
+    plan = plan_requests([short], share_tails=True, min_shared_tokens=16)
+    assert _calls_and_levels(plan, plan.packs[0]) == ([(0, 1, True)], 2)  # tail + children: one gathered call
+    long = [[list(range(100, 180)) + [7, 8, 9], list(range(100, 180)) + [5, 6]]]  # 80 = 64 aligned + 16 tail
+    plan = plan_requests([long], share_tails=True, min_shared_tokens=16)
+    assert _calls_and_levels(plan, plan.packs[0]) == ([(0, 0, False), (1, 2, True)], 3)
+    plan = plan_requests([long])  # aligned sharing only: each level reads its parent level's states
+    assert _calls_and_levels(plan, plan.packs[0]) == ([(0, 0, False), (1, 1, False)], 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pad", [False, True])
+def test_merged_gdn_calls_give_the_rows_of_one_call_per_level(tiny_checkpoint, dtype, pad):
+    _compare_merged_and_per_level(tiny_checkpoint, "cpu", dtype, pad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("pad", [False, True])
+def test_merged_gdn_calls_give_the_rows_of_one_call_per_level_on_cuda(tiny_checkpoint, pad):
+    """fla's varlen kernels: a sequence's result does not depend on the other sequences of its call."""
+    _compare_merged_and_per_level(tiny_checkpoint, "cuda", torch.bfloat16, pad)
+
+
+def _compare_merged_and_per_level(tiny_checkpoint, device, dtype, pad):
+    model = load_export(tiny_checkpoint.export, dtype=dtype, device=device)
+    apply_patches(model, cuda_graphs=False)
+    text_model = text_model_of(model)
+    rng = random.Random(7)
+    merged_calls = compared = 0
+    with torch.no_grad():
+        for _ in range(8):
+            plan = plan_requests(_random_requests(rng, model.config.vocab_size), share_tails=True, min_shared_tokens=8)
+            for pack in plan.packs:
+                if pack.external or pack.export:
+                    continue
+                merged = build_pack_context(plan, pack, {}, device, pad=pad)
+                apart = build_pack_context(plan, pack, {}, device, pad=pad, merge_levels=False)
+                assert len(apart.gdn_calls) == len(apart.levels)
+                merged_calls += len(merged.gdn_calls) < len(merged.levels)
+                assert torch.equal(text_model(pack=merged), text_model(pack=apart))
+                compared += 1
+    assert compared >= 8 and merged_calls >= 4  # packs where levels shared a call were among them

@@ -352,16 +352,18 @@ def _sabotage(kind: str, ctx) -> None:
     elif kind == "external_kv":
         ctx.external_value = _zero(ctx.external_value)
     elif kind == "parent_states":
-        for level in ctx.levels:
-            level.parent_rows = torch.zeros_like(level.parent_rows)
+        for call in ctx.gdn_calls:
+            call.parent_rows = torch.zeros_like(call.parent_rows)
     elif kind == "parent_chain":
         for level in ctx.levels:
             if level.has_parents:
                 level.chain_index = torch.zeros_like(level.chain_index)
-    elif kind == "tail_state":  # children of a tail start from its state and also re-run its rows
-        for level in ctx.levels:
-            if level.gdn is not None:
-                level.gdn.parent_rows = torch.cat([level.parent_rows, level.gdn.parent_rows[len(level.parent_rows):]])
+    elif kind == "tail_rows":  # children of a tail start from the anchor's state but skip the tail's rows
+        for call in ctx.gdn_calls:
+            if call.rows is not None:
+                own = torch.zeros_like(call.rows, dtype=torch.bool)
+                own[call.keep] = True
+                call.rows = torch.where(own, call.rows, call.rows[call.keep[0]])  # tail rows -> one own row
     elif kind == "positions":
         for level in ctx.levels:
             if level.has_parents:
@@ -371,7 +373,7 @@ def _sabotage(kind: str, ctx) -> None:
 @pytest.mark.parametrize("kind, limits", [
     ("external_gdn", dict(max_sequences=3)), ("external_conv", dict(max_sequences=3)),
     ("external_kv", dict(max_sequences=3)), ("parent_states", {}), ("parent_chain", {}), ("positions", {}),
-    ("tail_state", TAILS),
+    ("tail_rows", TAILS),
 ])
 def test_the_parity_gate_fails_when_a_state_is_not_handed_over(sensitive, monkeypatch, kind, limits):
     import hf_openjev.fast_path as fast_path
