@@ -24,8 +24,11 @@ class JevDecisionPipeline(Pipeline):
     """One request dict -> one response dict (contract §6); a list of requests -> a list of responses.
 
     Call options: ``fast`` (None: the fast path on CUDA, the reference path elsewhere), ``batch_size`` (candidates
-    per reference forward, default 32). Invalid requests raise ``hf_openjev.RequestError`` before any model work;
-    with a list, every request is validated before the first one runs.
+    per reference forward, default 32), and the fast path's prefix sharing: ``share_tails`` (True: common
+    prefixes are shared exactly, not only up to their last multiple of 64 tokens; default False) and
+    ``min_shared_tokens`` (the shortest prefix worth sharing; default 64, 16 measured best with ``share_tails``).
+    The reference path shares nothing and ignores both. Invalid requests raise ``hf_openjev.RequestError`` before
+    any model work; with a list, every request is validated before the first one runs.
     """
 
     _load_tokenizer = False
@@ -48,10 +51,19 @@ class JevDecisionPipeline(Pipeline):
         kwargs.pop("torch_dtype", None)
         super().__init__(model, *args, **kwargs)
 
-    def _sanitize_parameters(self, fast=None, reference_batch_size=None, **unknown):
+    def _sanitize_parameters(self, fast=None, reference_batch_size=None, share_tails=None, min_shared_tokens=None,
+                             **unknown):
         if unknown:
             raise TypeError(f"unknown jev-decision option(s): {', '.join(sorted(unknown))}")
-        forward = {"fast": fast}
+        forward = {"fast": fast, "fast_options": {}}
+        if share_tails is not None:
+            if not isinstance(share_tails, bool):
+                raise ValueError(f"share_tails must be True or False, got {share_tails!r}")
+            forward["fast_options"]["share_tails"] = share_tails
+        if min_shared_tokens is not None:
+            if isinstance(min_shared_tokens, bool) or not isinstance(min_shared_tokens, int) or min_shared_tokens < 1:
+                raise ValueError(f"min_shared_tokens must be a positive integer, got {min_shared_tokens!r}")
+            forward["fast_options"]["min_shared_tokens"] = min_shared_tokens
         batch = reference_batch_size or getattr(self, "_reference_batch_size", None)
         if batch is not None:
             if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -72,8 +84,9 @@ class JevDecisionPipeline(Pipeline):
     def preprocess(self, request):
         return prepare_request(self.model, request)
 
-    def _forward(self, prepared, fast=None, reference_batch_size=32):
-        result = score_prepared(self.model, [prepared], fast=fast, batch_size=reference_batch_size)
+    def _forward(self, prepared, fast=None, reference_batch_size=32, fast_options=None):
+        result = score_prepared(self.model, [prepared], fast=fast, batch_size=reference_batch_size,
+                                **(fast_options or {}))
         method = "fast" if use_fast_path(self.model, fast) else "reference"
         return {"prepared": prepared, "scores": result.scores[0], "seconds": result.seconds,
                 "prefix_cache": result.prefix_cache[0], "method": method}

@@ -204,6 +204,34 @@ def test_batch_size_option_sets_the_reference_batch(jev, tiny_model):
         handle.remove()
 
 
+def test_exact_prefix_sharing_is_a_call_option_of_the_fast_path(jev):
+    reference = jev(REQUEST, fast=False)
+    aligned = jev(REQUEST, fast=True)
+    exact = jev(REQUEST, fast=True, share_tails=True, min_shared_tokens=1)
+    shared = [r["metadata"]["prefix_cache"]["shared_tokens"] for r in (aligned, exact)]
+    assert shared[1] > shared[0] and shared[1] % 64 != 0  # the exact common prefixes, not their multiples of 64
+    for response in (aligned, exact):
+        for qid, answer in reference["answers"].items():
+            got = response["answers"][qid]
+            for key in ("probabilities", "confidence", "score", "noul"):
+                if key in answer:
+                    assert got[key] == pytest.approx(answer[key], abs=1e-4)
+    ignored = jev(REQUEST, fast=False, share_tails=True)  # the reference path shares nothing either way
+    assert ignored["metadata"]["prefix_cache"]["shared_tokens"] == 0
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(share_tails="yes"), "share_tails must be True or False"),
+    (dict(min_shared_tokens=0), "min_shared_tokens must be a positive integer"),
+    (dict(min_shared_tokens=True), "min_shared_tokens must be a positive integer"),
+    (dict(min_shared_tokens=16.0), "min_shared_tokens must be a positive integer"),
+])
+def test_bad_sharing_options_fail_before_model_work(jev, no_model_work, options, message):
+    with pytest.raises(ValueError, match=message):
+        jev(REQUEST, fast=True, **options)
+    assert no_model_work == []
+
+
 def test_unknown_option(jev):
     with pytest.raises(TypeError, match="unknown jev-decision option"):
         jev(REQUEST, temperature=1.0)
