@@ -57,11 +57,11 @@
 #                                        # tokens with tails at threshold 16, in what time is left (issues 4, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
-# Sessions 2-6 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
+# Sessions 2-7 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
 # profile4, exact (its closed loop at 1/8/16 replaces serve), final5 (cut by the end of device time); order, merge,
-# final6, qkv (recipes/results/h200-2026-11-29-s2 ... -s6). Not run yet: serve and profile3 as written. Next: the
-# closed loop, the 16,384-token candidate and the 3,400-token single at the current commit (final6 ran one commit
-# before silu_qkv), and merge's profiles again (per-category kernel time in the graph).
+# final6, qkv; probe7, tails7, tailsmid, merged (its GPU test cut by its time limit) (recipes/results/
+# h200-2026-11-29-s2 ... -s7). Not run yet: serve and profile3 as written. Next: merged's GPU test alone and the
+# whole workload with exact sharing and merged GDN calls; merge's profiles again (per-category time in the graph).
 # Each stage leaves its files under $OUT/<stage>/ and a tarball of them, $OUT/<stage>.tgz (the device returns at
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
