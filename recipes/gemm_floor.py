@@ -2,12 +2,17 @@
 
     python recipes/gemm_floor.py                      # the three sharing policies side by side
     python recipes/gemm_floor.py --out results/floor  # also writes gemm_floor.json and .md
+    python recipes/gemm_floor.py --curve recipes/results/h200-2026-11-29-s7/probe7/gemm_sweep/gemm_sweep.json
 
 Each request of the benchmark's workload (the same token ids) is planned as the fast path plans it (``plan_requests``, the request alone); each pack costs what
 performance.md measured for cuBLAS bf16 GEMMs at the 27B shape, graph-replayed with stacked projections:
 ``max(13.3 ms, tokens * 293 / 4096 ms)`` (13.3 ms at 107 tokens is weight streaming; 293 ms at 4,096 tokens is
 ~680 TFLOP/s). Real tokens only: no graph-bucket padding, no other kernel. The sum over a request's packs is its
 floor; mean, p50 and p95 (``sorted[int(0.95 N) - 1]``) are over the 231 requests, as the benchmark reports them.
+
+``--curve`` costs each pack with a measured curve instead (``recipes/gemm_sweep.py``'s JSON: one forward's GEMMs
+at every 32-row count, graph-replayed): the pack's tokens rounded up to the next measured row count, as the graph
+buckets round them (past the curve's end, linear in tokens from its last point).
 
 The last column bounds throughput under any batching across requests: requests share no tokens, so a server
 computes at least the plan's tokens per pass over the workload, at no less than the compute-bound GEMM time per
@@ -40,14 +45,28 @@ def pack_floor_ms(tokens: int) -> float:
     return max(STREAMING_MS, tokens * MS_PER_TOKEN)
 
 
-def workload_floor(requests, **plan_options) -> dict:
+def load_curve(path) -> dict[int, float]:
+    """Row count -> ms of one forward's GEMMs, from ``gemm_sweep.py``'s JSON (its first BLAS library)."""
+    data = json.loads(Path(path).read_text())
+    first = next(iter(data["libraries"].values()))
+    return {int(rows): ms for rows, ms in first["ms"].items()}
+
+
+def curve_pack_ms(curve: dict[int, float], tokens: int) -> float:
+    """A pack's GEMM time on a measured curve: the smallest measured row count >= tokens (linear past the end)."""
+    rows = sorted(curve)
+    at_least = [r for r in rows if r >= tokens]
+    return curve[at_least[0]] if at_least else curve[rows[-1]] * tokens / rows[-1]
+
+
+def workload_floor(requests, pack_ms=pack_floor_ms, **plan_options) -> dict:
     """``requests``: token ids ``[q][c]`` per request (the benchmark's workload: ``build_workload(...)[i][1].tokens``)."""
     floors, tokens = [], []
     questions = sum(len(tokens_of_request) for tokens_of_request in requests)
     for tokens_of_request in requests:
         plan = plan_requests([tokens_of_request], **plan_options)
         sizes = [pack.tokens(plan) for pack in plan.packs]
-        floors.append(sum(pack_floor_ms(t) for t in sizes))
+        floors.append(sum(pack_ms(t) for t in sizes))
         tokens.append(sum(sizes))
     ordered = sorted(floors)
     return {"n": len(floors), "mean_ms": statistics.fmean(floors), "p50_ms": statistics.median(floors),
@@ -58,9 +77,15 @@ def workload_floor(requests, **plan_options) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="folder for gemm_floor.json and gemm_floor.md")
+    parser.add_argument("--curve", default=None, help="gemm_sweep.py's JSON: cost packs on that measured curve")
     args = parser.parse_args(argv)
+    pack_ms, cost = pack_floor_ms, f"max({STREAMING_MS} ms, tokens x 293/4096 ms) (performance.md's measured cuBLAS curve)"
+    if args.curve:
+        curve = load_curve(args.curve)
+        pack_ms, cost = (lambda tokens: curve_pack_ms(curve, tokens)), f"the measured curve of `{args.curve}`"
     requests = [request.tokens for _, request in build_workload(SHAPES_FILE, vocab=VOCAB, seed=0)]
-    results = {name: workload_floor(requests, **options) for name, options in POLICIES.items()}
+    policies = {**POLICIES, "exact sharing (share_tails, threshold 16)": dict(share_tails=True, min_shared_tokens=16)}
+    results = {name: workload_floor(requests, pack_ms, **options) for name, options in policies.items()}
     lines = ["| plan | computed tokens | mean ms | p50 ms | p95 ms | max decisions/s, any batching |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {name} | {r['computed_tokens']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "
@@ -72,8 +97,8 @@ def main(argv=None) -> int:
         (out / "gemm_floor.json").write_text(json.dumps(results, indent=1))
         (out / "gemm_floor.md").write_text(
             "# GEMM-only floor of the JevBench workload by sharing policy\n\n"
-            f"Command: `python recipes/gemm_floor.py --out {args.out}`\n\n"
-            f"Pack cost: max({STREAMING_MS} ms, tokens x 293/4096 ms) (performance.md's measured cuBLAS curve).\n\n"
+            f"Command: `python recipes/gemm_floor.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
+            f"Pack cost: {cost}.\n\n"
             + "\n".join(lines) + "\n")
     return 0
 

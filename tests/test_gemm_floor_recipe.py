@@ -38,3 +38,20 @@ def test_the_workload_table(tmp_path, capsys):
     assert none["mean_ms"] > aligned["mean_ms"] > exact["mean_ms"]
     assert aligned["p50_ms"] > 25 and exact["p50_ms"] < 22  # p50 <= 20 ms needs more than 64-aligned sharing
     assert "| no sharing |" in capsys.readouterr().out
+
+
+def test_a_measured_curve_costs_packs_at_their_bucket(tmp_path):
+    recipe = load_recipe("gemm_floor")
+    curve = {32: 10.0, 64: 11.0, 96: 30.0, 128: 20.0}
+    assert recipe.curve_pack_ms(curve, 1) == 10.0 and recipe.curve_pack_ms(curve, 64) == 11.0
+    assert recipe.curve_pack_ms(curve, 65) == 30.0  # the bucket's own time, even where a larger one is faster
+    assert recipe.curve_pack_ms(curve, 256) == 40.0  # past the end: linear from the last point
+    import json
+
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"libraries": {"cublas": {"ms": {str(k): v for k, v in curve.items()}}}}))
+    assert recipe.load_curve(path) == curve
+    assert recipe.main(["--curve", str(path), "--out", str(tmp_path / "o")]) == 0
+    results = json.loads((tmp_path / "o" / "gemm_floor.json").read_text())
+    assert "exact sharing (share_tails, threshold 16)" in results
+    assert "the measured curve" in (tmp_path / "o" / "gemm_floor.md").read_text()
