@@ -2,7 +2,8 @@
 
 Built on the host from a planner ``Pack`` (all host work happens here, before the forward, so the forward
 itself has no host synchronisation). Layout of the pack's tokens: segments grouped by *level* (the number of
-in-pack ancestors), so each level is one contiguous slice and one mixer call per layer::
+in-pack ancestors), so each level is one contiguous slice, and each layer's attention runs once per level (its
+Gated DeltaNet calls may span several levels, below)::
 
     [ level 0 segments | level 1 segments | level 2 segments ]
 
