@@ -324,11 +324,12 @@ case "$stage" in
   merged)
     # the -m gpu test that merged GDN calls give the rows of one call per level (fla, bf16, eager), then 27B on
     # the requests of at most 128 tokens with tails at threshold 16 (merged calls), alone, in what time is left
-    timeout 110 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_cuda_graphs.py" -m gpu \
-      -k "merged" -q -s -p no:cacheprovider >"$out/pytest_merged.log" 2>&1
+    # (s7: 110 s were too few on a fresh machine, where fla compiles first; give it ${MERGED_TEST_S:-240})
+    timeout "${MERGED_TEST_S:-240}" python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" \
+      "$REPO/tests/test_cuda_graphs.py" -m gpu -k "merged" -q -s -p no:cacheprovider >"$out/pytest_merged.log" 2>&1
     echo "pytest rc=$?" | tee -a "$out/pytest_merged.log"
     grep -E "passed|failed|Error|assert" "$out/pytest_merged.log" | tail -n 6
-    left=$((${MERGED_BUDGET_S:-250} - (SECONDS - start)))
+    left=$((${MERGED_BUDGET_S:-560} - (SECONDS - start)))
     timeout $((left < 30 ? 30 : left)) $bench --shape 27b --arms C --passes 1 --concurrency "" --single "" \
       --long-candidate 0 --max-length 128 --fast-options '{"share_tails": true, "min_shared_tokens": 16}' \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
