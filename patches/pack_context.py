@@ -195,6 +195,8 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
             parent = segments[parent].parent
         return tails[::-1], parent
 
+    starts = {seg_id: gdn_start(seg_id) for seg_id in pack.segments}  # (tails re-run, anchor) per segment; refuses
+    # a tail continued from another pack before any tensor is built
     level_ids: list[list[int]] = []  # each level's real segments, in layout order
     for level in sorted(by_level):
         ids = by_level[level]
@@ -248,7 +250,7 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
     level_of_segment = {seg_id: index for index, ids in enumerate(level_ids) for seg_id in ids}
     groups: list[list[int]] = []
     for index, ids in enumerate(level_ids):
-        anchors = {gdn_start(seg_id)[1] for seg_id in ids}
+        anchors = {starts[seg_id][1] for seg_id in ids}
         if merge_levels and groups and not any(level_of_segment.get(a) in groups[-1] for a in anchors if a is not None):
             groups[-1].append(index)
         else:
@@ -259,9 +261,8 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         nonlocal next_row
         first, last = levels[group[0]], levels[group[-1]]
         sequences = [seg_id for index in group for seg_id in level_ids[index]]
-        anchors = [gdn_start(seg_id)[1] for seg_id in sequences]
-        parents = [bank_row[a] if a is not None else 0 for a in anchors]
-        gathered = len(group) > 1 or any(gdn_start(seg_id)[0] for seg_id in sequences)
+        parents = [bank_row[starts[seg_id][1]] if starts[seg_id][1] is not None else 0 for seg_id in sequences]
+        gathered = len(group) > 1 or any(starts[seg_id][0] for seg_id in sequences)
         for i, seg_id in enumerate(sequences):
             bank_row[seg_id] = next_row + i
         if not gathered:  # one level over its own rows: its layout, dummies from zero states
@@ -271,7 +272,7 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
                            torch.tensor(parents, dtype=torch.long, device=device), any(parents))
         rows, cu, keep = [], [0], [0] * (last.hi - first.lo)  # level dummy rows keep gathered row 0 (never read)
         for seg_id in sequences:
-            for tail in gdn_start(seg_id)[0]:
+            for tail in starts[seg_id][0]:
                 rows.extend(range(start_of[tail], start_of[tail] + len(segments[tail].tokens)))
             own = len(segments[seg_id].tokens)
             at = start_of[seg_id] - first.lo

@@ -437,7 +437,7 @@ def main(argv=None) -> int:
     if "C" in arms:  # the sweep and the closed loop run arm C as measured (graphs on with --cuda-graphs)
         apply_patches(model, **patch_options, cuda_graphs=args.cuda_graphs)
     if sweep_entries:
-        sweep = {}
+        sweep = results["sweep"] = {}
         for overrides in sweep_entries:
             FAST_OPTIONS.clear()
             FAST_OPTIONS.update({**base_fast_options, **overrides})
@@ -449,15 +449,12 @@ def main(argv=None) -> int:
             for ref in ("A", "B"):  # the entry's answers against the reference arms this run has
                 if ref in responses:
                     sweep[label][f"parity_vs_{ref}"] = parity(responses[ref], [r for _, r in measured])
-            results["sweep"] = sweep
             save()  # after every entry, so a run cut short keeps the entries it finished
             print(f"sweep {label}: mean {sweep[label]['mean_ms']:.1f} ms"
                   + "".join(f", parity vs {ref} {sweep[label][f'parity_vs_{ref}']}" for ref in ("A", "B")
                             if f"parity_vs_{ref}" in sweep[label]), flush=True)
-        results["sweep"] = sweep
         FAST_OPTIONS.clear()  # back to the options the arms ran with
         FAST_OPTIONS.update(base_fast_options)
-        save()
     if "C" in arms:
         concurrency = results["closed_loop"] = {}
         for c in [int(x) for x in args.concurrency.split(",") if x]:
