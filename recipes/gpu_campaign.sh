@@ -55,6 +55,9 @@
 #                                        # -m gpu tests of the gathered tails layout (issues 4, 5, 8)
 #   bash recipes/gpu_campaign.sh merged  # merged GDN calls = one call per level on fla (-m gpu); 27B requests of <= 128
 #                                        # tokens with tails at threshold 16, in what time is left (issues 4, 8)
+#   bash recipes/gpu_campaign.sh probe8  # the -m gpu tests of merged GDN calls and the tails layout; then 27B graph-replay
+#                                        # profiles with launch counts of a 107-token candidate and requests 0, 12,
+#                                        # 72, 129, 198, on the defaults and with tails at threshold 16 (issues 4, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-7 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -66,7 +69,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid | merged}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid | merged | probe8}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -334,6 +337,18 @@ case "$stage" in
       --long-candidate 0 --max-length 128 --fast-options '{"share_tails": true, "min_shared_tokens": 16}' \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
+  probe8)
+    # s7's merged test ran out of its time while fla compiled: the merged and tails tests get 240 s here; then
+    # where a request's time goes, kernel by kernel with launch counts, default plans against tails at 16
+    timeout 240 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_causal_conv.py" \
+      "$REPO/tests/test_op_gdn_prefill.py" "$REPO/tests/test_cuda_graphs.py" -m gpu -k "merged or rerunning" \
+      -q -s -p no:cacheprovider >"$out/pytest_merged.log" 2>&1
+    echo "pytest rc=$?" | tee -a "$out/pytest_merged.log"
+    grep -E "passed|failed|Error|assert" "$out/pytest_merged.log" | tail -n 6
+    left=$((575 - (SECONDS - start)))
+    timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107 --requests 0,12,72,129,198 \
+      --fast-options '{}' '{"share_tails": true, "min_shared_tokens": 16}' --out "$out/profile" 2>&1 \
+      | grep -v "Loading\|falling back" | tail -n 14 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
 ls -la "${OUT:-/tmp/out}"

@@ -2,11 +2,11 @@
 
     python recipes/profile_forward.py --shape 27b --tokens 107,3400 --out results/profile
     python recipes/profile_forward.py --shape 27b --tokens "" --requests 0,150 \\
-        --fast-options '{"share_tails": true}' --out results/profile
+        --fast-options '{}' '{"share_tails": true}' --out results/profile
 
 For each single-candidate request of ``--tokens`` tokens (a noul question, random ids), and each JevBench request
-of ``--requests`` (0-based indices into the workload, with the benchmark's token ids; ``--fast-options`` are the
-``score_fast`` options every request is scored with):
+of ``--requests`` (0-based indices into the workload, with the benchmark's token ids), under every pair of
+``--patch-options`` and ``--fast-options`` (the ``score_fast`` options every request is scored with):
   1. wall time with CUDA graphs (median of 5 after a capture), as the benchmark times it;
   2. one eager run under ``torch.profiler``: every GPU kernel's duration, summed per kernel and per category
      (GEMM, Gated DeltaNet / conv (fla), attention (flash), elementwise / reductions, copies / indexing, other).
@@ -14,6 +14,7 @@ of ``--requests`` (0-based indices into the workload, with the benchmark's token
      (CUPTI reports kernels a graph launches), so "wall - kernel sum in the graph" is what the host and idle gaps
      add per request, and "kernel sum in the graph - eager kernel sum" what the bucket padding and the GPU's clocks
      under back-to-back load cost; per category too (GEMMs slower in the graph over ~the same tokens: clocks).
+     Every kernel of that graph is listed with its launch count: each small one costs its launch gap as well.
 ``--patch-options`` takes one or more JSON option sets (e.g. '{}' '{"compile_elementwise": true}'), each profiled in
 turn on the same model. Writes ``profile_<shape>.json`` and ``.md``. On a machine without CUDA it profiles CPU ops (a smoke run).
 """
@@ -21,6 +22,7 @@ turn on the same model. Writes ``profile_<shape>.json`` and ``.md``. On a machin
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import statistics
@@ -68,8 +70,9 @@ def wall_ms(model, request, fast_options: dict, repeats: int = 5) -> float:
     return statistics.median(time_fast_calls(model, request, calls=1 + repeats, fast_options=fast_options)[1:])
 
 
-def kernel_times(model, request, fast_options: dict) -> tuple[dict[str, float], int]:
-    """(kernel (CUDA) or op (CPU, self time) -> total ms over one eager request, number of kernels / ops run)."""
+def kernel_times(model, request, fast_options: dict) -> tuple[dict[str, float], dict[str, int], int]:
+    """(kernel (CUDA) or op (CPU, self time) -> total ms over one request, -> launches, number of kernels / ops
+    run)."""
     from torch.profiler import ProfilerActivity, profile
 
     from hf_openjev.scoring import score_prepared
@@ -82,18 +85,18 @@ def kernel_times(model, request, fast_options: dict) -> tuple[dict[str, float], 
         score_prepared(model, [request], fast=True, **fast_options)
         sync()
     totals: dict[str, float] = {}
-    launches = 0
+    counts: dict[str, int] = {}
     if cuda:
         for event in prof.events():
             if event.device_type == torch.autograd.DeviceType.CUDA:
                 totals[event.name] = totals.get(event.name, 0.0) + event.time_range.elapsed_us() / 1000
-                launches += 1
+                counts[event.name] = counts.get(event.name, 0) + 1
     else:
         for avg in prof.key_averages():
             if avg.self_cpu_time_total > 0 and avg.key.startswith("aten::"):
                 totals[avg.key] = avg.self_cpu_time_total / 1000
-                launches += avg.count
-    return totals, launches
+                counts[avg.key] = avg.count
+    return totals, counts, sum(counts.values())
 
 
 def profile_request(model, label: str, request, fast_options: dict) -> dict:
@@ -103,11 +106,11 @@ def profile_request(model, label: str, request, fast_options: dict) -> dict:
     apply_patches(model, **{**vars(options), "cuda_graphs": True})
     wall = wall_ms(model, request, fast_options)
     # the replayed graph's kernels (padded to the shape bucket), as CUPTI reports kernels launched by a graph
-    graph_kernels, graph_launches = kernel_times(model, request, fast_options) if torch.cuda.is_available() \
-        else ({}, 0)
+    graph_kernels, graph_counts, graph_launches = kernel_times(model, request, fast_options) \
+        if torch.cuda.is_available() else ({}, {}, 0)
     apply_patches(model, **{**vars(options), "cuda_graphs": False})
     wall_eager = wall_ms(model, request, fast_options)
-    kernels, launches = kernel_times(model, request, fast_options)
+    kernels, counts, launches = kernel_times(model, request, fast_options)
     apply_patches(model, **vars(options))
     by_category = sum_by_category(kernels)
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
@@ -118,24 +121,30 @@ def profile_request(model, label: str, request, fast_options: dict) -> dict:
             # the same categories in the replayed graph: GEMMs slower there with the same token count point at
             # clocks under back-to-back load, more elementwise/GDN time at the padded bucket's tokens
             "graph_by_category_ms": sum_by_category(graph_kernels),
-            "top_kernels_ms": [{"name": n[:160], "category": category(n), "ms": ms} for n, ms in top]}
+            "top_kernels_ms": [{"name": n[:160], "category": category(n), "ms": ms, "launches": counts[n]}
+                               for n, ms in top],
+            # every kernel of the replayed graph, most launched first: the small ones cost their launch gap too
+            "graph_kernel_launches": [{"name": n[:160], "category": category(n), "launches": graph_counts[n],
+                                       "ms": graph_kernels[n]}
+                                      for n in sorted(graph_counts, key=lambda n: (-graph_counts[n], n))]}
 
 
 def write_markdown(result: dict, path: Path) -> None:
     unit = "GPU kernels" if result["cuda"] else "CPU ops (smoke run, no CUDA)"
     lines = [f"# Fast-path profile, {result['shape']} shape, {unit}", "", f"Command: `{result['command']}`", "",
              "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), ""]
-    summary = [f"score_fast options: `{json.dumps(result['fast_options'])}`", "",
-               "| patch options | request | input tokens | wall, graphs (ms) | wall, eager (ms) | kernel sum (ms) | kernels "
-               "| kernel sum in the graph (ms) | kernels in the graph |", "|---|---|---|---|---|---|---|---|---|"]
+    summary = ["| patch options | score_fast options | request | input tokens | wall, graphs (ms) | wall, eager (ms) "
+               "| kernel sum (ms) | kernels | kernel sum in the graph (ms) | kernels in the graph |",
+               "|---|---|---|---|---|---|---|---|---|---|"]
     details = []
     for variant in result["variants"]:
         options = json.dumps(variant["patch_options"])
+        fast = json.dumps(variant["fast_options"])
         for r in variant["requests"]:
-            summary.append(f"| `{options}` | {r['label']} | {r['tokens']} | {r['wall_graphs_ms']:.2f} | "
+            summary.append(f"| `{options}` | `{fast}` | {r['label']} | {r['tokens']} | {r['wall_graphs_ms']:.2f} | "
                            f"{r['wall_eager_ms']:.2f} | {r['kernel_sum_ms']:.2f} | {r.get('kernels', '')} | "
                            f"{r.get('graph_kernel_sum_ms', 0):.2f} | {r.get('graph_kernels', '')} |")
-            details += [f"## {r['label']}, patch options `{options}`", "",
+            details += [f"## {r['label']}, patch options `{options}`, score_fast options `{fast}`", "",
                         f"wall with graphs {r['wall_graphs_ms']:.2f} ms; eager {r['wall_eager_ms']:.2f} ms; "
                         f"sum of {unit} (eager run) {r['kernel_sum_ms']:.2f} ms over {r.get('kernels')} launches", "",
                         "| category | ms | share | ms in the graph |",
@@ -144,8 +153,14 @@ def write_markdown(result: dict, path: Path) -> None:
             for c, ms in r["by_category_ms"].items():
                 graph_ms = f"{in_graph[c]:.3f}" if c in in_graph else ""
                 details.append(f"| {c} | {ms:.3f} | {ms / max(r['kernel_sum_ms'], 1e-9):.0%} | {graph_ms} |")
-            details += ["", "| kernel | category | ms |", "|---|---|---|"]
-            details += [f"| `{k['name']}` | {k['category']} | {k['ms']:.3f} |" for k in r["top_kernels_ms"]]
+            details += ["", "| kernel | category | ms | launches |", "|---|---|---|---|"]
+            details += [f"| `{k['name']}` | {k['category']} | {k['ms']:.3f} | {k.get('launches', '')} |"
+                        for k in r["top_kernels_ms"]]
+            if r.get("graph_kernel_launches"):
+                details += ["", "Kernels of the replayed graph, most launched first:", "",
+                            "| kernel | category | launches | ms |", "|---|---|---|---|"]
+                details += [f"| `{k['name']}` | {k['category']} | {k['launches']} | {k['ms']:.3f} |"
+                            for k in r["graph_kernel_launches"]]
             details.append("")
     path.write_text("\n".join(lines + summary + [""] + details) + "\n")
 
@@ -155,7 +170,9 @@ def main(argv=None) -> int:
     add_model_arguments(parser, shape="27b")
     parser.add_argument("--tokens", default="107,3400", help="single noul candidates of these lengths")
     parser.add_argument("--requests", default="", help="JevBench workload requests, 0-based indices (e.g. 0,150)")
-    parser.add_argument("--fast-options", default="{}", help="JSON of score_fast options, e.g. '{\"share_tails\": true}'")
+    parser.add_argument("--fast-options", nargs="+", default=["{}"],
+                        help="JSON of score_fast options, e.g. '{\"share_tails\": true}'; several: each is profiled "
+                             "in turn with every patch option set")
     parser.add_argument("--patch-options", nargs="+", default=["{}"],
                         help="JSON of apply_patches options; several: each is profiled in turn")
     args = parser.parse_args(argv)
@@ -170,22 +187,22 @@ def main(argv=None) -> int:
                             f"suffixes {item['suffix_tokens']})", request))
     if not targets:
         parser.error("nothing to profile: give --tokens and/or --requests")
-    fast_options = json.loads(args.fast_options)
+    fast_option_sets = [json.loads(text) for text in args.fast_options]
     from hf_openjev.patches import apply_patches
 
     out, device, model = prepare_recipe(args)
     cuda = device == "cuda"
     result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
-              "cuda": cuda, "fast_options": fast_options, "variants": []}
-    for options_json in args.patch_options:
+              "cuda": cuda, "fast_options": fast_option_sets, "variants": []}
+    for options_json, fast_options in itertools.product(args.patch_options, fast_option_sets):
         patch_options = json.loads(options_json)
         apply_patches(model, **patch_options)
-        variant = {"patch_options": patch_options, "requests": []}
+        variant = {"patch_options": patch_options, "fast_options": fast_options, "requests": []}
         result["variants"].append(variant)
         for label, request in targets:
             variant["requests"].append(profile_request(model, label, request, fast_options))
             r = variant["requests"][-1]
-            print(f"{patch_options} {label}: graphs {r['wall_graphs_ms']:.1f} ms, eager {r['wall_eager_ms']:.1f} "
+            print(f"{patch_options} {fast_options} {label}: graphs {r['wall_graphs_ms']:.1f} ms, eager {r['wall_eager_ms']:.1f} "
                   f"ms, kernels {r['kernel_sum_ms']:.1f} ms ({r['kernels']}; in the graph {r['graph_kernel_sum_ms']:.1f} ms, "
                   f"{r['graph_kernels']}): "
                   + ", ".join(f"{c} {ms:.1f}" for c, ms in r["by_category_ms"].items()), flush=True)

@@ -45,11 +45,15 @@ def test_kernels_sum_by_category():
 def test_the_profiler_takes_jevbench_requests_and_fast_options(tmp_path):
     torch.set_num_threads(1)
     recipe = load_recipe("profile_forward")
-    assert recipe.main(["--shape", "tiny", "--tokens", "", "--requests", "0", "--fast-options",
+    assert recipe.main(["--shape", "tiny", "--tokens", "", "--requests", "0", "--fast-options", "{}",
                         '{"share_tails": true, "min_shared_tokens": 16}', "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "profile_tiny.json").read_text())
-    assert result["fast_options"] == {"share_tails": True, "min_shared_tokens": 16}
-    (request,) = result["variants"][0]["requests"]
+    assert result["fast_options"] == [{}, {"share_tails": True, "min_shared_tokens": 16}]
+    default, tails = result["variants"]
+    assert default["fast_options"] == {} and tails["fast_options"] == {"share_tails": True, "min_shared_tokens": 16}
+    (request,) = tails["requests"]
+    top = request["top_kernels_ms"]
+    assert top and all(k["launches"] >= 1 for k in top)  # CPU: aten ops and their call counts
     shapes = json.loads((recipe.SHAPES_FILE).read_text())["requests"][0]  # easy-intent-00: prefix 38, 5 candidates
     assert request["tokens"] == sum(shapes["prefix_tokens"] + s for s in shapes["suffix_tokens"])
     assert request["label"].startswith("JevBench request 0 (easy-intent-00, choice: prefix 38")
