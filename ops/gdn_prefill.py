@@ -6,8 +6,10 @@ Per value head h (key head h // (Hv // Hk), transformers' repeat_interleave conv
     with q, k L2-normalised (eps 1e-6) and q scaled by Dk ** -0.5; S [Dk, Dv] in fp32.
 
 CPU: the plain-torch chunked reference (chunks of 64, fp32). CUDA: fla-core 0.6's ``chunk_gated_delta_rule``
-(native GVA for Hv > Hk, state layout [N, Hv, Dk, Dv], l2norm in kernel, varlen ``cu_seqlens`` with the
-caller's precomputed ``chunk_indices``: no host sync, graph-capturable once autotuned).
+forward, kernel for kernel (``fla_chunk_forward``: native GVA for Hv > Hk, state layout [N, Hv, Dk, Dv], l2norm
+in kernel, varlen ``cu_seqlens``) with the caller's precomputed ``chunk_indices`` and ``chunk_offsets`` (from
+``ops.varlen.prepare_varlen_metadata``): no host sync, no per-call metadata kernels, graph-capturable once
+autotuned.
 """
 
 from __future__ import annotations
@@ -126,39 +128,62 @@ def gdn_prefill(
     initial_state: Tensor | None,  # [N, Hv, Dk, Dv] fp32; None = zeros (no sequence continues a state)
     chunk_indices: Tensor,  # [C, 2] from ops.varlen.prepare_varlen_metadata (CUDA only)
     output_final_state: bool = True,  # False: no final states are written (an empty [0, Hv, Dk, Dv] result)
+    chunk_offsets: Tensor | None = None,  # [N+1] from prepare_varlen_metadata (CUDA only; None: fla derives them)
 ) -> tuple[Tensor, Tensor]:
     """-> (o [T, Hv, Dv] in q.dtype, final_state [N, Hv, Dk, Dv] fp32). Non-CUDA devices run the reference."""
     return gdn_prefill_reference(q, k, v, g, beta, cu_seqlens, initial_state, None, output_final_state)
 
 
 @gdn_prefill.register_fake
-def _(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True):
+def _(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True, chunk_offsets=None):
     _check(q, k, v, g, beta, cu_seqlens, initial_state)
     return q.new_empty(v.shape), q.new_empty(_final_states_shape(q, v, cu_seqlens, output_final_state),
                                              dtype=torch.float32)
 
 
+def fla_chunk_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices,
+                      chunk_offsets=None):
+    """fla-core 0.6's ``chunk_gated_delta_rule`` forward (``use_qk_l2norm_in_kernel=True``, varlen, 64-token
+    chunks) as its autograd function runs it, kernel for kernel, with one difference: ``chunk_offsets`` (the first
+    chunk of each sequence) can come precomputed, fla's own graph-mode argument of ``chunk_gated_delta_rule_fwd_h``.
+    Otherwise fla derives them from ``cu_seqlens`` on the device at every call: ~5 small kernels (lengths,
+    ceil-divide, pad, cumsum) per layer, though they depend only on the batch.
+
+    q, k [1, T, Hk, Dk]; v [1, T, Hv, Dv]; g [1, T, Hv] fp32; beta [1, T, Hv] -> (o [1, T, Hv, Dv], final or None).
+    """
+    from fla.modules.norm.l2norm import l2norm_fwd
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+    from fla.ops.common.chunk_o import chunk_fwd_o
+    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))  # what fla's input_guard does
+    q, _ = l2norm_fwd(q)
+    k, _ = l2norm_fwd(k)
+    g = chunk_local_cumsum(g, chunk_size=CHUNK_SIZE, scale=RCP_LN2, cu_seqlens=cu_seqlens,
+                           chunk_indices=chunk_indices)
+    w, u, _ = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
+                                               chunk_indices=chunk_indices, chunk_size=CHUNK_SIZE)
+    h, v_new, final_state = chunk_gated_delta_rule_fwd_h(
+        k=k, w=w, u=u, g=g, initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets, chunk_size=CHUNK_SIZE)
+    o = chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
+                    chunk_size=CHUNK_SIZE)
+    return o.to(q.dtype), final_state
+
+
 @gdn_prefill.register_kernel("cuda")
-def _gdn_prefill_cuda(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True):
+def _gdn_prefill_cuda(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True,
+                      chunk_offsets=None):
     _check(q, k, v, g, beta, cu_seqlens, initial_state)
     from hf_openjev.ops._fla import fla_ready
 
     fla_ready()
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-    o, final_state = chunk_gated_delta_rule(
-        q.unsqueeze(0),
-        k.unsqueeze(0),
-        v.unsqueeze(0),
-        g.unsqueeze(0).float(),
-        beta.unsqueeze(0),
-        scale=q.shape[-1] ** -0.5,
-        initial_state=None if initial_state is None else initial_state.float().contiguous(),
-        output_final_state=output_final_state,
-        use_qk_l2norm_in_kernel=True,
-        cu_seqlens=cu_seqlens,
-        chunk_indices=chunk_indices,
-    )
+    o, final_state = fla_chunk_forward(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0).float(), beta.unsqueeze(0),
+        q.shape[-1] ** -0.5, None if initial_state is None else initial_state.float().contiguous(),
+        output_final_state, cu_seqlens, chunk_indices, chunk_offsets)
     if not output_final_state:
         final_state = q.new_empty(_final_states_shape(q, v, cu_seqlens, False), dtype=torch.float32)
     return o[0].to(q.dtype), final_state

@@ -2,7 +2,8 @@
 
 The CUDA ops never synchronise with the host, so everything whose *shape* depends on the sequence lengths
 (fla's chunk indices) or that is a Python int (max lengths) is built here, once per batch, from the lengths
-the planner already knows on the host. Pass the results to the ops; under CUDA-graph replay, copy them into
+the planner already knows on the host; so are fla's chunk offsets, which its kernels would otherwise derive on
+the device at every call (every layer). Pass the results to the ops; under CUDA-graph replay, copy them into
 the captured static buffers (same N, same number of chunks C, same total T).
 """
 
@@ -20,6 +21,7 @@ CHUNK_SIZE = 64  # fla's GDN chunk size; the conv kernel uses the same chunking
 class VarlenMetadata:
     cu_seqlens: torch.Tensor  # [N+1] int32 on `device`: sequence i is tokens cu[i]:cu[i+1]
     chunk_indices: torch.Tensor  # [C, 2] int32 on `device`: rows (sequence i, chunk j within i)
+    chunk_offsets: torch.Tensor  # [N+1] int64 on `device`: the first chunk of sequence i (C at the end)
     max_seqlen: int  # longest sequence (host int, for flash attention)
     lengths: tuple[int, ...]  # per-sequence lengths (host)
 
@@ -38,6 +40,17 @@ def chunk_indices_from_lengths(lengths: Sequence[int], chunk_size: int = CHUNK_S
     return torch.tensor(rows, dtype=torch.int32).reshape(-1, 2)
 
 
+def chunk_offsets_from_lengths(lengths: Sequence[int], chunk_size: int = CHUNK_SIZE) -> torch.Tensor:
+    """[N+1] int64 (CPU): the index of each sequence's first chunk in ``chunk_indices_from_lengths`` order, then C.
+
+    Same content and dtype as fla's ``prepare_chunk_offsets`` (a cumulative sum of ceil(len / chunk_size) from 0).
+    """
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + (int(n) + chunk_size - 1) // chunk_size)
+    return torch.tensor(offsets, dtype=torch.long)
+
+
 def prepare_varlen_metadata(
     cu_seqlens_cpu: Sequence[int] | torch.Tensor,
     chunk_size: int = CHUNK_SIZE,
@@ -52,6 +65,7 @@ def prepare_varlen_metadata(
     return VarlenMetadata(
         cu_seqlens=torch.tensor(cu, dtype=torch.int32).to(device),
         chunk_indices=chunk_indices_from_lengths(lengths, chunk_size).to(device),
+        chunk_offsets=chunk_offsets_from_lengths(lengths, chunk_size).to(device),
         max_seqlen=max(lengths),
         lengths=lengths,
     )

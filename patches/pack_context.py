@@ -57,6 +57,7 @@ class GdnCall:
     hi: int  # the pack rows [lo, hi) it computes
     cu_seqlens: torch.Tensor  # [n+1] int32 over its layout
     chunk_indices: torch.Tensor  # [C, 2] for the GDN and conv kernels (CUDA)
+    chunk_offsets: torch.Tensor  # [n+1] each sequence's first chunk, for the GDN kernel (CUDA)
     parent_rows: torch.Tensor  # [n] int64 state-bank rows of the initial states (0 = zeros)
     has_parents: bool  # some sequence starts from a handed-on state (not all from zeros)
     rows: torch.Tensor | None = None  # [T'] int64 pack rows of the gathered layout (all < hi)
@@ -65,7 +66,8 @@ class GdnCall:
     def tensors(self) -> list[torch.Tensor]:
         """The call's own device inputs (a one-level call without tails shares its level's cu_seqlens/chunks)."""
         own = [self.parent_rows]
-        return own if self.rows is None else own + [self.cu_seqlens, self.chunk_indices, self.rows, self.keep]
+        return own if self.rows is None else own + [self.cu_seqlens, self.chunk_indices, self.chunk_offsets, self.rows,
+                                                    self.keep]
 
     def key(self) -> tuple:
         return (self.first, self.last, self.has_parents, tuple(self.cu_seqlens.shape), tuple(self.chunk_indices.shape),
@@ -78,6 +80,7 @@ class LevelSpec:
     hi: int  # token slice [lo, hi) of this level
     cu_seqlens: torch.Tensor  # [n+1] int32, relative to lo
     chunk_indices: torch.Tensor  # [C, 2] for the GDN kernel (CUDA)
+    chunk_offsets: torch.Tensor  # [n+1] int64 each sequence's first chunk (the GDN kernel, CUDA)
     max_seqlen: int
     has_parents: bool  # some sequence continues a prefix (attention reads its chain of keys)
     chain_index: torch.Tensor | None = None  # [P] int64 rows of [external K/V ; pack K/V]
@@ -114,7 +117,7 @@ class PackContext:
         """Every device input of the forward, in a fixed order (what a graph replay copies in)."""
         out = [self.input_ids, self.positions, self.final_rows]
         for level in self.levels:
-            out += [level.cu_seqlens, level.chunk_indices]
+            out += [level.cu_seqlens, level.chunk_indices, level.chunk_offsets]
             if level.has_parents:
                 out += [level.chain_index, level.cu_chain, level.chain_of_segment]
         for call in self.gdn_calls:
@@ -230,7 +233,7 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         meta = prepare_varlen_metadata(cu, device=device)
         has_parents = any(segments[i].parent is not None for i in ids)
         spec = LevelSpec(lo=lo, hi=len(token_ids), cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
-                         max_seqlen=(len(token_ids) - lo) if pad else meta.max_seqlen, has_parents=has_parents)
+                         chunk_offsets=meta.chunk_offsets, max_seqlen=(len(token_ids) - lo) if pad else meta.max_seqlen, has_parents=has_parents)
         if has_parents:
             chain = [r for b in blocks for r in b]
             cu_chain = [0]
@@ -269,7 +272,7 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
             parents += [0] * (first.cu_seqlens.shape[0] - 1 - len(sequences))
             next_row += len(parents)
             return GdnCall(group[0], group[-1], first.lo, first.hi, first.cu_seqlens, first.chunk_indices,
-                           torch.tensor(parents, dtype=torch.long, device=device), any(parents))
+                           first.chunk_offsets, torch.tensor(parents, dtype=torch.long, device=device), any(parents))
         rows, cu, keep = [], [0], [0] * (last.hi - first.lo)  # level dummy rows keep gathered row 0 (never read)
         for seg_id in sequences:
             for tail in starts[seg_id][0]:
@@ -286,7 +289,7 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
                 parents.append(0)
         next_row += len(parents)
         meta = prepare_varlen_metadata(cu, device=device)
-        return GdnCall(group[0], group[-1], first.lo, last.hi, meta.cu_seqlens, meta.chunk_indices,
+        return GdnCall(group[0], group[-1], first.lo, last.hi, meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets,
                        torch.tensor(parents, dtype=torch.long, device=device), any(parents),
                        torch.tensor(rows, dtype=torch.long, device=device),
                        torch.tensor(keep, dtype=torch.long, device=device))

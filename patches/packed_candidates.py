@@ -71,7 +71,7 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         if pack.gdn_fp32:  # fla then keeps its WY factors and chunk states in fp32 too (the stock fallback does)
             q, k, v = q.float(), k.float(), v.float()
         out, gdn_final = gdn_prefill(q, k, v, g_in, beta_in, call.cu_seqlens, gdn_init, call.chunk_indices,
-                                     wants_final)
+                                     wants_final, call.chunk_offsets)
         if call.keep is not None:
             out = out.index_select(0, call.keep)  # [hi - lo, Hv, Dv]: the call's own rows
         outputs.append(out.to(x.dtype))

@@ -336,12 +336,12 @@ case "$stage" in
     timeout $((left < 30 ? 30 : left)) $bench --shape 27b --arms C --passes 1 --concurrency "" --single "" \
       --long-candidate 0 --max-length 128 --fast-options '{"share_tails": true, "min_shared_tokens": 16}' \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
-  *) echo "unknown stage $stage"; exit 2 ;;
   probe8)
-    # s7's merged test ran out of its time while fla compiled: the merged and tails tests get 240 s here; then
+    # s7's merged test ran out of its time while fla compiled: the merged and tails tests, and the step-by-step fla
+    # forward (precomputed chunk offsets) against fla's chunk_gated_delta_rule, get 240 s here; then
     # where a request's time goes, kernel by kernel with launch counts, default plans against tails at 16
     timeout 240 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_causal_conv.py" \
-      "$REPO/tests/test_op_gdn_prefill.py" "$REPO/tests/test_cuda_graphs.py" -m gpu -k "merged or rerunning" \
+      "$REPO/tests/test_op_gdn_prefill.py" "$REPO/tests/test_cuda_graphs.py" -m gpu -k "merged or rerunning or step_by_step" \
       -q -s -p no:cacheprovider >"$out/pytest_merged.log" 2>&1
     echo "pytest rc=$?" | tee -a "$out/pytest_merged.log"
     grep -E "passed|failed|Error|assert" "$out/pytest_merged.log" | tail -n 6
@@ -349,6 +349,7 @@ case "$stage" in
     timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107 --requests 0,12,72,129,198 \
       --fast-options '{}' '{"share_tails": true, "min_shared_tokens": 16}' --out "$out/profile" 2>&1 \
       | grep -v "Loading\|falling back" | tail -n 14 ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
 ls -la "${OUT:-/tmp/out}"

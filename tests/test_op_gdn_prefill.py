@@ -198,3 +198,41 @@ def test_no_initial_state_is_zeros_and_final_states_are_optional(device):
     assert torch.equal(o_none, o_zeros) and torch.equal(s_none, s_zeros) and torch.equal(o_no_final, o_zeros)
     assert s_empty.shape == (0, *s_zeros.shape[1:]) and s_empty.dtype == torch.float32
     torch.library.opcheck(OP, (), {**args, "initial_state": None, "output_final_state": False})
+
+
+def test_opcheck_with_precomputed_chunk_offsets():
+    args = gdn_inputs([10, 70, 1], HK, HV, DK, DV, seed=5)
+    meta = prepare_varlen_metadata(args["cu_seqlens"].tolist())
+    o, s = OP(**args, chunk_offsets=meta.chunk_offsets)
+    o_ref, s_ref = gdn_prefill_reference(**args)
+    assert torch.equal(o, o_ref) and torch.equal(s, s_ref)  # the CPU reference needs no offsets
+    torch.library.opcheck(OP, (), {**args, "chunk_offsets": meta.chunk_offsets})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("state", [False, True])
+def test_cuda_step_by_step_forward_is_fla_chunk_gated_delta_rule_bit_for_bit(state):
+    """``fla_chunk_forward`` (fla's kernels one by one, chunk offsets precomputed or not) and the op built on it
+    give what fla's ``chunk_gated_delta_rule`` gives, bit for bit: outputs and final states."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    from hf_openjev.ops._fla import fla_ready
+    from hf_openjev.ops.gdn_prefill import fla_chunk_forward
+
+    fla_ready()
+    hk, hv, dk, dv = GPU_SHAPES["27b"]
+    args = to_device(gdn_inputs([1, 64, 65, 200, 7, 130], hk, hv, dk, dv, dtype=torch.bfloat16, state=state,
+                                seed=11), "cuda")
+    meta = prepare_varlen_metadata(args["cu_seqlens"].tolist(), device="cuda")
+    q, k, v, g, beta = (args[name].unsqueeze(0) for name in ("q", "k", "v", "g", "beta"))
+    h0 = args["initial_state"].float()
+    o_fla, s_fla = chunk_gated_delta_rule(q, k, v, g, beta, scale=dk ** -0.5, initial_state=h0,
+                                          output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                          cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices)
+    assert o_fla.abs().max() > 1e-2  # not vacuous
+    for offsets in (meta.chunk_offsets, None):
+        o, s = fla_chunk_forward(q, k, v, g, beta, dk ** -0.5, h0, True, meta.cu_seqlens, meta.chunk_indices, offsets)
+        assert torch.equal(o, o_fla) and torch.equal(s, s_fla)
+    o_op, s_op = OP(**args, chunk_offsets=meta.chunk_offsets)
+    assert torch.equal(o_op, o_fla[0]) and torch.equal(s_op, s_fla)

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from hf_openjev.ops.varlen import chunk_indices_from_lengths, prepare_varlen_metadata
+from hf_openjev.ops.varlen import chunk_indices_from_lengths, chunk_offsets_from_lengths, prepare_varlen_metadata
 
 
 def test_metadata_from_cu_seqlens():
@@ -40,3 +40,13 @@ def test_importing_the_ops_imports_neither_fla_nor_triton():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_chunk_offsets_start_each_sequences_chunks():
+    meta = prepare_varlen_metadata([0, 1, 65, 65, 193], chunk_size=64)
+    assert meta.chunk_offsets.dtype == torch.int64 and meta.chunk_offsets.tolist() == [0, 1, 2, 2, 4]
+    rows = meta.chunk_indices.tolist()
+    for i, first in enumerate(meta.chunk_offsets[:-1].tolist()):  # each sequence's chunks start at its offset
+        own = [r for r in rows if r[0] == i]
+        assert own == rows[first: first + len(own)]
+    assert chunk_offsets_from_lengths([]).tolist() == [0]
