@@ -79,9 +79,12 @@ def attention_inputs(lengths_q, lengths_k, h, hkv, d, dtype=torch.float32, devic
     )
 
 
-def prefix_inputs(lengths, prefix_lengths, prefix_index, h, hkv, d, dtype=torch.float32, device="cpu", seed=0):
+def prefix_inputs(lengths, block_lengths, block_of_sequence, h, hkv, d, dtype=torch.float32, device="cpu", seed=0):
+    """Prefix attention inputs: sequence i reads prefix block ``block_of_sequence[i]`` (blocks packed in order)."""
     gen = torch.Generator().manual_seed(seed)
-    T, P = sum(lengths), sum(prefix_lengths)
+    T, P = sum(lengths), sum(block_lengths)
+    block_starts = cu(block_lengths, "cpu").tolist()
+    starts = [block_starts[j] for j in block_of_sequence]
     return dict(
         q=_randn(gen, T, h, d, dtype=dtype, device=device),
         k=_randn(gen, T, hkv, d, dtype=dtype, device=device),
@@ -89,11 +92,11 @@ def prefix_inputs(lengths, prefix_lengths, prefix_index, h, hkv, d, dtype=torch.
         cu_seqlens=cu(lengths, device),
         prefix_k=_randn(gen, P, hkv, d, dtype=dtype, device=device),
         prefix_v=_randn(gen, P, hkv, d, dtype=dtype, device=device),
-        cu_prefix=cu(prefix_lengths, device),
-        prefix_index=torch.tensor(list(prefix_index), dtype=torch.int64, device=device),
+        prefix_starts=torch.tensor(starts + [P], dtype=torch.int32, device=device),
+        prefix_lengths=torch.tensor([block_lengths[j] for j in block_of_sequence], dtype=torch.int32, device=device),
         scale=d**-0.5,
         max_seqlen_q=max(lengths),
-        max_seqlen_prefix=max(max(prefix_lengths), 1),
+        max_seqlen_prefix=max(max(block_lengths), 1),
     )
 
 

@@ -4,16 +4,17 @@ GQA everywhere: query head h reads kv head h // (H // Hkv). Softmax in fp32, out
 
 packed_attention: sequence i's queries are the LAST len_q(i) positions of its len_k(i) keys (bottom-right
 causal: query t of len_q sees keys 0 .. t + len_k - len_q).
-prefix_attention: sequence i's queries see ALL keys of prefix block prefix_index[i] (rows
-cu_prefix[j]:cu_prefix[j+1] of prefix_k / prefix_v, never copied per sequence) and their own keys causally.
+prefix_attention: sequence i's queries see ALL keys of its prefix block, rows prefix_starts[i] ..
+prefix_starts[i] + prefix_lengths[i] of prefix_k / prefix_v (read in place: sequences that share a prefix point
+at the same rows, never copied per sequence; length 0 = no prefix), and their own keys causally.
 
 CUDA, bf16/fp16: flash attention 2 inside torch. packed_attention calls
 ``torch.nn.attention.varlen.varlen_attn(window_size=(-1, 0), enable_gqa=True)`` when this torch has that API
 (2.13 does), else ``aten._flash_attention_forward(is_causal=True)`` (what varlen_attn wraps; FA2 aligns the
 causal mask bottom-right and handles GQA natively). prefix_attention makes two FA2 calls, own keys (causal,
-cu_seqlens) and prefix keys (non-causal; cu_seqlens_k[i] = cu_prefix[prefix_index[i]] as the start offset and
-seqused_k[i] = the block length, so each sequence reads its block in place; FA2 uses only cu_seqlens_k[i] when
-seqused_k is given), and merges them by log-sum-exp in one Triton kernel (``lse_merge_triton.py``, bit for bit
+cu_seqlens) and prefix keys (non-causal; ``prefix_starts`` and ``prefix_lengths`` are FA2's own cu_seqlens_k and
+seqused_k: it reads sequence i's keys from cu_seqlens_k[i], seqused_k[i] of them, so the caller's host-built
+metadata goes in as it is, without index arithmetic on the device), and merges them by log-sum-exp in one Triton kernel (``lse_merge_triton.py``, bit for bit
 ``merge_by_lse_reference``). No host sync, no data-dependent shapes.
 CUDA, fp32 (FA2 has no fp32): ``*_masked``: one SDPA over all packed tokens with a device-built boolean mask
 (O(Tq * Tk) memory; for checks, not speed).
@@ -56,13 +57,14 @@ def packed_attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
 
 
 def prefix_attention_reference(
-    q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale=1.0, max_seqlen_q=0, max_seqlen_prefix=0
+    q, k, v, cu_seqlens, prefix_k, prefix_v, prefix_starts, prefix_lengths, scale=1.0, max_seqlen_q=0,
+    max_seqlen_prefix=0
 ):
     """Loop over sequences; keys of sequence i = [its prefix block ; its own keys]. -> o [Tq, H, D] q.dtype."""
     o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    cu, cp = cu_seqlens.tolist(), cu_prefix.tolist()
-    for i, j in enumerate(prefix_index.tolist()):
-        s, e, ps, pe = cu[i], cu[i + 1], cp[j], cp[j + 1]
+    cu, starts, lengths = cu_seqlens.tolist(), prefix_starts.tolist(), prefix_lengths.tolist()
+    for i in range(len(cu) - 1):
+        s, e, ps, pe = cu[i], cu[i + 1], starts[i], starts[i] + lengths[i]
         t = torch.arange(e - s, device=q.device)
         own = t[None, :] <= t[:, None]
         allowed = torch.cat([own.new_ones(e - s, pe - ps), own], 1)
@@ -98,13 +100,14 @@ def packed_attention_masked(q, k, v, cu_seqlens_q, cu_seqlens_k, scale):
     return _sdpa(q, k, v, allowed, scale)
 
 
-def prefix_attention_masked(q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale):
+def prefix_attention_masked(q, k, v, cu_seqlens, prefix_k, prefix_v, prefix_starts, prefix_lengths, scale):
     """One SDPA over [all prefix keys ; all own keys] (one concatenation of the pools, not per sequence)."""
     seq, pos = _seq_ids(cu_seqlens, q.shape[0])
-    block, _ = _seq_ids(cu_prefix, prefix_k.shape[0])
-    mine = prefix_index.long()[seq]  # [Tq] prefix block each query reads
+    first = prefix_starts[:-1].long()[seq, None]  # [Tq, 1] the first prefix row each query reads
+    rows = torch.arange(prefix_k.shape[0], device=q.device)[None, :]  # [1, P]
+    in_block = (rows >= first) & (rows < first + prefix_lengths.long()[seq, None])  # [Tq, P]
     own = (seq[None, :] == seq[:, None]) & (pos[None, :] <= pos[:, None])  # [Tq, Tq] causal within a sequence
-    allowed = torch.cat([block[None, :] == mine[:, None], own], 1)  # [Tq, P + Tq]
+    allowed = torch.cat([in_block, own], 1)  # [Tq, P + Tq]
     return _sdpa(q, torch.cat([prefix_k, k]), torch.cat([prefix_v, v]), allowed, scale)
 
 
@@ -115,7 +118,8 @@ def _flash(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, seqused_k=None):
     """FA2 varlen forward -> (o [Tq, H, D], lse [H, Tq] fp32; +inf on rows without keys)."""
     # max_q >= 2: FA2 swaps heads into the query axis when max_q == 1 and drops cu_seqlens_q (breaks N != Tq)
     out = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu_q.int(), cu_k.int(), max(max_q, 2), max_k, 0.0, causal, False, scale=scale, seqused_k=seqused_k
+        q, k, v, cu_q.int(), cu_k.int(), max(max_q, 2), max_k, 0.0, causal, False, scale=scale,
+        seqused_k=None if seqused_k is None else seqused_k.int()
     )
     if out[1].shape != (q.shape[1], q.shape[0]):
         raise RuntimeError(f"flash attention returned lse {tuple(out[1].shape)}, expected [H, Tq] (torch version?)")
@@ -176,15 +180,12 @@ def merge_by_lse(o_own, lse_own, o_pre, lse_pre):
 
 
 def prefix_attention_flash(
-    q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale, max_q, max_p, flash=_flash
+    q, k, v, cu_seqlens, prefix_k, prefix_v, prefix_starts, prefix_lengths, scale, max_q, max_p, flash=_flash
 ):
     """Own part + prefix part, merged by log-sum-exp (fp32). ``flash`` is swappable for CPU tests."""
     o_own, lse_own = flash(q, k, v, cu_seqlens, cu_seqlens, max_q, max_q, True, scale)
-    cp, idx = cu_prefix.long(), prefix_index.long()
-    starts = cp[idx]  # [N] offset of each sequence's block in prefix_k
-    cu_k = torch.cat([starts, cp[-1:]])  # only cu_k[i] is read when seqused_k is given
-    used = (cp[idx + 1] - starts).int()
-    o_pre, lse_pre = flash(q, prefix_k, prefix_v, cu_seqlens, cu_k, max_q, max_p, False, scale, seqused_k=used)
+    o_pre, lse_pre = flash(q, prefix_k, prefix_v, cu_seqlens, prefix_starts, max_q, max_p, False, scale,
+                           seqused_k=prefix_lengths)
     return merge_by_lse(o_own, lse_own, o_pre, lse_pre)  # an empty block: FA2's lse is +inf there
 
 
@@ -226,27 +227,30 @@ def prefix_attention(
     cu_seqlens: Tensor,  # [N+1]
     prefix_k: Tensor,  # [P, Hkv, D] all prefix blocks, packed
     prefix_v: Tensor,  # [P, Hkv, D]
-    cu_prefix: Tensor,  # [M+1]
-    prefix_index: Tensor,  # [N] int: block read by each sequence
+    prefix_starts: Tensor,  # [N+1] int32: first prefix row of sequence i (entry N: not read)
+    prefix_lengths: Tensor,  # [N] int32: prefix rows of sequence i (0: none)
     scale: float,
     max_seqlen_q: int = 0,  # optional host bounds for FA2's grid; 0 = use Tq / P (still correct, more blocks)
     max_seqlen_prefix: int = 0,
 ) -> Tensor:
     """-> o [Tq, H, D] in q.dtype."""
-    return prefix_attention_reference(q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale)
+    return prefix_attention_reference(q, k, v, cu_seqlens, prefix_k, prefix_v, prefix_starts, prefix_lengths, scale)
 
 
 @prefix_attention.register_fake
-def _(q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale, max_seqlen_q=0, max_seqlen_prefix=0):
+def _(q, k, v, cu_seqlens, prefix_k, prefix_v, prefix_starts, prefix_lengths, scale, max_seqlen_q=0,
+      max_seqlen_prefix=0):
     return q.new_empty(q.shape)
 
 
 @prefix_attention.register_kernel("cuda")
 def _prefix_attention_cuda(
-    q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale, max_seqlen_q=0, max_seqlen_prefix=0
+    q, k, v, cu_seqlens, prefix_k, prefix_v, prefix_starts, prefix_lengths, scale, max_seqlen_q=0,
+    max_seqlen_prefix=0
 ):
     if q.dtype == torch.float32:
-        return prefix_attention_masked(q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale)
+        return prefix_attention_masked(q, k, v, cu_seqlens, prefix_k, prefix_v, prefix_starts, prefix_lengths, scale)
     max_q = max_seqlen_q or q.shape[0]
     max_p = max_seqlen_prefix or max(prefix_k.shape[0], 1)
-    return prefix_attention_flash(q, k, v, cu_seqlens, prefix_k, prefix_v, cu_prefix, prefix_index, scale, max_q, max_p)
+    return prefix_attention_flash(q, k, v, cu_seqlens, prefix_k, prefix_v, prefix_starts, prefix_lengths, scale, max_q,
+                                  max_p)

@@ -10,10 +10,13 @@ Gated DeltaNet calls may span several levels, below)::
 State routing: per layer, a *bank* of states holds row 0 = zeros (no parent), rows 1..E = states handed in
 from earlier packs (``external``), then the final states of each Gated DeltaNet call in order (one row per
 sequence of the call, dummies included). A segment's initial Gated DeltaNet / conv state is ``bank[row]`` of its
-*anchor*: its parent, or for a segment that continues a tail, the nearest ancestor that hands a state on. For
-attention, a segment that continues a prefix reads that prefix's whole chain of keys (``chain_index`` into
-``[external K/V ; this pack's K/V]``): one block per parent, shared by all its children, never copied per
-candidate.
+*anchor*: its parent, or for a segment that continues a tail, the nearest ancestor that hands a state on (a
+call whose real sequences all start from one earlier call's final states reads those directly,
+``GdnCall.source``, and the bank is never assembled). For
+attention, a segment that continues a prefix reads that prefix's whole chain of keys, a block of rows of
+``[external K/V ; this pack's K/V]`` shared by all its children: in place when every block of the level is a run of
+consecutive rows (a parent at level 0 or in an earlier pack), else gathered once per layer (``chain_index``),
+never copied per candidate.
 
 Gated DeltaNet calls (:class:`GdnCall`): consecutive levels share one conv + GDN call per layer when none of
 their sequences starts from a state another of them writes. Without tails every level reads its parent level's
@@ -58,8 +61,11 @@ class GdnCall:
     cu_seqlens: torch.Tensor  # [n+1] int32 over its layout
     chunk_indices: torch.Tensor  # [C, 2] for the GDN and conv kernels (CUDA)
     chunk_offsets: torch.Tensor  # [n+1] each sequence's first chunk, for the GDN kernel (CUDA)
-    parent_rows: torch.Tensor  # [n] int64 state-bank rows of the initial states (0 = zeros)
+    parent_rows: torch.Tensor  # [n] int64 rows of the initial states: of the state bank (0 = zeros), or of call
+    # ``source``'s final states when that is set
     has_parents: bool  # some sequence starts from a handed-on state (not all from zeros)
+    source: int | None = None  # every real sequence starts from a final state of this earlier call (dummies: its
+    # row 0); the forward then reads that call's states directly, without assembling the bank
     rows: torch.Tensor | None = None  # [T'] int64 pack rows of the gathered layout (all < hi)
     keep: torch.Tensor | None = None  # [hi - lo] int64 gathered row of each of the rows [lo, hi)
 
@@ -70,7 +76,8 @@ class GdnCall:
                                                     self.keep]
 
     def key(self) -> tuple:
-        return (self.first, self.last, self.has_parents, tuple(self.cu_seqlens.shape), tuple(self.chunk_indices.shape),
+        return (self.first, self.last, self.has_parents, self.source, tuple(self.cu_seqlens.shape),
+                tuple(self.chunk_indices.shape),
                 None if self.rows is None else tuple(self.rows.shape))
 
 
@@ -83,10 +90,12 @@ class LevelSpec:
     chunk_offsets: torch.Tensor  # [n+1] int64 each sequence's first chunk (the GDN kernel, CUDA)
     max_seqlen: int
     has_parents: bool  # some sequence continues a prefix (attention reads its chain of keys)
-    chain_index: torch.Tensor | None = None  # [P] int64 rows of [external K/V ; pack K/V]
-    cu_chain: torch.Tensor | None = None  # [m+1] int32 (block 0 is empty: segments without a parent)
-    chain_of_segment: torch.Tensor | None = None  # [n] int32
-    max_chain: int = 0
+    # with parents: sequence i reads prefix keys prefix_starts[i] .. + prefix_lengths[i] of [external K/V ; pack
+    # K/V] in place, or of its gathered rows ``chain_index`` (one copy per distinct block) when that is set
+    prefix_starts: torch.Tensor | None = None  # [n+1] int32 (entry n: the end of the last block read)
+    prefix_lengths: torch.Tensor | None = None  # [n] int32, 0: no prefix (roots and dummies)
+    chain_index: torch.Tensor | None = None  # [P] int64 rows of [external K/V ; pack K/V], or None: in place
+    max_chain: int = 0  # a bound on prefix_lengths (FA2's max_seqlen_k)
 
 
 @dataclass
@@ -119,7 +128,8 @@ class PackContext:
         for level in self.levels:
             out += [level.cu_seqlens, level.chunk_indices, level.chunk_offsets]
             if level.has_parents:
-                out += [level.chain_index, level.cu_chain, level.chain_of_segment]
+                out += [level.prefix_starts, level.prefix_lengths]
+                out += [] if level.chain_index is None else [level.chain_index]
         for call in self.gdn_calls:
             out += call.tensors()
         return out
@@ -198,6 +208,34 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
             parent = segments[parent].parent
         return tails[::-1], parent
 
+    def route_prefixes(spec: LevelSpec, prefixes: list[list[int]], rows_before: int) -> None:
+        """Each sequence's prefix block for attention (``prefix_starts`` / ``prefix_lengths``). When every block
+        is a run of consecutive rows of [external ; pack] K/V (children of a level-0 parent or of an external
+        prefix: all of a two-level plan), the blocks are read there in place (``chain_index`` None, no gather);
+        otherwise the distinct blocks are gathered once (``chain_index``) and shared by their sequences."""
+        blocks = [b for b in prefixes if b]
+        if all(b == list(range(b[0], b[0] + len(b))) for b in blocks):
+            first = [b[0] if b else 0 for b in prefixes]
+            # parents lie in earlier levels: below rows_before, a bound fixed by those levels' padded sizes
+            spec.max_chain = rows_before if pad else max(map(len, blocks))
+        else:
+            offset_of: dict[tuple[int, ...], int] = {}
+            chain: list[int] = []
+            for block in map(tuple, blocks):
+                if block not in offset_of:
+                    offset_of[block] = len(chain)
+                    chain.extend(block)
+            first = [offset_of[tuple(b)] if b else 0 for b in prefixes]
+            spec.max_chain = max(map(len, blocks))
+            if pad:  # rows past the last block are never read
+                spec.max_chain = bucket_tokens(len(chain))
+                chain += [0] * (spec.max_chain - len(chain))
+            spec.chain_index = torch.tensor(chain, dtype=torch.long, device=device)
+        lengths = [len(b) for b in prefixes]
+        ends = max(f + n for f, n in zip(first, lengths))
+        spec.prefix_starts = torch.tensor(first + [ends], dtype=torch.int32, device=device)
+        spec.prefix_lengths = torch.tensor(lengths, dtype=torch.int32, device=device)
+
     starts = {seg_id: gdn_start(seg_id) for seg_id in pack.segments}  # (tails re-run, anchor) per segment; refuses
     # a tail continued from another pack before any tensor is built
     level_ids: list[list[int]] = []  # each level's real segments, in layout order
@@ -206,47 +244,29 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         level_ids.append(ids)
         lo = len(token_ids)
         cu = [0]
-        blocks, block_of_parent, chain_of_segment = [[]], {}, []
+        prefixes: list[list[int]] = []  # each sequence's prefix: its parent's chain of K/V rows (dummies: none)
         for seg_id in ids:
             seg = segments[seg_id]
             start_of[seg_id] = len(token_ids)
             token_ids.extend(seg.tokens)
             positions.extend(range(seg.start, seg.end))
             cu.append(len(token_ids) - lo)
-            parent = seg.parent
-            prefix = parent_chain(seg_id)
+            prefixes.append(parent_chain(seg_id))
             own = [ext_len + start_of[seg_id] + i for i in range(len(seg.tokens))]
-            chain_rows[seg_id] = prefix + own
-            if parent is None:
-                chain_of_segment.append(0)
-            else:
-                if parent not in block_of_parent:
-                    block_of_parent[parent] = len(blocks)
-                    blocks.append(prefix)
-                chain_of_segment.append(block_of_parent[parent])
+            chain_rows[seg_id] = prefixes[-1] + own
         if pad:  # dummy sequences: token 0 from position 0, zero state, no prefix block
             for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
                 token_ids.extend([0] * length)
                 positions.extend(range(length))
                 cu.append(len(token_ids) - lo)
-                chain_of_segment.append(0)
+                prefixes.append([])
         meta = prepare_varlen_metadata(cu, device=device)
         has_parents = any(segments[i].parent is not None for i in ids)
         spec = LevelSpec(lo=lo, hi=len(token_ids), cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
-                         chunk_offsets=meta.chunk_offsets, max_seqlen=(len(token_ids) - lo) if pad else meta.max_seqlen, has_parents=has_parents)
+                         chunk_offsets=meta.chunk_offsets, max_seqlen=(len(token_ids) - lo) if pad else meta.max_seqlen,
+                         has_parents=has_parents)
         if has_parents:
-            chain = [r for b in blocks for r in b]
-            cu_chain = [0]
-            for block in blocks:
-                cu_chain.append(cu_chain[-1] + len(block))
-            spec.max_chain = max(len(b) for b in blocks)
-            if pad:  # rows past the last block are never read; empty blocks are never referenced
-                spec.max_chain = bucket_tokens(len(chain))
-                chain += [0] * (spec.max_chain - len(chain))
-                cu_chain += [cu_chain[-1]] * (bucket_sequences(len(cu_chain)) - len(cu_chain))
-            spec.chain_index = torch.tensor(chain, dtype=torch.long, device=device)
-            spec.cu_chain = torch.tensor(cu_chain, dtype=torch.int32, device=device)
-            spec.chain_of_segment = torch.tensor(chain_of_segment, dtype=torch.int32, device=device)
+            route_prefixes(spec, prefixes, ext_len + lo)
         levels.append(spec)
 
     # Gated DeltaNet calls: a level joins the open call unless one of its anchors is computed in that call
@@ -259,6 +279,23 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         else:
             groups.append([index])
 
+    call_spans: list[tuple[int, int]] = []  # the bank rows [start, end) of each call built so far
+
+    def initial_states(parents: list[int], n_real: int) -> tuple[int | None, torch.Tensor]:
+        """(source, parent_rows) of a call whose sequences start from bank rows ``parents`` (real ones first).
+
+        When all its real sequences start from final states of one earlier call (no zero or external state among
+        them: the commonest case, children of one prefix level), that call is the source and the rows are its own
+        (dummies read its row 0; their outputs are never read): the forward then reads its states directly
+        instead of assembling the bank. Also records this call's bank rows."""
+        call_spans.append((next_row, next_row + len(parents)))
+        real = parents[:n_real]
+        for index, (lo_row, hi_row) in enumerate(call_spans[:-1]):
+            if real and all(lo_row <= r < hi_row for r in real):
+                local = [r - lo_row for r in real] + [0] * (len(parents) - n_real)
+                return index, torch.tensor(local, dtype=torch.long, device=device)
+        return None, torch.tensor(parents, dtype=torch.long, device=device)
+
     def gdn_call(group: list[int]) -> GdnCall:
         """Build the call of levels ``group`` and number its sequences' bank rows (real ones first, then dummies)."""
         nonlocal next_row
@@ -268,11 +305,12 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         gathered = len(group) > 1 or any(starts[seg_id][0] for seg_id in sequences)
         for i, seg_id in enumerate(sequences):
             bank_row[seg_id] = next_row + i
-        if not gathered:  # one level over its own rows: its layout, dummies from zero states
+        if not gathered:  # one level over its own rows: its layout; dummies start from zeros (or the source row 0)
             parents += [0] * (first.cu_seqlens.shape[0] - 1 - len(sequences))
+            source, parent_rows = initial_states(parents, len(sequences))
             next_row += len(parents)
             return GdnCall(group[0], group[-1], first.lo, first.hi, first.cu_seqlens, first.chunk_indices,
-                           first.chunk_offsets, torch.tensor(parents, dtype=torch.long, device=device), any(parents))
+                           first.chunk_offsets, parent_rows, any(parents), source)
         rows, cu, keep = [], [0], [0] * (last.hi - first.lo)  # level dummy rows keep gathered row 0 (never read)
         for seg_id in sequences:
             for tail in starts[seg_id][0]:
@@ -282,16 +320,16 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
             keep[at: at + own] = range(len(rows), len(rows) + own)
             rows.extend(range(start_of[seg_id], start_of[seg_id] + own))
             cu.append(len(rows))
-        if pad:  # dummies re-read the call's first row from zero states
+        if pad:  # dummies re-read the call's first row from zeros (or the source's row 0)
             for length in pad_level([cu[i + 1] - cu[i] for i in range(len(sequences))]):
                 rows.extend([first.lo] * length)
                 cu.append(len(rows))
                 parents.append(0)
+        source, parent_rows = initial_states(parents, len(sequences))
         next_row += len(parents)
         meta = prepare_varlen_metadata(cu, device=device)
         return GdnCall(group[0], group[-1], first.lo, last.hi, meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets,
-                       torch.tensor(parents, dtype=torch.long, device=device), any(parents),
-                       torch.tensor(rows, dtype=torch.long, device=device),
+                       parent_rows, any(parents), source, torch.tensor(rows, dtype=torch.long, device=device),
                        torch.tensor(keep, dtype=torch.long, device=device))
 
     gdn_calls = [gdn_call(group) for group in groups]
@@ -316,7 +354,7 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
     if pad:
         ctx.graph_key = (final_row_mlp, compile_elementwise, fused_elementwise, gdn_fp32, len(final_rows), tuple(
             (level.hi - level.lo, tuple(level.cu_seqlens.shape), tuple(level.chunk_indices.shape), level.has_parents,
-             level.max_chain, tuple(level.cu_chain.shape) if level.has_parents else None)
+             level.max_chain, None if level.chain_index is None else tuple(level.chain_index.shape))
             for level in levels), tuple(call.key() for call in gdn_calls))
     if external:
         first = store[external[0]]

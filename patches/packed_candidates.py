@@ -41,13 +41,14 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
     g, beta = ew.gdn_gates(a, b, m.A_log, m.dt_bias)  # [T, Hv] fp32, [T, Hv]
     conv_weight = m.conv1d.weight.squeeze(1)  # [C, K]
     layer = m.layer_idx
-    # the state banks ([1, Hv, Dk, Dv] fp32 and [1, C, K] per row) only when some call reads them or the pack
-    # exports from them
-    reads_bank = bool(pack.exports) or any(call.has_parents for call in pack.gdn_calls)
+    # the state banks ([1, Hv, Dk, Dv] fp32 and [1, C, K] per row, then every call's final states) only when some
+    # call reads them (a call with a ``source`` reads that call's final states directly) or the pack exports
+    reads_bank = bool(pack.exports) or any(call.has_parents and call.source is None for call in pack.gdn_calls)
     gdn_bank = _bank(x.new_zeros(1, m.num_v_heads, m.head_k_dim, m.head_v_dim, dtype=torch.float32),
                      pack.external_gdn.get(layer)) if reads_bank else []
     conv_bank = _bank(qkv.new_zeros(1, m.conv_dim, m.conv_kernel_size), pack.external_conv.get(layer)) \
         if reads_bank else []
+    gdn_finals, conv_finals = [], []  # per call
     outputs = []
     for index, call in enumerate(pack.gdn_calls):  # pack_context.GdnCall: one or more levels
         wants_final = index < len(pack.gdn_calls) - 1 or bool(pack.exports)  # later calls or packs read them
@@ -59,8 +60,9 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         # [n, C, K] and [n, Hv, Dk, Dv] from the anchors; None (zeros, nothing materialised) when all start fresh
         conv_init = gdn_init = None
         if call.has_parents:
-            conv_init = torch.cat(conv_bank).index_select(0, call.parent_rows)
-            gdn_init = torch.cat(gdn_bank).index_select(0, call.parent_rows)
+            conv_from = conv_finals[call.source] if call.source is not None else torch.cat(conv_bank)
+            gdn_from = gdn_finals[call.source] if call.source is not None else torch.cat(gdn_bank)
+            conv_init, gdn_init = conv_from.index_select(0, call.parent_rows), gdn_from.index_select(0, call.parent_rows)
         conv, conv_final = causal_conv1d_packed(conv_in, conv_weight, call.cu_seqlens, conv_init, call.chunk_indices,
                                                 False, wants_final)  # [n_rows, C], no SiLU
         q, k, v = ew.silu_qkv(conv, m.key_dim, m.value_dim)  # contiguous [n_rows, Kd] x 2, [.., Vd]
@@ -75,8 +77,11 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         if call.keep is not None:
             out = out.index_select(0, call.keep)  # [hi - lo, Hv, Dv]: the call's own rows
         outputs.append(out.to(x.dtype))
-        gdn_bank.append(gdn_final)  # one row per sequence of the call (pack_context numbers the bank so)
-        conv_bank.append(conv_final)
+        gdn_finals.append(gdn_final)
+        conv_finals.append(conv_final)
+        if reads_bank:
+            gdn_bank.append(gdn_final)  # one row per sequence of the call (pack_context numbers the bank so)
+            conv_bank.append(conv_final)
     if pack.exports:
         pack.record_recurrent(layer, torch.cat(gdn_bank), torch.cat(conv_bank))
     core = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # [T, Hv, Dv]
@@ -111,12 +116,12 @@ def packed_gated_attention(m: qwen.Qwen3_5Attention, x: torch.Tensor, pack, rota
     outputs = []
     for level in pack.levels:
         rows = slice(level.lo, level.hi)
-        if level.has_parents:
-            out = prefix_attention(query[rows], key[rows], value[rows], level.cu_seqlens,
-                                   all_key.index_select(0, level.chain_index),
-                                   all_value.index_select(0, level.chain_index),
-                                   level.cu_chain, level.chain_of_segment, m.scaling,
-                                   level.max_seqlen, level.max_chain)
+        if level.has_parents:  # prefix keys read in place, or from the level's gathered blocks
+            prefix_key, prefix_value = (all_key, all_value) if level.chain_index is None else \
+                (all_key.index_select(0, level.chain_index), all_value.index_select(0, level.chain_index))
+            out = prefix_attention(query[rows], key[rows], value[rows], level.cu_seqlens, prefix_key, prefix_value,
+                                   level.prefix_starts, level.prefix_lengths, m.scaling, level.max_seqlen,
+                                   level.max_chain)
         else:
             out = packed_attention(query[rows], key[rows], value[rows], level.cu_seqlens, level.cu_seqlens,
                                    level.max_seqlen, level.max_seqlen, m.scaling)

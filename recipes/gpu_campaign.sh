@@ -58,6 +58,9 @@
 #   bash recipes/gpu_campaign.sh probe8  # the -m gpu tests of merged GDN calls and the tails layout; then 27B graph-replay
 #                                        # profiles with launch counts of a 107-token candidate and requests 0, 12,
 #                                        # 72, 129, 198, on the defaults and with tails at threshold 16 (issues 4, 8)
+#   bash recipes/gpu_campaign.sh verify8 # the -m gpu tests of the ops, graphs, merged GDN calls and the whole fast path
+#                                        # (27B head layouts, which fla tunes once per process), then 27B profiles of
+#                                        # a 107-token candidate and requests 0, 72, 129, default and tails (4, 5, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-7 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -69,7 +72,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid | merged | probe8}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid | merged | probe8 | verify8}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -349,6 +352,18 @@ case "$stage" in
     timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107 --requests 0,12,72,129,198 \
       --fast-options '{}' '{"share_tails": true, "min_shared_tokens": 16}' --out "$out/profile" 2>&1 \
       | grep -v "Loading\|falling back" | tail -n 14 ;;
+  verify8)
+    # fla autotunes per head layout: the tests at the tiny shapes' layouts ("small", 37 conv channels) would tune
+    # for minutes on a fresh machine; the 27B layouts' tests and the whole-path tests on a 27B-head tiny model run
+    timeout 300 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_causal_conv.py" \
+      "$REPO/tests/test_op_gdn_prefill.py" "$REPO/tests/test_op_packed_attention.py" "$REPO/tests/test_cuda_graphs.py" \
+      -m gpu -k "not small and not 37" -v -s -p no:cacheprovider >"$out/pytest_verify.log" 2>&1
+    echo "pytest rc=$?" | tee -a "$out/pytest_verify.log"
+    grep -cE " PASSED" "$out/pytest_verify.log"; grep -E "FAILED|ERROR|passed|failed" "$out/pytest_verify.log" | tail -n 8
+    left=$((565 - (SECONDS - start)))
+    timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107 --requests 0,72,129 \
+      --fast-options '{}' '{"share_tails": true, "min_shared_tokens": 16}' --out "$out/profile" 2>&1 \
+      | grep -v "Loading\|falling back" | tail -n 10 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .

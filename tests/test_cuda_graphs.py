@@ -12,6 +12,7 @@ from hf_openjev.patches import apply_patches, patch_record, revert_patches
 from hf_openjev.patches.pack_context import SegmentState, build_pack_context
 from hf_openjev.patches.record import text_model_of
 from hf_openjev.planner import Pack, plan_requests
+from hf_openjev.tiny import build_tiny_checkpoint, tiny_text_config
 
 torch.set_num_threads(1)
 
@@ -91,12 +92,25 @@ def test_a_tail_continued_from_another_pack_is_refused():
         build_pack_context(plan, split, {tail.id: SegmentState(length=40)}, "cpu")
 
 
+@pytest.fixture(scope="module")
+def heads27_checkpoint(tmp_path_factory):
+    """A tiny checkpoint (4 layers, hidden 256) with the 27B model's Gated DeltaNet and attention head layouts. fla
+    compiles and autotunes its kernels per head layout: on a fresh GPU machine the tiny default layout costs minutes
+    of tuning that the ops' 27B-shape GPU tests, run first in the same process, have already done for this one."""
+    config = tiny_text_config(hidden_size=256, linear_num_key_heads=16, linear_num_value_heads=48,
+                              linear_key_head_dim=128, linear_value_head_dim=128, num_attention_heads=24,
+                              num_key_value_heads=4, head_dim=256,
+                              rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                               "mrope_section": [11, 11, 10], "mrope_interleaved": True})
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("heads27"), config=config)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graph_replay_matches_eager_on_cuda(tiny_checkpoint):
+def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint):
     from hf_openjev.fast_path import score_fast
 
-    model = load_export(tiny_checkpoint.export, dtype=torch.bfloat16, device="cuda")
+    model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
     rng = random.Random(2)
     batches = [_random_requests(rng, model.config.vocab_size) for _ in range(4)]
     apply_patches(model, cuda_graphs=False)
@@ -113,12 +127,12 @@ def test_graph_replay_matches_eager_on_cuda(tiny_checkpoint):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_triton_elementwise_equals_the_plain_code_in_the_fast_path_on_cuda(tiny_checkpoint):
+def test_triton_elementwise_equals_the_plain_code_in_the_fast_path_on_cuda(heads27_checkpoint):
     """The whole fast path (bf16, eager) with the Triton elementwise kernels (the default) equals the plain code's
     scores exactly: tails, several levels and exports included."""
     from hf_openjev.fast_path import score_fast
 
-    model = load_export(tiny_checkpoint.export, dtype=torch.bfloat16, device="cuda")
+    model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
     requests = _random_requests(random.Random(5), model.config.vocab_size)
     for options in (dict(share_tails=True, min_shared_tokens=8), dict(max_sequences=2)):  # tails; split packs
         apply_patches(model, cuda_graphs=False, fused_elementwise=False)
@@ -202,6 +216,41 @@ def test_levels_share_a_gdn_call_only_when_none_reads_the_others_states():
     assert _calls_and_levels(plan, plan.packs[0]) == ([(0, 0, False), (1, 1, False)], 2)
 
 
+
+def _prefix_reads(plan, pack, pad):
+    """Per level with parents: (read in place, the [external ; pack] K/V rows each real sequence reads)."""
+    ctx = build_pack_context(plan, pack, {}, "cpu", pad=pad)
+    out = []
+    for level in ctx.levels:
+        if level.has_parents:
+            pool = level.chain_index if level.chain_index is not None else torch.arange(len(ctx.input_ids))
+            reads = [pool[s: s + n].tolist() for s, n in zip(level.prefix_starts.tolist(), level.prefix_lengths.tolist())]
+            assert level.prefix_lengths.max() <= level.max_chain  # FA2's bound holds
+            out.append((level.chain_index is None, reads))
+    return out
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_attention_reads_parent_keys_in_place_unless_a_chain_is_split(pad):
+    """A level whose parents' chains are runs of consecutive pack rows reads them in place (no gather); a chain split
+    by other segments' rows (a question prefix after the state prefix, with another question's between) is
+    gathered once per distinct block."""
+    state = list(range(100, 180))  # 80 tokens: 64 shared by all, the rest per question
+    plan = plan_requests([[[state + [7, 8, 9], state + [5, 6]]]])  # two levels
+    ((in_place, reads),) = _prefix_reads(plan, plan.packs[0], pad)
+    assert in_place and reads[:2] == [list(range(64)), list(range(64))]
+    tails = plan_requests([[[state + [7, 8, 9], state + [5, 6]]]], share_tails=True, min_shared_tokens=16)
+    assert [in_place for in_place, _ in _prefix_reads(tails, tails.packs[0], pad)] == [True, True]  # 64 | 16 | ..
+    questions = [[state + list(range(300, 370)) + [c] for c in (1, 2)],
+                 [state + list(range(400, 470)) + [c] for c in (3, 4)]]
+    plan = plan_requests([questions])
+    levels = _prefix_reads(plan, plan.packs[0], pad)
+    assert [in_place for in_place, _ in levels] == [True, False]
+    first_question, second_question = levels[1][1][0], levels[1][1][2]
+    assert first_question[:64] == second_question[:64] == list(range(64))  # the shared state prefix, then ...
+    assert first_question[64:] != second_question[64:] and len(second_question) > 64  # ... each question's own
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("pad", [False, True])
 def test_merged_gdn_calls_give_the_rows_of_one_call_per_level(tiny_checkpoint, dtype, pad):
@@ -211,9 +260,9 @@ def test_merged_gdn_calls_give_the_rows_of_one_call_per_level(tiny_checkpoint, d
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("pad", [False, True])
-def test_merged_gdn_calls_give_the_rows_of_one_call_per_level_on_cuda(tiny_checkpoint, pad):
+def test_merged_gdn_calls_give_the_rows_of_one_call_per_level_on_cuda(heads27_checkpoint, pad):
     """fla's varlen kernels: a sequence's result does not depend on the other sequences of its call."""
-    _compare_merged_and_per_level(tiny_checkpoint, "cuda", torch.bfloat16, pad)
+    _compare_merged_and_per_level(heads27_checkpoint, "cuda", torch.bfloat16, pad)
 
 
 def _compare_merged_and_per_level(tiny_checkpoint, device, dtype, pad):

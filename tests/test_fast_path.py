@@ -351,13 +351,13 @@ def _sabotage(kind: str, ctx) -> None:
         ctx.external_conv = _zero(ctx.external_conv)
     elif kind == "external_kv":
         ctx.external_value = _zero(ctx.external_value)
-    elif kind == "parent_states":
+    elif kind == "parent_states":  # every sequence starts from the bank's zero row
         for call in ctx.gdn_calls:
-            call.parent_rows = torch.zeros_like(call.parent_rows)
-    elif kind == "parent_chain":
+            call.parent_rows, call.source = torch.zeros_like(call.parent_rows), None
+    elif kind == "parent_chain":  # attention reads only the first half of each parent's chain of keys
         for level in ctx.levels:
             if level.has_parents:
-                level.chain_index = torch.zeros_like(level.chain_index)
+                level.prefix_lengths = level.prefix_lengths // 2
     elif kind == "tail_rows":  # children of a tail start from the anchor's state but skip the tail's rows
         for call in ctx.gdn_calls:
             if call.rows is not None:

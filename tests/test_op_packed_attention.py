@@ -43,11 +43,11 @@ def _packed_naive(args):
 
 
 def _prefix_naive(args):
-    cu, cp = args["cu_seqlens"].tolist(), args["cu_prefix"].tolist()
+    cu, starts, lengths = (args[n].tolist() for n in ("cu_seqlens", "prefix_starts", "prefix_lengths"))
     outs = []
-    for i, j in enumerate(args["prefix_index"].tolist()):
-        own, pre = slice(cu[i], cu[i + 1]), slice(cp[j], cp[j + 1])
-        n, p = cu[i + 1] - cu[i], cp[j + 1] - cp[j]
+    for i in range(len(cu) - 1):
+        own, pre = slice(cu[i], cu[i + 1]), slice(starts[i], starts[i] + lengths[i])
+        n, p = cu[i + 1] - cu[i], lengths[i]
         allowed = torch.tensor([[True] * p + [s <= t for s in range(n)] for t in range(n)], dtype=torch.bool)
         k = torch.cat([args["prefix_k"][pre], args["k"][own]])
         v = torch.cat([args["prefix_v"][pre], args["v"][own]])
@@ -109,12 +109,31 @@ def test_prefix_reference_matches_stock_eager_masked_and_flash_merge(lengths, pr
     args = prefix_inputs(lengths, prefixes, index, H, HKV, D, seed=len(lengths))
     o = pa.prefix_attention_reference(**args)
     torch.testing.assert_close(o, _prefix_naive(args), atol=1e-5, rtol=1e-5)
-    positional = [args[n] for n in ("q", "k", "v", "cu_seqlens", "prefix_k", "prefix_v", "cu_prefix", "prefix_index")]
+    positional = [args[n] for n in ("q", "k", "v", "cu_seqlens", "prefix_k", "prefix_v", "prefix_starts",
+                                    "prefix_lengths")]
     torch.testing.assert_close(pa.prefix_attention_masked(*positional, args["scale"]), o, atol=1e-5, rtol=1e-5)
     for bounds in ((args["max_seqlen_q"], args["max_seqlen_prefix"]), (sum(lengths), sum(prefixes))):
         merged = pa.prefix_attention_flash(*positional, args["scale"], *bounds, flash=_fa2_standin)
         torch.testing.assert_close(merged, o, atol=1e-5, rtol=1e-5)
     assert torch.equal(PREFIX(**args), o)
+
+
+def test_prefix_blocks_are_any_row_ranges_of_the_pool():
+    """Sequences read overlapping, nested and out-of-order row ranges of one pool in place (how the fast path reads a
+    parent's keys from the whole pack's K/V); starts and lengths go to FA2 as they are."""
+    args = prefix_inputs([4, 9, 2, 5], [200], [0, 0, 0, 0], H, HKV, D, seed=9)
+    args.update(prefix_starts=torch.tensor([0, 10, 0, 64, 0], dtype=torch.int32),  # last entry: not read
+                prefix_lengths=torch.tensor([64, 140, 0, 136], dtype=torch.int32), max_seqlen_prefix=140)
+    o = pa.prefix_attention_reference(**args)
+    torch.testing.assert_close(o, _prefix_naive(args), atol=1e-5, rtol=1e-5)
+    positional = [args[n] for n in ("q", "k", "v", "cu_seqlens", "prefix_k", "prefix_v", "prefix_starts",
+                                    "prefix_lengths")]
+    torch.testing.assert_close(pa.prefix_attention_masked(*positional, args["scale"]), o, atol=1e-5, rtol=1e-5)
+    merged = pa.prefix_attention_flash(*positional, args["scale"], 9, 140, flash=_fa2_standin)
+    torch.testing.assert_close(merged, o, atol=1e-5, rtol=1e-5)
+    whole = dict(args, prefix_starts=torch.tensor([0, 0, 0, 0, 0], dtype=torch.int32),
+                 prefix_lengths=torch.tensor([200] * 4, dtype=torch.int32))
+    assert max_errors(pa.prefix_attention_reference(**whole), o)[0] > 1e-3  # the ranges matter
 
 
 def test_prefix_attention_is_not_plain_causal_attention():
