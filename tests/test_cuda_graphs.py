@@ -122,7 +122,9 @@ def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint):
     assert patch_record(model).graphs.captures == captures and patch_record(model).graphs.replays > 0
     for e, f, a in zip(eager, first, again):
         assert f == a
-        assert max(abs(x - y) for x, y in zip(e, f)) < 0.05  # bf16: padded GEMM shapes round differently
+        # bf16: padded GEMM shapes round differently; this model's scores reach ~24, where one bf16 step of a
+        # hidden row moves a score by ~0.1 (s8 verify8 measured 0.103); a misrouted state moves it by O(score)
+        assert max(abs(x - y) for x, y in zip(e, f)) <= 0.01 * max(abs(x) for x in e)
 
 
 @pytest.mark.gpu
