@@ -14,8 +14,8 @@ CUDA, bf16/fp16: flash attention 2 inside torch. packed_attention calls
 causal mask bottom-right and handles GQA natively). prefix_attention makes two FA2 calls, own keys (causal,
 cu_seqlens) and prefix keys (non-causal; ``prefix_starts`` and ``prefix_lengths`` are FA2's own cu_seqlens_k and
 seqused_k: it reads sequence i's keys from cu_seqlens_k[i], seqused_k[i] of them, so the caller's host-built
-metadata goes in as it is, without index arithmetic on the device), and merges them by log-sum-exp in one Triton kernel (``lse_merge_triton.py``, bit for bit
-``merge_by_lse_reference``). No host sync, no data-dependent shapes.
+metadata goes in as it is, without index arithmetic on the device), and merges them by log-sum-exp in one Triton
+kernel (``lse_merge_triton.py``, bit for bit ``merge_by_lse_reference``). No host sync, no data-dependent shapes.
 CUDA, fp32 (FA2 has no fp32): ``*_masked``: one SDPA over all packed tokens with a device-built boolean mask
 (O(Tq * Tk) memory; for checks, not speed).
 """

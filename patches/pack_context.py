@@ -10,13 +10,12 @@ Gated DeltaNet calls may span several levels, below)::
 State routing: per layer, a *bank* of states holds row 0 = zeros (no parent), rows 1..E = states handed in
 from earlier packs (``external``), then the final states of each Gated DeltaNet call in order (one row per
 sequence of the call, dummies included). A segment's initial Gated DeltaNet / conv state is ``bank[row]`` of its
-*anchor*: its parent, or for a segment that continues a tail, the nearest ancestor that hands a state on (a
-call whose real sequences all start from one earlier call's final states reads those directly,
-``GdnCall.source``, and the bank is never assembled). For
-attention, a segment that continues a prefix reads that prefix's whole chain of keys, a block of rows of
-``[external K/V ; this pack's K/V]`` shared by all its children: in place when every block of the level is a run of
-consecutive rows (a parent at level 0 or in an earlier pack), else gathered once per layer (``chain_index``),
-never copied per candidate.
+*anchor*: its parent, or for a segment that continues a tail, the nearest ancestor that hands a state on. A call
+whose real sequences all start from final states of one earlier call reads those directly (``GdnCall.source``),
+and then no bank is assembled. For attention, a segment that continues a prefix reads that prefix's whole chain
+of keys, a block of rows of ``[external K/V ; this pack's K/V]`` shared by all its children: in place when every
+block of the level is a run of consecutive rows (a parent at level 0 or in an earlier pack), else gathered once
+per layer (``chain_index``); never copied per candidate.
 
 Gated DeltaNet calls (:class:`GdnCall`): consecutive levels share one conv + GDN call per layer when none of
 their sequences starts from a state another of them writes. Without tails every level reads its parent level's

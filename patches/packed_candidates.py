@@ -62,7 +62,8 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         if call.has_parents:
             conv_from = conv_finals[call.source] if call.source is not None else torch.cat(conv_bank)
             gdn_from = gdn_finals[call.source] if call.source is not None else torch.cat(gdn_bank)
-            conv_init, gdn_init = conv_from.index_select(0, call.parent_rows), gdn_from.index_select(0, call.parent_rows)
+            conv_init = conv_from.index_select(0, call.parent_rows)
+            gdn_init = gdn_from.index_select(0, call.parent_rows)
         conv, conv_final = causal_conv1d_packed(conv_in, conv_weight, call.cu_seqlens, conv_init, call.chunk_indices,
                                                 False, wants_final)  # [n_rows, C], no SiLU
         q, k, v = ew.silu_qkv(conv, m.key_dim, m.value_dim)  # contiguous [n_rows, Kd] x 2, [.., Vd]
