@@ -75,6 +75,31 @@ def test_equal_keys_mean_equal_tensor_shapes(patched_model, tails):
     assert len(by_key) < 40  # buckets are shared
 
 
+@pytest.mark.parametrize("tails", [dict(), dict(share_tails=True, min_shared_tokens=8)])
+def test_every_device_input_of_a_padded_context_is_copied_in_at_replay(patched_model, tails):
+    """A graph replays with the captured context's tensors: every tensor the forward reads (each level's and each
+    GDN call's metadata included) must be one of ``static_tensors()``, or replays would reuse the captured pack's
+    values (wrong rows on the GPU only)."""
+    import dataclasses
+
+    rng = random.Random(3)
+    seen = set()
+    for _ in range(10):
+        plan = plan_requests(_random_requests(rng, patched_model.config.vocab_size), **tails)
+        for pack in plan.packs:
+            if pack.external or pack.export:
+                continue
+            ctx = build_pack_context(plan, pack, {}, "cpu", pad=True)
+            static = {id(t) for t in ctx.static_tensors()}
+            for holder in [ctx, *ctx.levels, *ctx.gdn_calls]:
+                for f in dataclasses.fields(holder):
+                    value = getattr(holder, f.name)
+                    if isinstance(value, torch.Tensor):
+                        assert id(value) in static, (type(holder).__name__, f.name)
+                        seen.add((type(holder).__name__, f.name))
+    assert {("LevelSpec", "prefix_lengths"), ("GdnCall", "chunk_offsets"), ("GdnCall", "parent_rows")} <= seen
+
+
 def test_packs_with_handed_over_states_are_not_padded(patched_model):
     plan = plan_requests([[[[7] * 130 + [8], [7] * 130 + [9], [7] * 130 + [10]]]], max_sequences=1)
     split = next(p for p in plan.packs if p.external)
