@@ -186,4 +186,4 @@ def _gdn_prefill_cuda(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices
         output_final_state, cu_seqlens, chunk_indices, chunk_offsets)
     if not output_final_state:
         final_state = q.new_empty(_final_states_shape(q, v, cu_seqlens, False), dtype=torch.float32)
-    return o[0].to(q.dtype), final_state
+    return o[0], final_state

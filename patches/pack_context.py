@@ -151,8 +151,9 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
 
     ``pad=True`` (packs without external states or exports only) pads every level with dummy sequences to its
     shape bucket (:mod:`.graph_buckets`) and sets ``graph_key``: contexts with equal keys have equal tensor
-    shapes, so one captured CUDA graph replays them all. Dummy tokens start from zero states, read no prefix and
-    are never scored, so the real sequences' results do not change.
+    shapes, so one captured CUDA graph replays them all. Dummy tokens start from zero states (or, in a call with a
+    ``source``, from its first final state), read no prefix and are never scored or read by another sequence, so
+    the real sequences' results do not change.
 
     ``merge_levels=False`` gives every level its own Gated DeltaNet call (one sequence's arithmetic does not depend
     on the other sequences of its call, so the rows are the same; tests compare the two).
@@ -286,8 +287,10 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         When all its real sequences start from final states of one earlier call (no zero or external state among
         them: the commonest case, children of one prefix level), that call is the source and the rows are its own
         (dummies read its row 0; their outputs are never read): the forward then reads its states directly
-        instead of assembling the bank. Also records this call's bank rows."""
+        instead of assembling the bank. Also gives this call its bank rows (one per sequence, dummies included)."""
+        nonlocal next_row
         call_spans.append((next_row, next_row + len(parents)))
+        next_row += len(parents)
         real = parents[:n_real]
         for index, (lo_row, hi_row) in enumerate(call_spans[:-1]):
             if real and all(lo_row <= r < hi_row for r in real):
@@ -297,7 +300,6 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
 
     def gdn_call(group: list[int]) -> GdnCall:
         """Build the call of levels ``group`` and number its sequences' bank rows (real ones first, then dummies)."""
-        nonlocal next_row
         first, last = levels[group[0]], levels[group[-1]]
         sequences = [seg_id for index in group for seg_id in level_ids[index]]
         parents = [bank_row[starts[seg_id][1]] if starts[seg_id][1] is not None else 0 for seg_id in sequences]
@@ -307,7 +309,6 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         if not gathered:  # one level over its own rows: its layout; dummies start from zeros (or the source row 0)
             parents += [0] * (first.cu_seqlens.shape[0] - 1 - len(sequences))
             source, parent_rows = initial_states(parents, len(sequences))
-            next_row += len(parents)
             return GdnCall(group[0], group[-1], first.lo, first.hi, first.cu_seqlens, first.chunk_indices,
                            first.chunk_offsets, parent_rows, any(parents), source)
         rows, cu, keep = [], [0], [0] * (last.hi - first.lo)  # level dummy rows keep gathered row 0 (never read)
@@ -325,7 +326,6 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
                 cu.append(len(rows))
                 parents.append(0)
         source, parent_rows = initial_states(parents, len(sequences))
-        next_row += len(parents)
         meta = prepare_varlen_metadata(cu, device=device)
         return GdnCall(group[0], group[-1], first.lo, last.hi, meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets,
                        parent_rows, any(parents), source, torch.tensor(rows, dtype=torch.long, device=device),

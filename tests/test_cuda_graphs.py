@@ -244,6 +244,27 @@ def test_levels_share_a_gdn_call_only_when_none_reads_the_others_states():
 
 
 
+@pytest.mark.parametrize("pad", [False, True])
+def test_a_call_reads_one_earlier_calls_final_states_directly(pad):
+    """Children of one prefix level start from that level's call's final states, read there (``source``, rows of
+    that call: the prefix is its row 0); children of a prefix computed in an earlier pack read the bank (its
+    external rows)."""
+    state = list(range(100, 180))  # 64 shared (level 0), the rest per candidate
+    plan = plan_requests([[[state + [7, 8, 9], state + [5, 6]]]])
+    ctx = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=pad)
+    first, second = ctx.gdn_calls
+    assert first.source is None and not first.has_parents
+    assert second.source == 0 and second.parent_rows.tolist()[:2] == [0, 0]
+    if pad:
+        return  # packs with states from earlier packs are never padded
+    split = plan_requests([[[state + [7, 8, 9], state + [5, 6]]]], max_sequences=1)
+    pack = next(p for p in split.packs if p.external)
+    store = {seg: SegmentState(length=split.segments[seg].end) for seg in pack.external}
+    ctx = build_pack_context(split, pack, store, "cpu")
+    (call,) = ctx.gdn_calls
+    assert call.has_parents and call.source is None and call.parent_rows.tolist() == [1]  # bank row 1: external
+
+
 def _prefix_reads(plan, pack, pad):
     """Per level with parents: (read in place, the [external ; pack] K/V rows each real sequence reads)."""
     ctx = build_pack_context(plan, pack, {}, "cpu", pad=pad)
