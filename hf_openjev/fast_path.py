@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from .patches.cuda_graphs import PackGraphs, graph_ready
-from .patches.pack_context import build_pack_context
+from .patches.pack_context import DENSE_ATTENTION_TOKENS, build_pack_context
 from .patches.record import apply_patches, patch_record, text_model_of
 from .planner import (DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, DEFAULT_SHARE_TAILS,
                       plan_requests)
@@ -22,9 +22,13 @@ from .planner import (DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHA
 @torch.no_grad()
 def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]]], *,
                min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS, max_sequences: int = DEFAULT_MAX_SEQUENCES,
-               max_tokens: int = DEFAULT_MAX_TOKENS, share_tails: bool = DEFAULT_SHARE_TAILS
-               ) -> tuple[list[float], list[dict]]:
-    """Score every candidate with the patched backbone (patches are applied with defaults if absent)."""
+               max_tokens: int = DEFAULT_MAX_TOKENS, share_tails: bool = DEFAULT_SHARE_TAILS,
+               dense_attention_tokens: int = DENSE_ATTENTION_TOKENS) -> tuple[list[float], list[dict]]:
+    """Score every candidate with the patched backbone (patches are applied with defaults if absent).
+
+    Planner options as in :func:`~hf_openjev.planner.plan_requests`; ``dense_attention_tokens``: a pack level of one
+    sequence at least this long (and no prefix) runs its attention as one dense causal call (cuDNN on CUDA;
+    0: never; :data:`~hf_openjev.patches.pack_context.DENSE_ATTENTION_TOKENS`)."""
     record = patch_record(model) or apply_patches(model)
     options = record.options
     plan = plan_requests(requests_tokens, shared_prefix=options.shared_prefix, min_shared_tokens=min_shared_tokens,
@@ -44,7 +48,7 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
         ctx = build_pack_context(plan, pack, store, device, final_row_mlp=options.final_row_mlp,
                                  compile_elementwise=options.compile_elementwise,
                                  fused_elementwise=options.fused_elementwise, gdn_fp32=options.gdn_fp32,
-                                 pad=graphed)
+                                 pad=graphed, dense_attention_tokens=dense_attention_tokens)
         if graphed:
             if record.graphs is None:
                 record.graphs = PackGraphs(text_model)

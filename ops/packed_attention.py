@@ -16,6 +16,11 @@ cu_seqlens) and prefix keys (non-causal; ``prefix_starts`` and ``prefix_lengths`
 seqused_k: it reads sequence i's keys from cu_seqlens_k[i], seqused_k[i] of them, so the caller's host-built
 metadata goes in as it is, without index arithmetic on the device), and merges them by log-sum-exp in one Triton
 kernel (``lse_merge_triton.py``, bit for bit ``merge_by_lse_reference``). No host sync, no data-dependent shapes.
+causal_attention: one sequence, causal (``packed_attention`` with a single sequence). CUDA, bf16/fp16: cuDNN's
+fused attention through SDPA (dense ``[1, H, T, D]`` views, ``enable_gqa``), FA2 where cuDNN does not take the
+inputs. On the H200 at the 27B attention shape cuDNN ran one 3,400-token sequence in 0.304 ms against FA2's 0.575,
+0.168 against 0.228 at 2,048 tokens, and was slower at <= 1,024 (recipes/results/h200-2026-11-29-s7/probe7):
+the caller uses it for long single sequences only (``pack_context.DENSE_ATTENTION_TOKENS``).
 CUDA, fp32 (FA2 has no fp32): ``*_masked``: one SDPA over all packed tokens with a device-built boolean mask
 (O(Tq * Tk) memory; for checks, not speed).
 """
@@ -71,6 +76,20 @@ def prefix_attention_reference(
         keys, values = torch.cat([prefix_k[ps:pe], k[s:e]]), torch.cat([prefix_v[ps:pe], v[s:e]])
         o[s:e] = _attend(q[s:e], keys, values, allowed, scale)
     return o.to(q.dtype)
+
+
+def _check_causal(q, k, v) -> None:
+    if q.dim() != 3 or k.shape != v.shape or k.dim() != 3 or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2] \
+            or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"causal_attention: q [T, H, D] and k, v [T, Hkv, D] with H a multiple of Hkv; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+
+
+def causal_attention_reference(q, k, v, scale=1.0):
+    """One sequence: q [T, H, D]; k, v [T, Hkv, D] -> o [T, H, D] in q.dtype, query t sees keys 0..t."""
+    _check_causal(q, k, v)
+    cu = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
+    return packed_attention_reference(q, k, v, cu, cu, q.shape[0], q.shape[0], scale)
 
 
 # ------------------------------------------------------------------- sync-free torch (CUDA fp32, tests on CPU)
@@ -217,6 +236,42 @@ def _packed_attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if q.dtype == torch.float32:
         return packed_attention_masked(q, k, v, cu_seqlens_q, cu_seqlens_k, scale)
     return _varlen_causal(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
+
+
+def causal_attention_sdpa(q, k, v, scale):
+    """One causal sequence through SDPA on ``[1, H, T, D]`` views of the packed rows: cuDNN's fused attention
+    first, FA2 where cuDNN refuses the inputs (bf16/fp16); SDPA's own choice for fp32. -> [T, H, D] contiguous."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION] if q.dtype != torch.float32 else \
+        [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    q4, k4, v4 = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, H, T, D] views
+    with sdpa_kernel(backends, set_priority=True):
+        o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale, enable_gqa=True)
+    return o[0].transpose(0, 1).contiguous()  # no copy when SDPA wrote [T, H, D] rows (cuDNN follows q's layout)
+
+
+@torch.library.custom_op("hf_openjev::causal_attention", mutates_args=())
+def causal_attention(
+    q: Tensor,  # [T, H, D] one sequence
+    k: Tensor,  # [T, Hkv, D]
+    v: Tensor,  # [T, Hkv, D]
+    scale: float,
+) -> Tensor:
+    """-> o [T, H, D] in q.dtype (causal, GQA)."""
+    return causal_attention_reference(q, k, v, scale)
+
+
+@causal_attention.register_fake
+def _(q, k, v, scale):
+    _check_causal(q, k, v)
+    return q.new_empty(q.shape)
+
+
+@causal_attention.register_kernel("cuda")
+def _causal_attention_cuda(q, k, v, scale):
+    _check_causal(q, k, v)
+    return causal_attention_sdpa(q, k, v, scale)
 
 
 @torch.library.custom_op("hf_openjev::prefix_attention", mutates_args=())

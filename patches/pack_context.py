@@ -36,6 +36,11 @@ from hf_openjev.ops.varlen import prepare_varlen_metadata
 
 from .graph_buckets import bucket_sequences, bucket_tokens, pad_level
 
+# A level of one sequence this long or longer, with no prefix, runs its attention as one dense causal call
+# (ops.packed_attention.causal_attention: cuDNN on CUDA). The H200 measured cuDNN 26% faster than FA2 at 2,048
+# tokens, 47% at 3,400 and slower at <= 1,024 (recipes/results/h200-2026-11-29-s7/probe7). 0 turns it off.
+DENSE_ATTENTION_TOKENS = 2048
+
 
 @dataclass
 class SegmentState:
@@ -95,6 +100,9 @@ class LevelSpec:
     prefix_lengths: torch.Tensor | None = None  # [n] int32, 0: no prefix (roots and dummies)
     chain_index: torch.Tensor | None = None  # [P] int64 rows of [external K/V ; pack K/V], or None: in place
     max_chain: int = 0  # a bound on prefix_lengths (FA2's max_seqlen_k)
+    # one real sequence from ``lo``, no prefix: attention runs as one causal call over rows [lo, hi). Dummies come
+    # after it, so they read its keys and it never reads theirs; their outputs are never read
+    dense: bool = False
 
 
 @dataclass
@@ -146,7 +154,8 @@ class PackContext:
 
 def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, final_row_mlp: bool = True,
                        compile_elementwise: bool = False, fused_elementwise: bool = True, gdn_fp32: bool = False,
-                       pad: bool = False, merge_levels: bool = True) -> PackContext:
+                       pad: bool = False, merge_levels: bool = True,
+                       dense_attention_tokens: int = DENSE_ATTENTION_TOKENS) -> PackContext:
     """Lay out ``pack`` (a planner Pack of ``plan``) and route states; ``store`` holds earlier packs' exports.
 
     ``pad=True`` (packs without external states or exports only) pads every level with dummy sequences to its
@@ -157,7 +166,12 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
 
     ``merge_levels=False`` gives every level its own Gated DeltaNet call (one sequence's arithmetic does not depend
     on the other sequences of its call, so the rows are the same; tests compare the two).
+
+    ``dense_attention_tokens``: a level of one sequence at least this long, with no prefix, gets ``dense`` (one
+    dense causal attention call, ``LevelSpec.dense``); 0 never.
     """
+    if dense_attention_tokens < 0:
+        raise ValueError(f"dense_attention_tokens must be >= 0 (0: never), got {dense_attention_tokens}")
     if pad and (pack.external or pack.export):
         raise ValueError("only packs without external states or exports can be padded for graph replay")
     segments = plan.segments
@@ -264,7 +278,8 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
         has_parents = any(segments[i].parent is not None for i in ids)
         spec = LevelSpec(lo=lo, hi=len(token_ids), cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
                          chunk_offsets=meta.chunk_offsets, max_seqlen=(len(token_ids) - lo) if pad else meta.max_seqlen,
-                         has_parents=has_parents)
+                         has_parents=has_parents,
+                         dense=0 < dense_attention_tokens <= cu[1] and len(ids) == 1 and not has_parents)
         if has_parents:
             route_prefixes(spec, prefixes, ext_len + lo)
         levels.append(spec)
@@ -353,7 +368,7 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
     if pad:
         ctx.graph_key = (final_row_mlp, compile_elementwise, fused_elementwise, gdn_fp32, len(final_rows), tuple(
             (level.hi - level.lo, tuple(level.cu_seqlens.shape), tuple(level.chunk_indices.shape), level.has_parents,
-             level.max_chain, None if level.chain_index is None else tuple(level.chain_index.shape))
+             level.max_chain, None if level.chain_index is None else tuple(level.chain_index.shape), level.dense)
             for level in levels), tuple(call.key() for call in gdn_calls))
     if external:
         first = store[external[0]]

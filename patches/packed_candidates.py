@@ -14,7 +14,7 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 import hf_openjev.ops  # noqa: F401 - registers torch.ops.hf_openjev.*
 from hf_openjev.ops.causal_conv import causal_conv1d_packed
 from hf_openjev.ops.gdn_prefill import gdn_prefill
-from hf_openjev.ops.packed_attention import packed_attention, prefix_attention
+from hf_openjev.ops.packed_attention import causal_attention, packed_attention, prefix_attention
 
 from .compiled_elementwise import elementwise_functions
 from .stacked_projections import projections
@@ -123,6 +123,8 @@ def packed_gated_attention(m: qwen.Qwen3_5Attention, x: torch.Tensor, pack, rota
             out = prefix_attention(query[rows], key[rows], value[rows], level.cu_seqlens, prefix_key, prefix_value,
                                    level.prefix_starts, level.prefix_lengths, m.scaling, level.max_seqlen,
                                    level.max_chain)
+        elif level.dense:  # one long sequence (dummies after it): one dense causal call
+            out = causal_attention(query[rows], key[rows], value[rows], m.scaling)
         else:
             out = packed_attention(query[rows], key[rows], value[rows], level.cu_seqlens, level.cu_seqlens,
                                    level.max_seqlen, level.max_seqlen, m.scaling)

@@ -449,6 +449,9 @@ def main(argv=None) -> int:
             for ref in ("A", "B"):  # the entry's answers against the reference arms this run has
                 if ref in responses:
                     sweep[label][f"parity_vs_{ref}"] = parity(responses[ref], [r for _, r in measured])
+            if "C" in arms and args.single:  # the singles again on the entry's options, on the same machine
+                sweep[label]["single_candidate"] = {n: time_single(model, int(n), repeats=5)
+                                                    for n in args.single.split(",") if n}
             save()  # after every entry, so a run cut short keeps the entries it finished
             print(f"sweep {label}: mean {sweep[label]['mean_ms']:.1f} ms"
                   + "".join(f", parity vs {ref} {sweep[label][f'parity_vs_{ref}']}" for ref in ("A", "B")
@@ -520,13 +523,18 @@ def write_markdown(results: dict, path: Path) -> None:
                   f"{v.get('captures_while_measured', '-')} |" for c, v in results["closed_loop"].items()]
     if "sweep" in results:
         lines += ["", "## sweep of score_fast options (arm C; one warm-up and one measured pass each)", "",
-                  "| options (over --fast-options) | mean ms | p50 ms | p95 ms | parity vs A | parity vs B |",
-                  "|---|---|---|---|---|---|"]
+                  "| options (over --fast-options) | mean ms | p50 ms | p95 ms | parity vs A | parity vs B | "
+                  "singles, median ms |",
+                  "|---|---|---|---|---|---|---|"]
 
         def parity_cell(p):
             return "-" if p is None else f"{p['max_abs_dp']:.4g}, {p['decision_flips']} flips"
+
+        def singles_cell(singles):
+            return " / ".join(f"{n}: {v['median_ms']:.1f}" for n, v in singles.items()) if singles else "-"
         lines += [f"| `{k}` | {v['mean_ms']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | "
-                  f"{parity_cell(v.get('parity_vs_A'))} | {parity_cell(v.get('parity_vs_B'))} |"
+                  f"{parity_cell(v.get('parity_vs_A'))} | {parity_cell(v.get('parity_vs_B'))} | "
+                  f"{singles_cell(v.get('single_candidate'))} |"
                   for k, v in results["sweep"].items()]
     for n, v in results.get("single_candidate", {}).items():
         lines.append(f"\nsingle {n}-token candidate (C): median {v['median_ms']:.1f} ms of 5 (first call "

@@ -66,6 +66,15 @@
 #                                        # candidate (issues 7, 8)
 #   bash recipes/gpu_campaign.sh graphs8 # the graph-replay-vs-eager GPU test alone, with its bound relative to the score
 #                                        # scale (verify8 failed it at an absolute 0.05 on the 27B-head model) (8)
+#   bash recipes/gpu_campaign.sh verify9 # the -m gpu tests of the attention ops (cuDNN's dense causal call included) and
+#                                        # of graphs / the whole path, beside mid-shape parity of the defaults (dense
+#                                        # attention for long single sequences) against B and A, dense off as a sweep
+#                                        # entry (issues 4, 5, 8)
+#   bash recipes/gpu_campaign.sh final9  # 27B alone: a pass on the defaults, singles; dense attention off and tails at
+#                                        # threshold 16 as sweep entries (singles again each), closed loop at 1/8, the
+#                                        # 16,384-token candidate (issues 7, 8)
+#   bash recipes/gpu_campaign.sh profile9 # 27B profiles of the singles and two long requests (a 3,123-token noul, a
+#                                        # 3,462-token prefix), dense attention on and off (issue 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-7 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -76,7 +85,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid | merged | probe8 | verify8 | final8 | graphs8}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid | merged | probe8 | verify8 | final8 | graphs8 | verify9 | final9 | profile9}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -377,6 +386,26 @@ case "$stage" in
       -k "graph_replay_matches_eager" -v -s -p no:cacheprovider >"$out/pytest_graphs.log" 2>&1
     echo "pytest rc=$?" | tee -a "$out/pytest_graphs.log"
     grep -E "PASSED|FAILED|passed|failed|assert" "$out/pytest_graphs.log" | tail -n 8 ;;
+  verify9)
+    ts() { while IFS= read -r line; do echo "$(date +%T) $line"; done; }
+    quiet() { grep --line-buffered -v "Loading\|falling back"; }
+    (timeout 330 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_op_packed_attention.py" \
+      "$REPO/tests/test_cuda_graphs.py" -m gpu -k "not small and not 37" -v -s -p no:cacheprovider \
+      >"$out/pytest_verify.log" 2>&1; echo "pytest rc=$?" >>"$out/pytest_verify.log") &
+    (timeout 540 $bench --shape mid --arms C,B,A --parity-only B,A --passes 1 --b-passes 1 --concurrency "" \
+      --single "" --long-candidate 0 --sweep '[{"dense_attention_tokens": 0}]' --out "$out/mid" 2>&1 | quiet | ts \
+      >"$out/mid.log") &
+    wait
+    grep -cE " PASSED" "$out/pytest_verify.log"
+    for f in "$out"/*.log; do echo "=== $f"; grep -E "FAILED|ERROR|passed|failed|Error|rc=|parity|sweep|arm" "$f" | tail -n 14; done ;;
+  final9)
+    timeout 570 $bench --shape 27b --arms C --passes 1 --concurrency 1,8 --single 107,3400 --long-candidate 16384 \
+      --sweep '[{"dense_attention_tokens": 0}, {"share_tails": true, "min_shared_tokens": 16}]' \
+      --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 16 ;;
+  profile9)
+    timeout 570 python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --requests 162,204 \
+      --fast-options '{}' '{"dense_attention_tokens": 0}' --out "$out/profile" 2>&1 \
+      | grep -v "Loading\|falling back" | tail -n 12 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .

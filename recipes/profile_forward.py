@@ -9,7 +9,7 @@ of ``--requests`` (0-based indices into the workload, with the benchmark's token
 ``--patch-options`` and ``--fast-options`` (the ``score_fast`` options every request is scored with):
   1. wall time with CUDA graphs (median of 5 after a capture), as the benchmark times it;
   2. one eager run under ``torch.profiler``: every GPU kernel's duration, summed per kernel and per category
-     (GEMM, Gated DeltaNet / conv (fla), attention (flash), elementwise / reductions, copies / indexing, other).
+     (GEMM, Gated DeltaNet / conv (fla), attention (flash, cuDNN), elementwise / reductions, copies / indexing, other).
   3. on CUDA, the same profile of a graph-replayed run: the kernels of the padded pack as the graph runs them
      (CUPTI reports kernels a graph launches), so "wall - kernel sum in the graph" is what the host and idle gaps
      add per request, and "kernel sum in the graph - eager kernel sum" what the bucket padding and the GPU's clocks
@@ -46,7 +46,7 @@ from bench_jevbench import (  # noqa: E402
 
 CATEGORIES = [  # first match wins; kernel names as CUPTI reports them (FA2's name mentions cutlass: attention first;
     # s5-s8 profiles before this order counted FA2 under gemm)
-    ("attention (flash)", re.compile(r"flash|fmha|attention", re.I)),
+    ("attention (flash, cuDNN)", re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)),
     ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|matmul|addmm|linear|aten::b?mm$", re.I)),
     ("gdn / conv (fla)", re.compile(r"chunk|delta|wy|solve_tril|conv1d|l2norm|cumsum|fwd_h|fwd_o|kkt", re.I)),
     ("copies / indexing", re.compile(r"copy|memcpy|memset|cat|index|gather|scatter|fill|arange|select", re.I)),

@@ -37,12 +37,14 @@ def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     for entry in results["sweep"].values():  # each entry's answers against the reference arms of the run
         assert entry["parity_vs_A"]["n"] == entry["parity_vs_B"]["n"] == 6
         assert entry["parity_vs_A"]["max_abs_dp"] < 1e-4 and entry["parity_vs_A"]["decision_flips"] == 0
+        assert set(entry["single_candidate"]) == {"7", "30"}  # the singles again on the entry's options
     assert results["long_candidate"]["tokens"] == 40
     assert set(results["single_candidate"]) == {"7", "30"}
     assert all(v["median_ms"] > 0 for v in results["single_candidate"].values())
     markdown = (tmp_path / "bench_tiny_float32.md").read_text()
     assert "| C |" in markdown and "closed-loop" in markdown and "sweep of score_fast options" in markdown
     assert " 0 flips |" in markdown.split("sweep of score_fast options")[1]  # the sweep's parity columns
+    assert " 7: " in markdown.split("sweep of score_fast options")[1]  # and its singles
 
 
 def test_the_length_filter_keeps_the_same_token_ids():

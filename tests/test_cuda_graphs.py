@@ -9,7 +9,7 @@ import torch
 
 from hf_openjev import load_export
 from hf_openjev.patches import apply_patches, patch_record, revert_patches
-from hf_openjev.patches.pack_context import SegmentState, build_pack_context
+from hf_openjev.patches.pack_context import DENSE_ATTENTION_TOKENS, SegmentState, build_pack_context
 from hf_openjev.patches.record import text_model_of
 from hf_openjev.planner import Pack, plan_requests
 from hf_openjev.tiny import build_tiny_checkpoint, tiny_text_config
@@ -100,6 +100,53 @@ def test_every_device_input_of_a_padded_context_is_copied_in_at_replay(patched_m
     assert {("LevelSpec", "prefix_lengths"), ("GdnCall", "chunk_offsets"), ("GdnCall", "parent_rows")} <= seen
 
 
+def test_dense_attention_is_for_long_single_sequences_without_a_prefix():
+    one = plan_requests([[[[7] * 100]]])
+    shared = plan_requests([[[[7] * 70 + [8], [7] * 70 + [9]]]])  # a 64-token prefix level, then two children
+    apart = plan_requests([[[[7] * 70]], [[[8] * 80]]])  # two roots in one level
+
+    def dense(plan, threshold, pad=False):
+        return [level.dense for level in build_pack_context(plan, plan.packs[0], {}, "cpu", pad=pad,
+                                                            dense_attention_tokens=threshold).levels]
+
+    assert dense(one, 64) == dense(one, 100) == dense(one, 64, pad=True) == [True]
+    assert dense(one, 101) == dense(one, 0) == [False]
+    assert dense(shared, 64) == [True, False] and dense(shared, 65) == [False, False]
+    assert dense(apart, 16) == [False]
+    keys = {build_pack_context(one, one.packs[0], {}, "cpu", pad=True, dense_attention_tokens=t).graph_key
+            for t in (64, 0)}
+    assert len(keys) == 2  # a graph captured with one attention call never replays the other
+    with pytest.raises(ValueError, match="dense_attention_tokens"):
+        build_pack_context(one, one.packs[0], {}, "cpu", dense_attention_tokens=-1)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_dense_attention_gives_the_same_rows(patched_model, pad):
+    """One dense causal call over a long single-sequence level (its dummies after it when padded) gives the rows of
+    the varlen call; forcing it on a level of several sequences does not (they would read each other's keys)."""
+    text_model = text_model_of(patched_model)
+    rng = random.Random(4)
+    plans = []
+    for _ in range(10):
+        requests = _random_requests(rng, patched_model.config.vocab_size)
+        plans += [plan_requests(requests[:1]), plan_requests(requests)]  # one request: its prefix level alone
+    dense_levels = forced = 0
+    for plan in plans:
+        for pack in (p for p in plan.packs if not (p.external or p.export)):
+            varlen = build_pack_context(plan, pack, {}, "cpu", pad=pad, dense_attention_tokens=0)
+            dense = build_pack_context(plan, pack, {}, "cpu", pad=pad, dense_attention_tokens=16)
+            dense_levels += sum(level.dense for level in dense.levels)
+            torch.testing.assert_close(text_model(pack=dense), text_model(pack=varlen), rtol=1e-5, atol=1e-5)
+            # the last level holds scored rows (the model's attention layer is its last: earlier levels' rows
+            # reach no scored row after it)
+            last = build_pack_context(plan, pack, {}, "cpu", dense_attention_tokens=0).levels[-1]  # real sequences
+            if last.cu_seqlens.shape[0] > 2 and not last.has_parents:
+                varlen.levels[-1].dense = True
+                assert (text_model(pack=varlen) - text_model(pack=dense)).abs().max() > 1e-3
+                forced += 1
+    assert dense_levels >= 4 and forced >= 1, (dense_levels, forced)
+
+
 def test_packs_with_handed_over_states_are_not_padded(patched_model):
     plan = plan_requests([[[[7] * 130 + [8], [7] * 130 + [9], [7] * 130 + [10]]]], max_sequences=1)
     split = next(p for p in plan.packs if p.external)
@@ -132,24 +179,30 @@ def heads27_checkpoint(tmp_path_factory):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint):
+@pytest.mark.parametrize("dense", [DENSE_ATTENTION_TOKENS, 64], ids=["default", "dense64"])
+def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint, dense):
+    """Replays equal captures, and both stay within bf16 rounding of the eager forward; ``dense64``: every level of
+    one sequence of >= 64 tokens without a prefix runs its attention through cuDNN (graphs and eager)."""
     from hf_openjev.fast_path import score_fast
 
     model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
     rng = random.Random(2)
     batches = [_random_requests(rng, model.config.vocab_size) for _ in range(4)]
     apply_patches(model, cuda_graphs=False)
-    eager = [score_fast(model, b)[0] for b in batches]
+    eager = [score_fast(model, b, dense_attention_tokens=dense)[0] for b in batches]
+    varlen = [score_fast(model, b, dense_attention_tokens=0)[0] for b in batches]
     apply_patches(model, cuda_graphs=True)
-    first = [score_fast(model, b)[0] for b in batches]  # captures
+    first = [score_fast(model, b, dense_attention_tokens=dense)[0] for b in batches]  # captures
     captures = patch_record(model).graphs.captures
-    again = [score_fast(model, b)[0] for b in batches]  # replays, no new captures
+    again = [score_fast(model, b, dense_attention_tokens=dense)[0] for b in batches]  # replays, no new captures
     assert patch_record(model).graphs.captures == captures and patch_record(model).graphs.replays > 0
-    for e, f, a in zip(eager, first, again):
+    for e, v, f, a in zip(eager, varlen, first, again):
         assert f == a
         # bf16: padded GEMM shapes round differently; this model's scores reach ~24, where one bf16 step of a
         # hidden row moves a score by ~0.1 (s8 verify8 measured 0.103); a misrouted state moves it by O(score)
-        assert max(abs(x - y) for x, y in zip(e, f)) <= 0.01 * max(abs(x) for x in e)
+        bound = 0.01 * max(abs(x) for x in e)
+        assert max(abs(x - y) for x, y in zip(e, f)) <= bound
+        assert max(abs(x - y) for x, y in zip(e, v)) <= bound  # cuDNN's rounding against FA2's
 
 
 @pytest.mark.gpu

@@ -20,6 +20,7 @@ from hf_openjev.ops._checks import (
 )
 
 PACKED, PREFIX = torch.ops.hf_openjev.packed_attention, torch.ops.hf_openjev.prefix_attention
+CAUSAL = torch.ops.hf_openjev.causal_attention
 H, HKV, D = 6, 2, 24
 
 
@@ -144,6 +145,47 @@ def test_prefix_attention_is_not_plain_causal_attention():
     assert max_errors(PREFIX(**args), PACKED(**plain))[0] > 1e-2
 
 
+def _one_sequence(T, h, hkv, d, dtype=torch.float32, device="cpu", seed=0) -> dict:
+    args = attention_inputs([T], [T], h, hkv, d, dtype=dtype, device=device, seed=seed)
+    return {"q": args["q"], "k": args["k"], "v": args["v"], "scale": args["scale"]}
+
+
+@pytest.mark.parametrize("T", [1, 37, 130])
+def test_causal_reference_is_stock_eager_causal_attention(T):
+    args = _one_sequence(T, H, HKV, D, seed=T)
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+    expected = _eager(args["q"], args["k"], args["v"], allowed, args["scale"])
+    torch.testing.assert_close(CAUSAL(**args), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pa.causal_attention_reference(**args), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_sdpa_matches_the_reference_on_cpu(dtype):
+    """The CUDA kernel's SDPA call (views of the packed rows, enable_gqa), run by the CPU's SDPA backends."""
+    args = _one_sequence(91, H, HKV, D, dtype=dtype, seed=7)
+    o = pa.causal_attention_sdpa(**args)
+    assert o.dtype == dtype and o.shape == args["q"].shape and o.is_contiguous()
+    assert max_errors(o, pa.causal_attention_reference(**args))[1] < {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+
+
+def test_causal_attention_is_not_bidirectional():
+    """Guards against a vacuous pass: a later key changes no earlier query's output, and does change its own."""
+    args = _one_sequence(40, H, HKV, D, seed=8)
+    changed = {**args, "k": args["k"].clone(), "v": args["v"].clone()}
+    changed["k"][-1] += 1.0
+    changed["v"][-1] += 1.0
+    a, b = CAUSAL(**args), CAUSAL(**changed)
+    assert torch.equal(a[:-1], b[:-1]) and not torch.equal(a[-1], b[-1])
+
+
+def test_causal_attention_refuses_mismatched_heads():
+    args = _one_sequence(5, H, HKV, D)
+    with pytest.raises(ValueError, match="H a multiple of Hkv"):
+        CAUSAL(args["q"][:, :5], args["k"], args["v"], 1.0)
+    with pytest.raises(ValueError, match="k, v"):
+        CAUSAL(args["q"], args["k"][:4], args["v"][:4], 1.0)
+
+
 def test_bf16_cpu():
     args = prefix_inputs([20, 7], [64], [0, 0], H, HKV, D, dtype=torch.bfloat16, seed=4)
     fp32 = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in args.items()}
@@ -155,6 +197,7 @@ def test_bf16_cpu():
 def test_opcheck():
     torch.library.opcheck(PACKED, tuple(attention_inputs([3, 7], [5, 9], H, HKV, D).values()))
     torch.library.opcheck(PREFIX, tuple(prefix_inputs([3, 7], [64, 2], [1, 0], H, HKV, D).values()))
+    torch.library.opcheck(CAUSAL, tuple(_one_sequence(11, H, HKV, D).values()))
 
 
 def test_compile_fullgraph():
@@ -207,6 +250,24 @@ def test_cuda_prefix_matches_reference(shape, dtype, bounds):
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("T", [2048, 3417])
+@pytest.mark.parametrize("layout", ["contiguous", "stacked"])
+def test_cuda_causal_matches_reference_at_27b(T, dtype, layout):
+    """cuDNN (bf16) or SDPA's fp32 kernel against the reference, on the forward's own layouts: v and k as column
+    views of one stacked projection's rows (``stacked``), q contiguous."""
+    args = to_device(_one_sequence(T, 24, 4, 256, dtype=dtype, seed=T), "cuda")
+    if layout == "stacked":
+        kv = torch.cat([args["k"].flatten(1), args["v"].flatten(1), torch.zeros_like(args["v"].flatten(1))], 1)
+        args["k"], args["v"] = (kv[:, i * 1024:(i + 1) * 1024].view(T, 4, 256) for i in range(2))
+        assert not args["v"].is_contiguous()
+    o = CAUSAL(**args)
+    ref = pa.causal_attention_reference(**args)  # plain torch on the GPU (fp32 math)
+    assert o.dtype == dtype and o.is_contiguous() and max_errors(o, ref)[1] < TOL[dtype]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda_graph_capture_replay(dtype):
     lengths = split_lengths(936, 8, random.Random(0))
     a = to_device(attention_inputs(lengths, lengths, 24, 4, 256, dtype=dtype, seed=1), "cuda")
@@ -217,6 +278,9 @@ def test_cuda_graph_capture_replay(dtype):
     a = to_device(prefix_inputs(lengths, [64, 128, 256], index, 24, 4, 256, dtype=dtype, seed=3), "cuda")
     b = to_device(prefix_inputs(lengths[::-1], [64, 128, 256], index[::-1], 24, 4, 256, dtype=dtype, seed=4), "cuda")
     replayed, eager = capture_replay(PREFIX, a, b)
+    assert max_errors(replayed, eager)[0] == 0.0
+    a, b = (to_device(_one_sequence(2100, 24, 4, 256, dtype=dtype, seed=seed), "cuda") for seed in (5, 6))
+    replayed, eager = capture_replay(CAUSAL, a, b)
     assert max_errors(replayed, eager)[0] == 0.0
 
 

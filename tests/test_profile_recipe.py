@@ -13,9 +13,12 @@ def test_kernel_categories():
     recipe = load_recipe("profile_forward")
     assert recipe.category("sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
     assert recipe.category("aten::mm") == "gemm"
-    assert recipe.category("flash_fwd_kernel") == "attention (flash)"
+    assert recipe.category("flash_fwd_kernel") == "attention (flash, cuDNN)"
     fa2 = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<256, 64, 64, 4, false, false, cutlass::bfloat16_t"
-    assert recipe.category(fa2) == "attention (flash)"  # not a GEMM, though its name mentions cutlass
+    assert recipe.category(fa2) == "attention (flash, cuDNN)"  # not a GEMM, though its name mentions cutlass
+    # cuDNN's fused attention (through SDPA): its kernel names carry cudnn or sdpa
+    assert recipe.category("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x128_4x1x1_kernel0_0") == \
+        "attention (flash, cuDNN)"
     assert recipe.category("chunk_gated_delta_rule_fwd_kernel_h_blockdim64") == "gdn / conv (fla)"
     assert recipe.category("triton_per_fused_add_mean_mul_pow_rsqrt_0") == "elementwise / reductions"
     assert recipe.category("void at::native::index_elementwise_kernel") == "copies / indexing"
