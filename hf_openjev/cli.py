@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from .errors import CheckpointError, RequestError
+from .errors import CheckpointError, InputFileError, RequestError
 
 COMMANDS = {
     "demo": ("hf_openjev.demo", "answer a few requests with a tiny random checkpoint the package builds itself"),
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except (CheckpointError, RequestError) as exc:
+    except (CheckpointError, InputFileError, RequestError) as exc:
         print(f"hf-openjev {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

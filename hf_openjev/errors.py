@@ -14,6 +14,10 @@ class CheckpointError(ValueError):
     """A checkpoint (export directory, published package or base directory) that cannot be used."""
 
 
+class InputFileError(ValueError):
+    """A file given to a command (other than a checkpoint or a request) that cannot be used, e.g. warm-up shapes."""
+
+
 class InferenceError(RuntimeError):
     """A failure inside inference (contract §2: status 500 ``model inference failed``)."""
 

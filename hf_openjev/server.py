@@ -453,16 +453,29 @@ def _default_device():
 def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, dtype="auto",
           max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
           max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
-          log_level: str = "info", limit_concurrency: int | None = None) -> int:
-    """Load the export in ``model_dir`` and serve it with uvicorn until SIGINT/SIGTERM (graceful)."""
+          log_level: str = "info", limit_concurrency: int | None = None, warm_up_shapes=None) -> int:
+    """Load the export in ``model_dir`` and serve it with uvicorn until SIGINT/SIGTERM (graceful).
+
+    ``warm_up_shapes``: a token-shape file (:mod:`hf_openjev.warmup`); before serving, one fast-path forward per
+    shape captures the CUDA graphs the traffic's first requests would otherwise capture."""
     import uvicorn
 
     from .model import load_export
+    from .scoring import use_fast_path
+    from .warmup import load_shapes, warm_up
 
+    shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
     if not logging.getLogger().handlers:
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hf_openjev").setLevel(log_level.upper())
     model = load_export(model_dir, dtype=dtype, device=device or _default_device())
+    if shapes is not None:
+        if use_fast_path(model, fast):
+            report = warm_up(model, shapes)
+            logger.info("warm-up: %d requests in %.1f s (%d longer than max_length skipped); graphs: %s",
+                        report["requests"], report["seconds"], report["skipped_too_long"], report["graphs"])
+        else:
+            logger.warning("warm-up skipped: the reference path captures no graphs")
     app = create_app(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
                      fast=fast, drain_timeout_s=drain_timeout_s)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
@@ -493,10 +506,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--limit-concurrency", type=int, default=None,
                         help="open connections/requests before uvicorn itself answers 503 (default: no limit)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--warm-up", metavar="SHAPES.json", default=None,
+                        help="token-shape file (JevBench manifest format): capture the fast path's CUDA graphs for "
+                             "these request shapes before serving (default: capture on first use)")
 
 
 def run(args) -> int:
     return serve(args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                  max_queue=args.max_queue, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                  fast=args.fast, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
-                 limit_concurrency=args.limit_concurrency)
+                 limit_concurrency=args.limit_concurrency, warm_up_shapes=args.warm_up)

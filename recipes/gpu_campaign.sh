@@ -73,8 +73,9 @@
 #   bash recipes/gpu_campaign.sh final9  # 27B alone: a pass on the defaults, singles; dense attention off and tails at
 #                                        # threshold 16 as sweep entries (singles again each), closed loop at 1/8, the
 #                                        # 16,384-token candidate (issues 7, 8)
-#   bash recipes/gpu_campaign.sh profile9 # 27B profiles of the singles and two long requests (a 3,123-token noul, a
-#                                        # 3,462-token prefix), dense attention on and off (issue 8)
+#   bash recipes/gpu_campaign.sh profile9 # the -m gpu warm-up test (graphs captured before the requests that replay
+#                                        # them), then 27B profiles of the singles and two long requests (a 3,123-token
+#                                        # noul, a 3,462-token prefix), dense attention on and off (issue 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-7 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -403,7 +404,12 @@ case "$stage" in
       --sweep '[{"dense_attention_tokens": 0}, {"share_tails": true, "min_shared_tokens": 16}]' \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 16 ;;
   profile9)
-    timeout 570 python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --requests 162,204 \
+    timeout 150 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_cuda_graphs.py" -m gpu \
+      -k "warm_up" -v -s -p no:cacheprovider >"$out/pytest_warmup.log" 2>&1
+    echo "pytest rc=$?" | tee -a "$out/pytest_warmup.log"
+    grep -E "PASSED|FAILED|passed|failed|assert" "$out/pytest_warmup.log" | tail -n 6
+    left=$((575 - (SECONDS - start)))
+    timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --requests 162,204 \
       --fast-options '{}' '{"dense_attention_tokens": 0}' --out "$out/profile" 2>&1 \
       | grep -v "Loading\|falling back" | tail -n 12 ;;
   *) echo "unknown stage $stage"; exit 2 ;;

@@ -207,6 +207,26 @@ def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint, dense):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_warm_up_captures_the_graphs_that_requests_of_its_shapes_replay(heads27_checkpoint):
+    from hf_openjev.fast_path import score_fast
+    from hf_openjev.warmup import warm_up
+
+    model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
+    apply_patches(model, cuda_graphs=True)
+    shapes = [(0, [107]), (38, [43, 37, 40]), (200, [30, 31]), (130, [5, 9, 12, 3, 7])]
+    report = warm_up(model, shapes, progress=False)
+    captures = report["graphs"]["captures"]
+    assert report["requests"] == 4 and captures >= 3
+    rng = random.Random(9)
+    for prefix_tokens, suffixes in shapes:  # other ids, same token counts
+        prefix = [rng.randrange(5, 200) for _ in range(prefix_tokens)]
+        score_fast(model, [[[prefix + [rng.randrange(5, 200) for _ in range(n)] for n in suffixes]]])
+    stats = patch_record(model).graphs.stats()
+    assert stats["captures"] == captures and stats["replays"] >= 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_triton_elementwise_equals_the_plain_code_in_the_fast_path_on_cuda(heads27_checkpoint):
     """The whole fast path (bf16, eager) with the Triton elementwise kernels (the default) equals the plain code's
     scores exactly: tails, several levels and exports included."""

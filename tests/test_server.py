@@ -536,6 +536,9 @@ def test_serve_arguments_reach_serve(monkeypatch):
     assert (seen["max_queue"], seen["max_wait_ms"], seen["max_batch_tokens"]) == (3, 2.5, 100)
     assert seen["fast"] is False and seen["dtype"] == "float32"
     assert parser.parse_args(["--model", "/x"]).fast is None
+    assert seen["warm_up_shapes"] is None
+    server.run(parser.parse_args(["--model", "/x", "--warm-up", "shapes.json"]))
+    assert seen["warm_up_shapes"] == "shapes.json"
 
 
 @pytest.mark.slow

@@ -1,0 +1,78 @@
+"""Capture the fast path's CUDA graphs before serving: one forward per request shape of a token-shape file.
+
+The first pack of a new shape bucket captures a CUDA graph (about 1.4 s per bucket at the 27B shape on an H200;
+the 231 JevBench requests need 110). A server that warms up on its traffic's shapes pays that at start, not on
+its first requests. A shape file is the JevBench manifest's format (``recipes/data/jevbench231-shapes.json``)::
+
+    {"requests": [{"prefix_tokens": 38, "suffix_tokens": [43, 37, 40]}, ...]}
+
+Each entry becomes one request of one question whose candidates are a shared prefix of ``prefix_tokens`` random
+ids followed by their own ``suffix_tokens[i]`` random ids: the packs (and so the graph buckets) of a real request
+with those token counts. Requests batched together by the server form other packs; those capture on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from .errors import InputFileError
+
+FIRST_ID = 1000  # random ids from here up (or from half a smaller vocabulary): clear of the special tokens
+
+
+def load_shapes(path) -> list[tuple[int, list[int]]]:
+    """(prefix tokens, [suffix tokens per candidate]) per request of a shape file; :class:`InputFileError` (a
+    ``ValueError``) says what is wrong."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputFileError(f"warm-up shapes {path}: cannot read a JSON file ({exc})") from exc
+    entries = data.get("requests") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise InputFileError(f'warm-up shapes {path}: expected {{"requests": [{{"prefix_tokens": int, '
+                         f'"suffix_tokens": [int, ...]}}, ...]}} with at least one request')
+    shapes = []
+    for i, entry in enumerate(entries):
+        prefix = entry.get("prefix_tokens") if isinstance(entry, dict) else None
+        suffixes = entry.get("suffix_tokens") if isinstance(entry, dict) else None
+        if not (isinstance(prefix, int) and prefix >= 0 and isinstance(suffixes, list) and suffixes
+                and all(isinstance(n, int) and n >= 1 for n in suffixes)):
+            raise InputFileError(f"warm-up shapes {path}: request {i} needs prefix_tokens >= 0 and a non-empty "
+                                 f"list of suffix_tokens >= 1, got {entry!r}")
+        shapes.append((prefix, list(suffixes)))
+    return shapes
+
+
+def warm_up(model, shapes, *, seed: int = 0, progress: bool = True, **fast_options) -> dict:
+    """Run one fast-path forward per shape (random ids; the scores are discarded) and report what it did.
+
+    ``shapes``: (prefix tokens, [suffix tokens]) pairs (:func:`load_shapes`); shapes longer than the model's
+    ``max_length`` are skipped, as the server would refuse such requests. ``fast_options`` go to
+    :func:`~hf_openjev.fast_path.score_fast`; use the options the traffic will be scored with, since they shape the
+    packs. Returns ``{"requests", "skipped_too_long", "seconds", "graphs"}`` (``graphs``: the graph cache's
+    ``stats()``, None where no graphs are captured: on the CPU or with ``cuda_graphs=False``).
+    """
+    from tqdm.auto import tqdm
+
+    from .fast_path import score_fast
+    from .patches import apply_patches, patch_record
+
+    record = patch_record(model) or apply_patches(model)
+    vocab = model.config.vocab_size
+    low = min(FIRST_ID, vocab // 2)
+    rng = random.Random(seed)
+    runnable = [(p, s) for p, s in shapes if p + max(s) <= model.max_length]
+    start = time.perf_counter()
+    for prefix_tokens, suffixes in tqdm(runnable, desc="hf-openjev warm-up", unit="request", disable=not progress,
+                                        file=sys.stderr):
+        prefix = [rng.randrange(low, vocab) for _ in range(prefix_tokens)]
+        candidates = [prefix + [rng.randrange(low, vocab) for _ in range(n)] for n in suffixes]
+        score_fast(model, [[candidates]], **fast_options)
+    graphs = record.graphs.stats() if record.graphs is not None else None
+    return {"requests": len(runnable), "skipped_too_long": len(shapes) - len(runnable),
+            "seconds": time.perf_counter() - start, "graphs": graphs}

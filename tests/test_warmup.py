@@ -1,0 +1,93 @@
+"""Warm-up before serving: the shape file, one forward per shape, the server's ``--warm-up`` (CPU; the graph
+capture itself is checked with ``-m gpu`` in test_cuda_graphs.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_openjev import load_export, warmup
+from hf_openjev.cli import main as cli_main
+from hf_openjev.errors import InputFileError
+
+torch.set_num_threads(1)
+
+
+def _write(tmp_path, data, name="shapes.json"):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def test_the_jevbench_manifest_is_a_shape_file():
+    from pathlib import Path
+
+    shapes = warmup.load_shapes(Path(__file__).resolve().parents[1] / "recipes/data/jevbench231-shapes.json")
+    assert len(shapes) == 231 and shapes[0] == (38, [43, 37, 40, 42, 42])
+
+
+@pytest.mark.parametrize("data,match", [
+    ("{not json", "cannot read a JSON file"),
+    ({"requests": []}, "at least one request"),
+    ([{"prefix_tokens": 3, "suffix_tokens": [2]}], "expected"),
+    ({"requests": [{"prefix_tokens": 3}]}, "request 0 needs"),
+    ({"requests": [{"prefix_tokens": 3, "suffix_tokens": [2]}, {"prefix_tokens": -1, "suffix_tokens": [2]}]},
+     "request 1 needs"),
+    ({"requests": [{"prefix_tokens": 3, "suffix_tokens": [2, 0]}]}, "suffix_tokens >= 1"),
+])
+def test_a_bad_shape_file_is_refused_with_what_is_wrong(tmp_path, data, match):
+    with pytest.raises(InputFileError, match=match):
+        warmup.load_shapes(_write(tmp_path, data))
+    with pytest.raises(InputFileError, match="cannot read"):
+        warmup.load_shapes(tmp_path / "missing.json")
+
+
+def test_warm_up_runs_one_request_per_shape_with_its_token_counts(tiny_checkpoint, monkeypatch):
+    from hf_openjev import fast_path
+
+    model = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")
+    seen = []
+    real = fast_path.score_fast
+
+    def spy(model, requests_tokens, **options):
+        seen.append((requests_tokens, options))
+        return real(model, requests_tokens, **options)
+
+    monkeypatch.setattr(fast_path, "score_fast", spy)
+    too_long = model.max_length  # prefix + longest suffix > max_length: skipped, as the server would refuse it
+    shapes = [(5, [3, 4]), (0, [7]), (too_long, [1]), (70, [2, 2, 9])]
+    report = warmup.warm_up(model, shapes, progress=False, share_tails=True)
+    assert report["requests"] == 3 and report["skipped_too_long"] == 1 and report["graphs"] is None  # CPU
+    assert len(seen) == 3 and all(options == {"share_tails": True} for _, options in seen)
+    for (requests_tokens, _), (prefix, suffixes) in zip(seen, [shapes[0], shapes[1], shapes[3]]):
+        [[candidates]] = requests_tokens
+        assert [len(c) for c in candidates] == [prefix + n for n in suffixes]
+        assert all(c[:prefix] == candidates[0][:prefix] for c in candidates)  # one shared prefix per request
+        assert all(0 <= t < model.config.vocab_size for c in candidates for t in c)
+
+
+def test_serve_warm_up_file_is_checked_before_the_model_loads(tmp_path, monkeypatch):
+    from hf_openjev import model as model_module
+
+    monkeypatch.setattr(model_module, "load_export", lambda *a, **k: pytest.fail("loaded before the file check"))
+    bad = _write(tmp_path, {"requests": [{"prefix_tokens": 1}]})
+    assert cli_main(["serve", "--model", str(tmp_path), "--warm-up", str(bad)]) == 2
+
+
+def test_serve_warms_up_on_the_fast_path_only(tiny_checkpoint, tmp_path, monkeypatch, caplog):
+    import uvicorn
+
+    from hf_openjev import server
+
+    shapes = _write(tmp_path, {"requests": [{"prefix_tokens": 4, "suffix_tokens": [3, 5]}]})
+    calls = []
+    monkeypatch.setattr(warmup, "warm_up", lambda model, s: calls.append(s) or  # serve imports it when called
+                        {"requests": len(s), "skipped_too_long": 0, "seconds": 0.0, "graphs": None})
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)
+    with caplog.at_level("INFO", logger="hf_openjev.server"):
+        assert server.serve(tiny_checkpoint.export, device="cpu", fast=True, warm_up_shapes=shapes) == 0
+        assert calls == [[(4, [3, 5])]] and "warm-up: 1 requests" in caplog.text
+        assert server.serve(tiny_checkpoint.export, device="cpu", fast=None, warm_up_shapes=shapes) == 0
+    assert len(calls) == 1 and "warm-up skipped: the reference path" in caplog.text  # CPU default: reference
