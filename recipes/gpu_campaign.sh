@@ -74,8 +74,9 @@
 #                                        # threshold 16 as sweep entries (singles again each), closed loop at 1/8, the
 #                                        # 16,384-token candidate (issues 7, 8)
 #   bash recipes/gpu_campaign.sh profile9 # the -m gpu warm-up test (graphs captured before the requests that replay
-#                                        # them), then 27B profiles of the singles and two long requests (a 3,123-token
-#                                        # noul, a 3,462-token prefix), dense attention on and off (issue 8)
+#                                        # them), then 27B profiles of the 3,400-token single and two long requests (a
+#                                        # 3,123-token noul, a 3,462-token prefix): dense attention on, off, on again
+#                                        # (final9 showed the machine drifting slower through one run) (issue 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-7 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -409,8 +410,8 @@ case "$stage" in
     echo "pytest rc=$?" | tee -a "$out/pytest_warmup.log"
     grep -E "PASSED|FAILED|passed|failed|assert" "$out/pytest_warmup.log" | tail -n 6
     left=$((575 - (SECONDS - start)))
-    timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 --requests 162,204 \
-      --fast-options '{}' '{"dense_attention_tokens": 0}' --out "$out/profile" 2>&1 \
+    timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 3400 --requests 162,204 \
+      --fast-options '{}' '{"dense_attention_tokens": 0}' '{}' --out "$out/profile" 2>&1 \
       | grep -v "Loading\|falling back" | tail -n 12 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
