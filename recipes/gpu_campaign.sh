@@ -77,6 +77,8 @@
 #                                        # them), then 27B profiles of the 3,400-token single and two long requests (a
 #                                        # 3,123-token noul, a 3,462-token prefix): dense attention on, off, on again
 #                                        # (final9 showed the machine drifting slower through one run) (issue 8)
+#   bash recipes/gpu_campaign.sh tailsmid9 # mid-shape parity of exact sharing (tails, threshold 16) on s9's code
+#                                        # against B and A (issues 5, 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-7 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -87,7 +89,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid | merged | probe8 | verify8 | final8 | graphs8 | verify9 | final9 | profile9}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid | merged | probe8 | verify8 | final8 | graphs8 | verify9 | final9 | profile9 | tailsmid9}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -413,6 +415,10 @@ case "$stage" in
     timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 3400 --requests 162,204 \
       --fast-options '{}' '{"dense_attention_tokens": 0}' '{}' --out "$out/profile" 2>&1 \
       | grep -v "Loading\|falling back" | tail -n 12 ;;
+  tailsmid9)
+    timeout 560 $bench --shape mid --arms C,B,A --parity-only B,A --passes 1 --b-passes 1 --concurrency "" \
+      --single "" --long-candidate 0 --fast-options '{"share_tails": true, "min_shared_tokens": 16}' \
+      --out "$out/mid" 2>&1 | grep -v "Loading\|falling back" | grep -E "parity|arm|sweep" | tail -n 10 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
