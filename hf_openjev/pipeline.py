@@ -26,8 +26,10 @@ class JevDecisionPipeline(Pipeline):
     Call options: ``fast`` (None: the fast path on CUDA, the reference path elsewhere), ``batch_size`` (candidates
     per reference forward, default 32), and the fast path's prefix sharing: ``share_tails`` (True: common
     prefixes are shared exactly, not only up to their last multiple of 64 tokens; default False) and
-    ``min_shared_tokens`` (the shortest prefix worth sharing; default 64, 16 measured best with ``share_tails``).
-    The reference path shares nothing and ignores both. Invalid requests raise ``hf_openjev.RequestError`` before
+    ``min_shared_tokens`` (the shortest prefix worth sharing; default 64, 16 measured best with ``share_tails``),
+    and ``dense_attention_tokens`` (a pack level of one sequence at least this long, with no prefix, runs its
+    attention as one dense causal call, cuDNN on CUDA; default 2048, 0: never). The reference path shares nothing
+    and ignores all three. Invalid requests raise ``hf_openjev.RequestError`` before
     any model work; with a list, every request is validated before the first one runs.
     """
 
@@ -52,7 +54,7 @@ class JevDecisionPipeline(Pipeline):
         super().__init__(model, *args, **kwargs)
 
     def _sanitize_parameters(self, fast=None, reference_batch_size=None, share_tails=None, min_shared_tokens=None,
-                             **unknown):
+                             dense_attention_tokens=None, **unknown):
         if unknown:
             raise TypeError(f"unknown jev-decision option(s): {', '.join(sorted(unknown))}")
         forward = {"fast": fast, "fast_options": {}}
@@ -64,6 +66,12 @@ class JevDecisionPipeline(Pipeline):
             if isinstance(min_shared_tokens, bool) or not isinstance(min_shared_tokens, int) or min_shared_tokens < 1:
                 raise ValueError(f"min_shared_tokens must be a positive integer, got {min_shared_tokens!r}")
             forward["fast_options"]["min_shared_tokens"] = min_shared_tokens
+        if dense_attention_tokens is not None:
+            if isinstance(dense_attention_tokens, bool) or not isinstance(dense_attention_tokens, int) \
+                    or dense_attention_tokens < 0:
+                raise ValueError("dense_attention_tokens must be a non-negative integer (0: never), got "
+                                 f"{dense_attention_tokens!r}")
+            forward["fast_options"]["dense_attention_tokens"] = dense_attention_tokens
         batch = reference_batch_size or getattr(self, "_reference_batch_size", None)
         if batch is not None:
             if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:

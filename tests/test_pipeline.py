@@ -220,8 +220,24 @@ def test_exact_prefix_sharing_is_a_call_option_of_the_fast_path(jev):
     assert ignored["metadata"]["prefix_cache"]["shared_tokens"] == 0
 
 
+def test_dense_attention_is_a_call_option_of_the_fast_path(jev, monkeypatch):
+    from hf_openjev import fast_path
+
+    seen = []
+    real = fast_path.score_fast
+    monkeypatch.setattr(fast_path, "score_fast", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    default, dense = jev(REQUEST, fast=True), jev(REQUEST, fast=True, dense_attention_tokens=1)
+    assert seen == [{}, {"dense_attention_tokens": 1}]
+    for qid, answer in default["answers"].items():  # CPU, fp32: the same answers (reference kernels)
+        for key in ("probabilities", "score", "noul"):
+            if key in answer:
+                assert dense["answers"][qid][key] == pytest.approx(answer[key], abs=1e-5)
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(share_tails="yes"), "share_tails must be True or False"),
+    (dict(dense_attention_tokens=-1), "dense_attention_tokens must be a non-negative integer"),
+    (dict(dense_attention_tokens=2048.0), "dense_attention_tokens must be a non-negative integer"),
     (dict(min_shared_tokens=0), "min_shared_tokens must be a positive integer"),
     (dict(min_shared_tokens=True), "min_shared_tokens must be a positive integer"),
     (dict(min_shared_tokens=16.0), "min_shared_tokens must be a positive integer"),
