@@ -115,6 +115,14 @@ parity_split() {  # parity2's runs, $out/{mid,mid_gdn_fp32,divergence}; 510 s at
     --patch-options '{"gdn_fp32": true}' --out "$out/mid_gdn_fp32" 2>&1 | grep -v "Loading\|falling back" | tail -n 6
   timeout 80 python3 "$REPO/recipes/layer_divergence.py" --shape mid --out "$out/divergence" 2>&1 | grep "^|"
 }
+gpu_pytest() {  # $1 = time limit (s), $2 = log file under $out, $3 = -k expression, then the test files
+  local limit=$1 log="$out/$2" expr=$3
+  shift 3
+  timeout "$limit" python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$@" -m gpu -k "$expr" -v -s \
+    -p no:cacheprovider >"$log" 2>&1
+  echo "pytest rc=$?" | tee -a "$log"
+  grep -E "PASSED|FAILED|passed|failed|assert" "$log" | tail -n 8
+}
 case "$stage" in
   check)
     # Concurrent correctness runs share the GPU, so fla must not keep autotuning results chosen under load:
@@ -386,10 +394,7 @@ case "$stage" in
       --sweep '[{"share_tails": true, "min_shared_tokens": 16}]' \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 16 ;;
   graphs8)
-    timeout 270 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_cuda_graphs.py" -m gpu \
-      -k "graph_replay_matches_eager" -v -s -p no:cacheprovider >"$out/pytest_graphs.log" 2>&1
-    echo "pytest rc=$?" | tee -a "$out/pytest_graphs.log"
-    grep -E "PASSED|FAILED|passed|failed|assert" "$out/pytest_graphs.log" | tail -n 8 ;;
+    gpu_pytest 270 pytest_graphs.log "graph_replay_matches_eager" "$REPO/tests/test_cuda_graphs.py" ;;
   verify9)
     ts() { while IFS= read -r line; do echo "$(date +%T) $line"; done; }
     quiet() { grep --line-buffered -v "Loading\|falling back"; }
@@ -407,10 +412,7 @@ case "$stage" in
       --sweep '[{"dense_attention_tokens": 0}, {"share_tails": true, "min_shared_tokens": 16}]' \
       --out "$out/bench27" 2>&1 | grep -v "Loading\|falling back" | tail -n 16 ;;
   profile9)
-    timeout 150 python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$REPO/tests/test_cuda_graphs.py" -m gpu \
-      -k "warm_up" -v -s -p no:cacheprovider >"$out/pytest_warmup.log" 2>&1
-    echo "pytest rc=$?" | tee -a "$out/pytest_warmup.log"
-    grep -E "PASSED|FAILED|passed|failed|assert" "$out/pytest_warmup.log" | tail -n 6
+    gpu_pytest 150 pytest_warmup.log "warm_up" "$REPO/tests/test_cuda_graphs.py"
     left=$((575 - (SECONDS - start)))
     timeout "$left" python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 3400 --requests 162,204 \
       --fast-options '{}' '{"dense_attention_tokens": 0}' '{}' --out "$out/profile" 2>&1 \
