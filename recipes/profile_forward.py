@@ -166,17 +166,9 @@ def write_markdown(result: dict, path: Path) -> None:
     path.write_text("\n".join(lines + summary + [""] + details) + "\n")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_model_arguments(parser, shape="27b")
-    parser.add_argument("--tokens", default="107,3400", help="single noul candidates of these lengths")
-    parser.add_argument("--requests", default="", help="JevBench workload requests, 0-based indices (e.g. 0,150)")
-    parser.add_argument("--fast-options", nargs="+", default=["{}"],
-                        help="JSON of score_fast options, e.g. '{\"share_tails\": true}'; several: each is profiled "
-                             "in turn with every patch option set")
-    parser.add_argument("--patch-options", nargs="+", default=["{}"],
-                        help="JSON of apply_patches options; several: each is profiled in turn")
-    args = parser.parse_args(argv)
+def requests_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, object]]:
+    """(label, PreparedRequest) for ``--tokens`` (single noul candidates) and ``--requests`` (JevBench workload
+    indices, the benchmark's token ids); a parser error when there are none or an index is out of range."""
     targets = [(f"one {n}-token candidate", single_candidate_request(n)) for n in (int(x) for x in args.tokens.split(",") if x)]
     if args.requests:
         work = build_workload(SHAPES_FILE, vocab=VOCAB, seed=args.seed)
@@ -188,6 +180,21 @@ def main(argv=None) -> int:
                             f"suffixes {item['suffix_tokens']})", request))
     if not targets:
         parser.error("nothing to profile: give --tokens and/or --requests")
+    return targets
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_arguments(parser, shape="27b")
+    parser.add_argument("--tokens", default="107,3400", help="single noul candidates of these lengths")
+    parser.add_argument("--requests", default="", help="JevBench workload requests, 0-based indices (e.g. 0,150)")
+    parser.add_argument("--fast-options", nargs="+", default=["{}"],
+                        help="JSON of score_fast options, e.g. '{\"share_tails\": true}'; several: each is profiled "
+                             "in turn with every patch option set")
+    parser.add_argument("--patch-options", nargs="+", default=["{}"],
+                        help="JSON of apply_patches options; several: each is profiled in turn")
+    args = parser.parse_args(argv)
+    targets = requests_of(parser, args)
     fast_option_sets = [json.loads(text) for text in args.fast_options]
     from hf_openjev.patches import apply_patches
 
