@@ -424,7 +424,7 @@ case "$stage" in
       --single "" --long-candidate 0 --fast-options '{"share_tails": true, "min_shared_tokens": 16}' \
       --out "$out/mid" 2>&1 | grep -v "Loading\|falling back" | grep -E "parity|arm|sweep" | tail -n 10 ;;
   host9)
-    timeout 400 python3 "$REPO/recipes/host_overhead.py" --shape 27b --tokens 107 --requests 0,12,72 --repeats 20 \
+    timeout 290 python3 "$REPO/recipes/host_overhead.py" --shape 27b --tokens 107 --requests 0,12,72 --repeats 20 \
       --out "$out/host" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
