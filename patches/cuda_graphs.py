@@ -1,8 +1,8 @@
 """CUDA-graph replay of packed forwards, one graph per shape bucket (:mod:`.graph_buckets`).
 
 The first pack of a new bucket runs once eagerly on a side stream (Triton autotuning, lazy allocations), is
-captured, and replays; later packs of the bucket copy their inputs into the captured context's tensors and
-replay. All graphs share one memory pool (they never run concurrently, and each graph's output is read before
+captured, and replays; later packs of the bucket copy their inputs into the captured context's tensors (one flat
+buffer per dtype, ``PackContext.inputs``) and replay. All graphs share one memory pool (they never run concurrently, and each graph's output is read before
 the next replay). At most ``capacity`` graphs are kept (least recently used first out); ``stats()`` reports
 captures, replays and evictions.
 
@@ -53,7 +53,10 @@ class PackGraphs:
             return self._capture(ctx)
         self.graphs.move_to_end(ctx.graph_key)
         graph, static, output = entry
-        for dst, src in zip(static.static_tensors(), ctx.static_tensors()):
+        for dtype, src in ctx.inputs.items():  # one flat buffer per dtype holds every input (pack_context.move_inputs)
+            dst = static.inputs.get(dtype)
+            if dst is None or dst.shape != src.shape:
+                raise RuntimeError(f"graph key {ctx.graph_key} maps to another input layout; this is a bug")
             dst.copy_(src, non_blocking=True)
         graph.replay()
         self.replays += 1

@@ -81,6 +81,8 @@
 #                                        # against B and A (issues 5, 8)
 #   bash recipes/gpu_campaign.sh host9   # 27B: a request's host phases (plan, context, launch) against its graph's
 #                                        # GPU time, for a 107-token candidate and requests 0, 12, 72 (issue 8)
+#   bash recipes/gpu_campaign.sh flat9   # a pack's inputs in one flat buffer per dtype: graph replay vs eager on the
+#                                        # 27B-head tiny model, then host9's timing again (issue 8)
 #   bash recipes/gpu_campaign.sh floor27 # 27B, 100 requests: stock with fla against itself batched one candidate
 #                                        # at a time (B1 vs B), the reference path's own rounding floor (issue 5)
 # Sessions 2-7 ran check, graphs, perf, perf2; verify, profile2, final, midparity; final, tails, floor27; fused,
@@ -91,7 +93,7 @@
 # most 8 files); unpack into recipes/results/<device>-<date>/ and commit. Call with carry [".whl"]. Stages run
 # back to back on a warm machine reuse its Triton cache (fla's compiled kernels and autotuning results).
 set -uo pipefail
-stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid | merged | probe8 | verify8 | final8 | graphs8 | verify9 | final9 | profile9 | tailsmid9 | host9}
+stage=${1:?stage: check | graphs | perf | perf2 | parity2 | serve | verify | profile2 | final | midparity | tails | floor27 | profile3 | fused | profile4 | exact | final5 | order | merge | final6 | qkv | probe7 | tails7 | tailsmid | merged | probe8 | verify8 | final8 | graphs8 | verify9 | final9 | profile9 | tailsmid9 | host9 | flat9}
 source recipes/device_setup.sh
 export FLA_FLASH_QLA=0
 out=${OUT:-/tmp/out}/$stage
@@ -426,6 +428,11 @@ case "$stage" in
   host9)
     timeout 290 python3 "$REPO/recipes/host_overhead.py" --shape 27b --tokens 107 --requests 0,12,72 --repeats 20 \
       --out "$out/host" 2>&1 | grep -v "Loading\|falling back" | tail -n 8 ;;
+  flat9)
+    gpu_pytest 130 pytest_flat.log "graph_replay_matches_eager and default" "$REPO/tests/test_cuda_graphs.py"
+    left=$((235 - (SECONDS - start)))
+    timeout "$left" python3 "$REPO/recipes/host_overhead.py" --shape 27b --tokens 107 --requests 0,72 --repeats 10 \
+      --out "$out/host" 2>&1 | grep -v "Loading\|falling back" | tail -n 6 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .

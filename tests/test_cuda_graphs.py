@@ -9,7 +9,7 @@ import torch
 
 from hf_openjev import load_export
 from hf_openjev.patches import apply_patches, patch_record, revert_patches
-from hf_openjev.patches.pack_context import DENSE_ATTENTION_TOKENS, SegmentState, build_pack_context
+from hf_openjev.patches.pack_context import DENSE_ATTENTION_TOKENS, SegmentState, build_pack_context, move_inputs
 from hf_openjev.patches.record import text_model_of
 from hf_openjev.planner import Pack, plan_requests
 from hf_openjev.tiny import build_tiny_checkpoint, tiny_text_config
@@ -70,8 +70,8 @@ def test_equal_keys_mean_equal_tensor_shapes(patched_model, tails):
         plan = plan_requests([[[prefix + [rng.randrange(5, vocab) for _ in range(rng.randint(1, 60))]
                                 for _ in range(rng.randint(1, 4))]]], **tails)
         ctx = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True)
-        shapes = [tuple(t.shape) for t in ctx.static_tensors()]
-        assert by_key.setdefault(ctx.graph_key, shapes) == shapes
+        shapes = [tuple(t.shape) for t in ctx.static_tensors()] + [(d, tuple(t.shape)) for d, t in ctx.inputs.items()]
+        assert by_key.setdefault(ctx.graph_key, shapes) == shapes  # and so the flat input buffers a replay copies
     assert len(by_key) < 40  # buckets are shared
 
 
@@ -145,6 +145,38 @@ def test_dense_attention_gives_the_same_rows(patched_model, pad):
                 assert (text_model(pack=varlen) - text_model(pack=dense)).abs().max() > 1e-3
                 forced += 1
     assert dense_levels >= 4 and forced >= 1, (dense_levels, forced)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_inputs_are_aligned_views_of_one_flat_buffer_per_dtype(pad):
+    rng = random.Random(6)
+    checked = 0
+    for _ in range(6):
+        plan = plan_requests(_random_requests(rng, 400), share_tails=True, min_shared_tokens=8)
+        for pack in (p for p in plan.packs if not (p.external or p.export)):
+            ctx = build_pack_context(plan, pack, {}, "cpu", pad=pad)
+            tensors = ctx.static_tensors()
+            assert {t.dtype for t in tensors} == set(ctx.inputs) <= {torch.int32, torch.int64}
+            for t in tensors:
+                flat = ctx.inputs[t.dtype]
+                assert t.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() and t.is_contiguous()
+                assert (t.data_ptr() - flat.data_ptr()) % 16 == 0
+            values = [t.clone() for t in tensors]
+            old = dict(ctx.inputs)
+            move_inputs(ctx, "cpu")  # again, from views: the same values, in new buffers
+            assert all(torch.equal(a, b) for a, b in zip(values, ctx.static_tensors()))
+            assert all(ctx.inputs[d].data_ptr() != old[d].data_ptr() for d in old)
+            checked += 1
+    assert checked >= 6
+
+
+def test_an_input_missing_from_static_tensors_is_refused():
+    plan = plan_requests([[[[7] * 30 + [8], [9] * 20]]])
+    ctx = build_pack_context(plan, plan.packs[0], {}, "cpu")
+    assert not ctx.levels[0].has_parents
+    ctx.levels[0].chain_index = torch.zeros(3, dtype=torch.long)  # read only with parents: not a static tensor
+    with pytest.raises(RuntimeError, match="LevelSpec.chain_index is missing from static_tensors"):
+        move_inputs(ctx, "cpu")
 
 
 def test_packs_with_handed_over_states_are_not_padded(patched_model):
