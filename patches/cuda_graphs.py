@@ -2,9 +2,9 @@
 
 The first pack of a new bucket runs once eagerly on a side stream (Triton autotuning, lazy allocations), is
 captured, and replays; later packs of the bucket copy their inputs into the captured context's tensors (one flat
-buffer per dtype, ``PackContext.inputs``) and replay. All graphs share one memory pool (they never run concurrently, and each graph's output is read before
-the next replay). At most ``capacity`` graphs are kept (least recently used first out); ``stats()`` reports
-captures, replays and evictions.
+buffer per dtype, ``PackContext.inputs``) and replay. All graphs share one memory pool (they never run
+concurrently, and each graph's output is read before the next replay). At most ``capacity`` graphs are kept
+(least recently used first out); ``stats()`` reports captures, replays and evictions.
 
 Captures use ``capture_error_mode="thread_local"``: the server's event-loop thread may touch CUDA while its
 worker thread captures. ``stats()`` also reports the seconds spent capturing (warm-up run included).
