@@ -20,17 +20,25 @@ from .scoring import build_answer, prepare_request, score_prepared, use_fast_pat
 TASK = "jev-decision"
 
 
+def _checked_int(name: str, value, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum``; else a ValueError naming the option."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else "a non-negative integer (0: never)"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+    return value
+
+
 class JevDecisionPipeline(Pipeline):
     """One request dict -> one response dict (contract §6); a list of requests -> a list of responses.
 
     Call options: ``fast`` (None: the fast path on CUDA, the reference path elsewhere), ``batch_size`` (candidates
-    per reference forward, default 32), and the fast path's prefix sharing: ``share_tails`` (True: common
-    prefixes are shared exactly, not only up to their last multiple of 64 tokens; default False) and
-    ``min_shared_tokens`` (the shortest prefix worth sharing; default 64, 16 measured best with ``share_tails``),
-    and ``dense_attention_tokens`` (a pack level of one sequence at least this long, with no prefix, runs its
-    attention as one dense causal call, cuDNN on CUDA; default 2048, 0: never). The reference path shares nothing
-    and ignores all three. Invalid requests raise ``hf_openjev.RequestError`` before
-    any model work; with a list, every request is validated before the first one runs.
+    per reference forward, default 32), and three fast-path options: ``share_tails`` (True: common prefixes are
+    shared exactly, not only up to their last multiple of 64 tokens; default False), ``min_shared_tokens`` (the
+    shortest prefix worth sharing; default 64, 16 measured best with ``share_tails``) and ``dense_attention_tokens``
+    (a pack level of one sequence at least this long, with no prefix, runs its attention as one dense causal call,
+    cuDNN on CUDA; default 2048, 0: never). The reference path ignores all three. Invalid requests raise
+    ``hf_openjev.RequestError`` before any model work; with a list, every request is validated before the first
+    one runs.
     """
 
     _load_tokenizer = False
@@ -63,20 +71,13 @@ class JevDecisionPipeline(Pipeline):
                 raise ValueError(f"share_tails must be True or False, got {share_tails!r}")
             forward["fast_options"]["share_tails"] = share_tails
         if min_shared_tokens is not None:
-            if isinstance(min_shared_tokens, bool) or not isinstance(min_shared_tokens, int) or min_shared_tokens < 1:
-                raise ValueError(f"min_shared_tokens must be a positive integer, got {min_shared_tokens!r}")
-            forward["fast_options"]["min_shared_tokens"] = min_shared_tokens
+            forward["fast_options"]["min_shared_tokens"] = _checked_int("min_shared_tokens", min_shared_tokens, 1)
         if dense_attention_tokens is not None:
-            if isinstance(dense_attention_tokens, bool) or not isinstance(dense_attention_tokens, int) \
-                    or dense_attention_tokens < 0:
-                raise ValueError("dense_attention_tokens must be a non-negative integer (0: never), got "
-                                 f"{dense_attention_tokens!r}")
-            forward["fast_options"]["dense_attention_tokens"] = dense_attention_tokens
+            forward["fast_options"]["dense_attention_tokens"] = _checked_int(
+                "dense_attention_tokens", dense_attention_tokens, 0)
         batch = reference_batch_size or getattr(self, "_reference_batch_size", None)
         if batch is not None:
-            if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-                raise ValueError(f"batch_size must be a positive integer, got {batch!r}")
-            forward["reference_batch_size"] = batch
+            forward["reference_batch_size"] = _checked_int("batch_size", batch, 1)
         return {}, forward, {}
 
     def __call__(self, inputs, **kwargs):

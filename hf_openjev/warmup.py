@@ -35,7 +35,7 @@ def load_shapes(path) -> list[tuple[int, list[int]]]:
     entries = data.get("requests") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
         raise InputFileError(f'warm-up shapes {path}: expected {{"requests": [{{"prefix_tokens": int, '
-                         f'"suffix_tokens": [int, ...]}}, ...]}} with at least one request')
+                             f'"suffix_tokens": [int, ...]}}, ...]}} with at least one request')
     shapes = []
     for i, entry in enumerate(entries):
         prefix = entry.get("prefix_tokens") if isinstance(entry, dict) else None
@@ -60,9 +60,8 @@ def warm_up(model, shapes, *, seed: int = 0, progress: bool = True, **fast_optio
     from tqdm.auto import tqdm
 
     from .fast_path import score_fast
-    from .patches import apply_patches, patch_record
+    from .patches import patch_record
 
-    record = patch_record(model) or apply_patches(model)
     vocab = model.config.vocab_size
     low = min(FIRST_ID, vocab // 2)
     rng = random.Random(seed)
@@ -73,6 +72,7 @@ def warm_up(model, shapes, *, seed: int = 0, progress: bool = True, **fast_optio
         prefix = [rng.randrange(low, vocab) for _ in range(prefix_tokens)]
         candidates = [prefix + [rng.randrange(low, vocab) for _ in range(n)] for n in suffixes]
         score_fast(model, [[candidates]], **fast_options)
-    graphs = record.graphs.stats() if record.graphs is not None else None
+    record = patch_record(model)  # score_fast applied the patches (with defaults) if they were absent
+    graphs = record.graphs.stats() if record is not None and record.graphs is not None else None
     return {"requests": len(runnable), "skipped_too_long": len(shapes) - len(runnable),
             "seconds": time.perf_counter() - start, "graphs": graphs}
