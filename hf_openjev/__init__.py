@@ -1,14 +1,25 @@
 """hf_openjev: serve Open-Jev decision models with Hugging Face Transformers.
 
-Importing the package registers ``pipeline("jev-decision")`` with Transformers.
+Importing the package registers ``pipeline("jev-decision")`` with Transformers (as soon as Transformers loads its
+pipelines: ``import hf_openjev`` itself imports neither torch nor Transformers). The model-facing names below load
+on first use.
 """
 
 from .errors import CheckpointError, InferenceError, RequestError
-from .model import JevModel, load_export, load_reference
-from .pipeline import JevDecisionPipeline, register_pipeline
+from .registration import register_when_transformers_loads
 
 __version__ = "0.1.0"
-__all__ = ["CheckpointError", "InferenceError", "JevDecisionPipeline", "JevModel", "RequestError", "load_export",
-           "load_reference", "register_pipeline", "__version__"]
+_LAZY = {"JevModel": "model", "load_export": "model", "load_reference": "model",
+         "JevDecisionPipeline": "pipeline", "register_pipeline": "pipeline"}
+__all__ = ["CheckpointError", "InferenceError", "RequestError", *sorted(_LAZY), "__version__"]
 
-register_pipeline()
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'hf_openjev' has no attribute {name!r}")
+
+
+register_when_transformers_loads()

@@ -14,15 +14,18 @@ from .errors import CheckpointError, InputFileError, RequestError
 
 COMMANDS = {
     "demo": ("hf_openjev.demo", "answer a few requests with a tiny random checkpoint the package builds itself"),
-    "export": ("hf_openjev.export_cli", "merge the LoRA adapter into a merged checkpoint"),
-    "eval": ("hf_openjev.evaluate", "evaluate a merged export on JevBench-style tasks"),
-    "serve": ("hf_openjev.server", "serve a merged export over HTTP (Jev-compatible API)"),
+    "export": ("hf_openjev.export.cli", "merge the LoRA adapter into a merged checkpoint"),
+    "eval": ("hf_openjev.eval.cli", "evaluate a merged export on JevBench-style tasks"),
+    "serve": ("hf_openjev.serve.cli", "serve a merged export over HTTP (Jev-compatible API)"),
 }
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported (so ``hf-openjev export`` never loads the server)."""
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="hf-openjev", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"hf-openjev {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -35,7 +38,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = next((a for a in argv if not a.startswith("-")), None)
+    command = next((a for a in argv if not a.startswith("-")), None)  # only this command's module is imported
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     try:
         return int(args._run(args) or 0)

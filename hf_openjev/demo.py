@@ -5,27 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-DEMO_REQUESTS = [
-    {
-        "state": "Where is my package? I ordered it last week and it still hasn't arrived.",
-        "questions": {
-            "intent": {
-                "type": "choice",
-                "instructions": "Which intent does the user's message express?",
-                "criteria": {"track_order": "Wants to know where an order is", "cancel_order": "Wants to cancel",
-                             "billing_question": None},
-            },
-            "urgency": {"type": "score", "instructions": "How urgent is the message?",
-                        "criteria": ["not urgent", "somewhat urgent", "very urgent"]},
-            "late": {"type": "noul", "instructions": "Is the customer's order late?",
-                     "criteria": {"true": "it should have arrived", "false": "it is on time"}},
-        },
-    },
-    {
-        "state": {"ticket": 4471, "messages": ["Das Paket kam beschädigt an.", "Bitte ersetzen."]},
-        "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a replacement?"}},
-    },
-]
+from .examples import DEMO_REQUESTS
 
 
 def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, dtype: str = "float32",
@@ -35,7 +15,8 @@ def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, 
     from transformers import pipeline
 
     import hf_openjev  # noqa: F401 - registers the pipeline
-    from .tiny import build_tiny_checkpoint, default_cache_dir
+    from .export.tiny import build_tiny_checkpoint
+    from .tiny import default_cache_dir
 
     root = Path(cache_dir) if cache_dir else default_cache_dir() / "tiny-demo"
     tiny = build_tiny_checkpoint(root)

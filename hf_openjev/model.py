@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .checkpoint_io import base_weight_files, expected_backbone_shapes, load_tokenizer, read_safetensors_headers, text_key
 from .errors import CheckpointError
 from .manifest import ExportManifest, read_manifest
 from .package import check_text_config, read_base_text_config, read_lora_pairs, read_package
@@ -129,7 +130,6 @@ def _load_backbone(weights_dir: Path, text_config, *, dtype: torch.dtype, device
 
 def _check_weight_shapes(weights_dir: Path, text_config) -> None:
     """Compare the safetensors headers with the shapes ``config.json`` implies (names say which tensor is off)."""
-    from .export import base_weight_files, expected_backbone_shapes, read_safetensors_headers, text_key
 
     expected = expected_backbone_shapes(text_config)
     for path in base_weight_files(weights_dir):
@@ -153,25 +153,6 @@ def _make_head(weight, bias, device) -> nn.Linear:
     return head.requires_grad_(False)
 
 
-def _load_tokenizer(path: Path):
-    """The tokenizer exactly as shipped in ``tokenizer.json`` (no model-specific class rewriting it).
-
-    ``AutoTokenizer`` would pick a class from ``config.json`` (``qwen3_5`` vs ``qwen3_5_text``), and those
-    classes rebuild the pre-tokenizer: the base and its export would then tokenize differently.
-    """
-    from transformers import PreTrainedTokenizerFast
-
-    path = Path(path)
-    if not (path / "tokenizer.json").is_file():
-        raise CheckpointError(f"{path / 'tokenizer.json'} is missing; the checkpoint has no usable tokenizer")
-    try:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
-    except Exception as exc:  # noqa: BLE001
-        raise CheckpointError(f"cannot load the tokenizer from {path}: {exc}") from exc
-    if len(tokenizer) <= 1:
-        raise CheckpointError(f"the tokenizer in {path} is empty")
-    return tokenizer
-
 
 def load_export(export_dir: str | Path, *, dtype="auto", device=None) -> JevModel:
     """Load a merged export directory (checkpoints.md) into a :class:`JevModel`.
@@ -186,7 +167,7 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None) -> JevMode
             f"{export_dir}: the head has {len(manifest.head_weight)} inputs but hidden_size is "
             f"{text_config.hidden_size}; the manifest and the weights come from different models"
         )
-    tokenizer = _load_tokenizer(export_dir)
+    tokenizer = load_tokenizer(export_dir)
     backbone = _load_backbone(export_dir, text_config, dtype=resolve_dtype(dtype), device=device)
     head = _make_head(manifest.head_weight, manifest.head_bias, device)
     return JevModel(backbone, head, tokenizer, manifest, method="merged")
@@ -257,7 +238,7 @@ def load_reference(base_dir: str | Path, package_dir: str | Path, *, dtype="auto
         raise CheckpointError(
             f"the head has {package.head_weight.shape[1]} inputs but the base hidden size is {text_config.hidden_size}"
         )
-    tokenizer = _load_tokenizer(base_dir)
+    tokenizer = load_tokenizer(base_dir)
     chat_prefix, chat_suffix = render_chat_halves(tokenizer)
     if max_length is None:
         max_length = int(package.model_info.get("max_length", 4096))

@@ -19,9 +19,9 @@ once per candidate. ``share_tails=True`` shares the exact common prefix: the par
 its conv and its attention keys are computed once; in the Gated DeltaNet its children re-run its rows (< 64 of
 them) from the state at the multiple of ``align`` before it, so their chunk boundaries do not move. A tree with
 tails always runs in one pack (the children read the tail's rows); one too large for a pack is planned without.
-Opt-in (``DEFAULT_SHARE_TAILS``): on the H200 at 27B it saves ~9% on short choice and score requests but 1.5% of
-the JevBench mean, and moves the mid-shape parity against stock from 0.0095 to 0.0117 with one flip
-(recipes/results/h200-2026-11-29-s4).
+Opt-in (``DEFAULT_SHARE_TAILS``): on the H200 at 27B it took the JevBench mean from 78.6 to 73.5 ms and p50 from
+42.6 to 33.7 in one run, and moves the mid-shape parity against stock with fla from 0.00833 to 0.0143 (no flips)
+(recipes/RESULTS.md).
 
 Packs: trees are packed in order into groups of at most ``max_sequences`` candidates and ``max_tokens``
 tokens. A tree too large for one pack is split: its prefixes run first (their states are kept), then its

@@ -1,13 +1,13 @@
 """A tiny random Open-Jev checkpoint, built locally (no downloads): tests and the demo run on it.
 
-``build_tiny_checkpoint(root)`` writes three directories:
+``write_tiny_base_and_package(root)`` writes two directories (``hf_openjev.export.tiny.build_tiny_checkpoint``
+adds ``<root>/export/``, the merged export):
 
 ```
 <root>/base/      a full-style Qwen3.5 base: config.json (qwen3_5 with text_config), weights under
                   model.language_model. plus a vision tensor, an MTP tensor and lm_head (which export drops),
                   and a byte-level BPE tokenizer with the Qwen chat special tokens and chat template
 <root>/package/   the published package: checkpoint/{model.json, adapter/, head.pt, temperature.json}
-<root>/export/    the merged export (open-jev-text-merged/1), made by hf_openjev.export.merge_lora
 ```
 
 The weights are random: answers from this checkpoint mean nothing.
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -47,13 +45,6 @@ _CORPUS = [
     "Über naïve café — 日本語のテキスト, emoji 🙂 and numbers 0123456789.",
 ]
 
-
-@dataclass(frozen=True)
-class TinyCheckpoint:
-    root: Path
-    base: Path
-    package: Path
-    export: Path
 
 
 def tiny_text_config(*, vocab_size: int = 512, hidden_size: int = 64, num_layers: int = 4, seed_variant: int = 0,
@@ -167,22 +158,6 @@ def write_tiny_base_and_package(root: str | Path, *, seed: int = 0, config=None,
     (ckpt / "model.json").write_text(json.dumps(model_info, indent=1))
     return base, package
 
-
-def build_tiny_checkpoint(root: str | Path, *, seed: int = 0, config=None, max_length: int = 4096,
-                          overwrite: bool = False) -> TinyCheckpoint:
-    """Build base, package and merged export under ``root`` (skipped when a complete build is already there)."""
-    from .export import merge_lora
-    from .manifest import MANIFEST_NAME
-
-    root = Path(root)
-    tiny = TinyCheckpoint(root, root / "base", root / "package", root / "export")
-    if not overwrite and (tiny.export / MANIFEST_NAME).is_file():
-        return tiny
-    if root.exists():
-        shutil.rmtree(root)
-    write_tiny_base_and_package(root, seed=seed, config=config, max_length=max_length)
-    merge_lora(tiny.base, tiny.package, tiny.export, max_length=max_length, verify=False, progress=False)
-    return tiny
 
 
 def default_cache_dir() -> Path:

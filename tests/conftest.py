@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hf_openjev
-from hf_openjev.tiny import TinyCheckpoint, build_tiny_checkpoint
+from hf_openjev.export.tiny import TinyCheckpoint, build_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")

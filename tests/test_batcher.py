@@ -1,4 +1,4 @@
-"""Cross-request batching (hf_openjev.batcher) with a stand-in scorer: grouping, budget, failures, admission, drain."""
+"""Cross-request batching (hf_openjev.serve.batcher) with a stand-in scorer: grouping, budget, failures, admission, drain."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_openjev.batcher import Batcher, BatcherClosed, QueueFull
+from hf_openjev.serve.batcher import Batcher, BatcherClosed, QueueFull
 from hf_openjev.errors import InferenceError
 
 

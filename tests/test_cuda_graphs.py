@@ -12,7 +12,8 @@ from hf_openjev.patches import apply_patches, patch_record, revert_patches
 from hf_openjev.patches.pack_context import DENSE_ATTENTION_TOKENS, SegmentState, build_pack_context, move_inputs
 from hf_openjev.patches.record import text_model_of
 from hf_openjev.planner import Pack, plan_requests
-from hf_openjev.tiny import build_tiny_checkpoint, tiny_text_config
+from hf_openjev.export.tiny import build_tiny_checkpoint
+from hf_openjev.tiny import tiny_text_config
 
 torch.set_num_threads(1)
 
@@ -231,7 +232,8 @@ def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint, dense):
     for e, v, f, a in zip(eager, varlen, first, again):
         assert f == a
         # bf16: padded GEMM shapes round differently; this model's scores reach ~24, where one bf16 step of a
-        # hidden row moves a score by ~0.1 (s8 verify8 measured 0.103); a misrouted state moves it by O(score)
+        # hidden row moves a score by ~0.1 (s8 verify8 measured 0.103, recipes/RESULTS.md); a misrouted state
+        # moves it by O(score)
         bound = 0.01 * max(abs(x) for x in e)
         assert max(abs(x - y) for x, y in zip(e, f)) <= bound
         assert max(abs(x - y) for x, y in zip(e, v)) <= bound  # cuDNN's rounding against FA2's

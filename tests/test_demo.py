@@ -48,7 +48,7 @@ def test_demo_prints_every_kind_and_says_weights_are_random(tmp_path):
 
 def test_demo_cache_dir_defaults(tmp_path, monkeypatch):
     """Without --cache-dir the demo builds under $HF_OPENJEV_CACHE/tiny-demo (or ~/.cache/hf_openjev/tiny-demo)."""
-    import hf_openjev.tiny as tiny
+    import hf_openjev.export.tiny as tiny
     from hf_openjev.tiny import default_cache_dir
 
     roots = []

@@ -1,4 +1,4 @@
-"""Tests for hf_openjev.eval_metrics: hand-computed small examples with exact numbers."""
+"""Tests for hf_openjev.eval.metrics: hand-computed small examples with exact numbers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hf_openjev import eval_metrics as M
+from hf_openjev.eval import metrics as M
 
 TOL = 1e-12
 

@@ -1,4 +1,4 @@
-"""Tests for hf_openjev.evaluate (``hf-openjev eval``) on the JevBench sample with a tiny CPU fp32 checkpoint."""
+"""Tests for hf_openjev.eval.evaluate (``hf-openjev eval``) on the JevBench sample with a tiny CPU fp32 checkpoint."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hf_openjev import evaluate as ev
-from hf_openjev.eval_tasks import task_from_row
-from hf_openjev.evaluate import EvalInputError, evaluate
+from hf_openjev.eval import cli as eval_cli
+from hf_openjev.eval import evaluate as ev
+from hf_openjev.eval.tasks import task_from_row
+from hf_openjev.eval.evaluate import EvalInputError, evaluate
 
 from shared_data import JEVBENCH_EASY as EASY  # noqa: E402
 TOL = 1e-12
@@ -48,7 +49,7 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def tiny_export(tmp_path_factory) -> Path:
-    from hf_openjev.tiny import build_tiny_checkpoint
+    from hf_openjev.export.tiny import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-eval")).export
 
@@ -249,15 +250,15 @@ def test_missing_file_fails_before_the_model_is_loaded(tiny_export, tmp_path, mo
 
 def test_cli_run(tiny_export, tmp_path, capsys):
     parser = argparse.ArgumentParser()
-    ev.add_arguments(parser)
+    eval_cli.add_arguments(parser)
     data = write_jsonl(tmp_path / "few.jsonl", easy_rows()[:2])
     args = parser.parse_args(["--model", str(tiny_export), "--data", str(data), "--out", str(tmp_path / "o"),
                               "--device", "cpu", "--dtype", "float32", "--no-progress", "--batch-size", "2"])
-    assert ev.run(args) == 0
+    assert eval_cli.run(args) == 0
     assert "2 tasks scored" in capsys.readouterr().out
     assert (tmp_path / "o" / "summary.json").is_file()
     args = parser.parse_args(["--model", str(tiny_export), "--data", str(tmp_path / "missing.jsonl")])
-    assert ev.run(args) == 2
+    assert eval_cli.run(args) == 2
     assert "missing.jsonl: no such file" in capsys.readouterr().err
 
 

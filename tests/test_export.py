@@ -1,4 +1,4 @@
-"""Tests for hf_openjev.export / hf_openjev.export_cli (issue 3) on tiny checkpoints built in the test.
+"""Tests for hf_openjev.export / hf_openjev.export.cli (issue 3) on tiny checkpoints built in the test.
 
 The base and the published-style package come from ``write_tiny_base_and_package`` (a full Qwen3.5-style base with
 weights under ``model.language_model.``, a vision tensor, an MTP tensor and ``lm_head``; a random fp32 LoRA on the
@@ -21,10 +21,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import hf_openjev.export as export_mod
+import hf_openjev.export.merge as export_mod
 from hf_openjev.errors import CheckpointError
-from hf_openjev.export import merge_lora
-from hf_openjev.export_verify import PROBE_REQUESTS, bf16_ulp_distance
+from hf_openjev.export.merge import merge_lora
+from hf_openjev.export.verify import PROBE_REQUESTS, bf16_ulp_distance
 from hf_openjev.tiny import TINY_MODEL_ID, write_tiny_base_and_package
 
 PUBLISHED = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "linear_attn": ("in_proj_qkv", "out_proj")}
@@ -273,10 +273,10 @@ def test_the_pipeline_serves_the_export(exported):
 
 
 def test_export_tokenizes_like_the_base(src, exported):
-    from hf_openjev.model import _load_tokenizer
+    from hf_openjev.checkpoint_io import load_tokenizer
 
     out, report = exported
-    base_tok, export_tok = _load_tokenizer(src.base), _load_tokenizer(out)
+    base_tok, export_tok = load_tokenizer(src.base), load_tokenizer(out)
     for text in ("Über naïve café — 日本語のテキスト, emoji 🙂 and numbers 0123456789.", "plain ascii words"):
         assert base_tok(text, add_special_tokens=False)["input_ids"] == export_tok(text, add_special_tokens=False)["input_ids"]
     assert report.probe.token_mismatches == 0

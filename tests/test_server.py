@@ -1,4 +1,4 @@
-"""The HTTP server (hf_openjev.server): in-process, then a real uvicorn server on 127.0.0.1 with concurrent clients,
+"""The HTTP server (hf_openjev.serve.server): in-process, then a real uvicorn server on 127.0.0.1 with concurrent clients,
 bad inputs, overload and shutdown; the official typesafe-sdk client and a jevcompat subset against it.
 
 The model is the tiny random export, loaded once per module on CPU in float32.
@@ -22,8 +22,8 @@ from starlette.testclient import TestClient
 
 from hf_openjev.model import load_export
 from hf_openjev.scoring import answer_requests, score_prepared
-from hf_openjev.server import MAX_BODY_BYTES, create_app
-from hf_openjev.tiny import build_tiny_checkpoint
+from hf_openjev.serve.server import MAX_BODY_BYTES, create_app
+from hf_openjev.export.tiny import build_tiny_checkpoint
 
 JSON = {"content-type": "application/json"}
 MSG_JSON = "request body is not valid JSON: "
@@ -166,7 +166,7 @@ def test_content_type_variants_and_encodings(client, reference):
 
 def test_zstd_bodies_as_the_typesafe_sdk_sends_them(client, reference):
     """typesafe-sdk compresses bodies of 1 KiB and more with zstd when it can (Python 3.14, or backports.zstd)."""
-    from hf_openjev.server import _zstd_decompressor
+    from hf_openjev.serve.server import _zstd_decompressor
 
     body = json.dumps(make_request(0)).encode()
     headers = {**JSON, "content-encoding": "zstd"}
@@ -523,21 +523,22 @@ def test_jevcompat_conformance_suite(live_url):
 def test_serve_arguments_reach_serve(monkeypatch):
     import argparse
 
-    from hf_openjev import server
+    from hf_openjev.serve import cli as serve_cli
+    from hf_openjev.serve import server
 
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    serve_cli.add_arguments(parser)
     seen = {}
     monkeypatch.setattr(server, "serve", lambda model_dir, **kw: seen.update(model_dir=model_dir, **kw) or 0)
     args = parser.parse_args(["--model", "/x", "--port", "9001", "--max-queue", "3", "--max-wait-ms", "2.5",
                               "--max-batch-tokens", "100", "--reference", "--dtype", "float32"])
-    assert server.run(args) == 0
+    assert serve_cli.run(args) == 0
     assert seen["model_dir"] == "/x" and seen["port"] == 9001 and seen["host"] == "127.0.0.1"
     assert (seen["max_queue"], seen["max_wait_ms"], seen["max_batch_tokens"]) == (3, 2.5, 100)
     assert seen["fast"] is False and seen["dtype"] == "float32"
     assert parser.parse_args(["--model", "/x"]).fast is None
     assert seen["warm_up_shapes"] is None
-    server.run(parser.parse_args(["--model", "/x", "--warm-up", "shapes.json"]))
+    serve_cli.run(parser.parse_args(["--model", "/x", "--warm-up", "shapes.json"]))
     assert seen["warm_up_shapes"] == "shapes.json"
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hf_openjev.errors import RequestError
-from hf_openjev.strict_json import MAX_DEPTH, dumps, loads_strict
+from hf_openjev.serve.strict_json import MAX_DEPTH, dumps, loads_strict
 
 PREFIX = "request body is not valid JSON: "
 

@@ -8,12 +8,12 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
+from hf_openjev.export.tiny import build_tiny_checkpoint
 from hf_openjev.manifest import EXPORT_FORMAT, MANIFEST_NAME
 from hf_openjev.tiny import (
     SPECIAL_TOKENS,
     TINY_MODEL_ID,
     TINY_TEMPERATURE,
-    build_tiny_checkpoint,
     build_tiny_tokenizer,
     tiny_text_config,
 )

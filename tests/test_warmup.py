@@ -79,14 +79,14 @@ def test_serve_warm_up_file_is_checked_before_the_model_loads(tmp_path, monkeypa
 def test_serve_warms_up_on_the_fast_path_only(tiny_checkpoint, tmp_path, monkeypatch, caplog):
     import uvicorn
 
-    from hf_openjev import server
+    from hf_openjev.serve import server
 
     shapes = _write(tmp_path, {"requests": [{"prefix_tokens": 4, "suffix_tokens": [3, 5]}]})
     calls = []
     monkeypatch.setattr(warmup, "warm_up", lambda model, s: calls.append(s) or  # serve imports it when called
                         {"requests": len(s), "skipped_too_long": 0, "seconds": 0.0, "graphs": None})
     monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)
-    with caplog.at_level("INFO", logger="hf_openjev.server"):
+    with caplog.at_level("INFO", logger="hf_openjev.serve.server"):
         assert server.serve(tiny_checkpoint.export, device="cpu", fast=True, warm_up_shapes=shapes) == 0
         assert calls == [[(4, [3, 5])]] and "warm-up: 1 requests" in caplog.text
         assert server.serve(tiny_checkpoint.export, device="cpu", fast=None, warm_up_shapes=shapes) == 0

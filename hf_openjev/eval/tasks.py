@@ -1,6 +1,6 @@
 """JevBench task inputs for ``hf-openjev eval``: files and datasets -> validated :class:`Task` objects.
 
-See :mod:`hf_openjev.evaluate` ('Inputs', 'Task -> request') for the rules.
+See :mod:`hf_openjev.eval.evaluate` ('Inputs', 'Task -> request') for the rules.
 """
 
 from __future__ import annotations

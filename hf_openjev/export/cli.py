@@ -31,7 +31,7 @@ def parse_size(text: str) -> int:
 
 
 def add_arguments(parser) -> None:
-    from .export import DEFAULT_PROBE_MAX_PARAMS, MAX_SHARD_BYTES, PROBE_MODES
+    from .merge import DEFAULT_PROBE_MAX_PARAMS, MAX_SHARD_BYTES, PROBE_MODES
 
     parser.add_argument("--base", required=True, metavar="DIR",
                         help="the Qwen3.5 base model directory (config.json, safetensors, tokenizer)")
@@ -54,7 +54,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from .export import merge_lora
+    from .merge import merge_lora
 
     def log(message: str) -> None:
         print(message, flush=True)

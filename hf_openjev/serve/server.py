@@ -13,9 +13,9 @@ A request goes through, in this order (contract §2; the first error wins):
 1. ``Content-Type`` must be ``application/json`` (case-insensitive, parameters ignored) -> 415;
 2. the body is read with a hard 4 MiB cap (a larger ``Content-Length`` is refused before reading) -> 413;
    ``Content-Encoding`` gzip/deflate (and zstd where a decoder is installed) is decoded under the same cap;
-3. strict JSON (:mod:`hf_openjev.strict_json`) and validation + tokenization
+3. strict JSON (:mod:`hf_openjev.serve.strict_json`) and validation + tokenization
    (:func:`hf_openjev.scoring.prepare_request`), off the event loop -> 422;
-4. admission to the :class:`~hf_openjev.batcher.Batcher`: a full queue -> 503 ``server is busy`` with
+4. admission to the :class:`~hf_openjev.serve.batcher.Batcher`: a full queue -> 503 ``server is busy`` with
    ``Retry-After``; during shutdown -> 503 ``server is shutting down``;
 5. scoring, shared with concurrent requests; a failure -> 500 ``model inference failed`` (nothing partial).
 
@@ -50,15 +50,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import contract
+from .. import contract
 from .batcher import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS, Batcher, BatcherClosed,
                       QueueFull)
-from .errors import InferenceError, RequestError
+from ..errors import InferenceError, RequestError
 from .strict_json import MSG_INVALID_JSON, dumps, loads_strict
 
-__all__ = ["MAX_BODY_BYTES", "add_arguments", "create_app", "run", "serve"]
+__all__ = ["MAX_BODY_BYTES", "create_app", "serve"]
 
-logger = logging.getLogger("hf_openjev.server")
+logger = logging.getLogger("hf_openjev.serve.server")
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 DISCARD_LIMIT_BYTES = 64 * 1024 * 1024  # a refused body is read and dropped up to this, so the client sees the answer
@@ -240,7 +240,7 @@ async def _read_body(request: Request) -> bytes:
 def _release_date(model) -> str:
     """The export's date (its manifest's modification time), else today."""
     try:
-        from .manifest import MANIFEST_NAME
+        from ..manifest import MANIFEST_NAME
 
         root = Path(model.backbone.config._name_or_path)
         stamp = (root / MANIFEST_NAME).stat().st_mtime
@@ -268,7 +268,7 @@ class _ServerState:
     # -- CPU work, on the executor -------------------------------------------------------------------------
     def prepare(self, body: bytes):
         """Strict JSON, validation, tokenization (contract §2 items 2..7)."""
-        from .scoring import prepare_request
+        from ..scoring import prepare_request
 
         obj = None
         try:
@@ -286,7 +286,7 @@ class _ServerState:
                             type="value_error") from None
 
     def finish(self, prepared, outcome, request_id: str) -> bytes:
-        from .scoring import build_answer
+        from ..scoring import build_answer
 
         try:
             response = build_answer(
@@ -460,9 +460,9 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     shape captures the CUDA graphs the traffic's first requests would otherwise capture."""
     import uvicorn
 
-    from .model import load_export
-    from .scoring import use_fast_path
-    from .warmup import load_shapes, warm_up
+    from ..model import load_export
+    from ..scoring import use_fast_path
+    from ..warmup import load_shapes, warm_up
 
     shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
     if not logging.getLogger().handlers:
@@ -485,34 +485,4 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     return 0
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, metavar="DIR", help="merged export directory (hf-openjev export)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                        help="backbone dtype (default auto = bfloat16; the head is always float32)")
-    parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
-                        help=f"requests waiting for the model before new ones get 503 (default {DEFAULT_MAX_QUEUE})")
-    parser.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS,
-                        help=f"input tokens per shared forward (default {DEFAULT_MAX_BATCH_TOKENS})")
-    parser.add_argument("--max-wait-ms", type=float, default=DEFAULT_MAX_WAIT_MS,
-                        help=f"longest wait for other requests to batch with (default {DEFAULT_MAX_WAIT_MS:g})")
-    fast = parser.add_mutually_exclusive_group()
-    fast.add_argument("--fast", dest="fast", action="store_true", default=None, help="force the fast path")
-    fast.add_argument("--reference", dest="fast", action="store_false", help="force the reference path")
-    parser.add_argument("--drain-timeout", type=float, default=30.0,
-                        help="seconds to wait for in-flight requests at shutdown (default 30)")
-    parser.add_argument("--limit-concurrency", type=int, default=None,
-                        help="open connections/requests before uvicorn itself answers 503 (default: no limit)")
-    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    parser.add_argument("--warm-up", metavar="SHAPES.json", default=None,
-                        help="token-shape file (JevBench manifest format): capture the fast path's CUDA graphs for "
-                             "these request shapes before serving (default: capture on first use)")
 
-
-def run(args) -> int:
-    return serve(args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
-                 max_queue=args.max_queue, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
-                 fast=args.fast, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
-                 limit_concurrency=args.limit_concurrency, warm_up_shapes=args.warm_up)

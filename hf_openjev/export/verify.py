@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .demo import DEMO_REQUESTS
+from ..examples import DEMO_REQUESTS
 
 # Probe requests: every question type, several candidates, multilingual and structured state.
 PROBE_REQUESTS = [
@@ -179,8 +179,8 @@ def run_probe(export_dir, base_dir, package_dir, requests=None) -> ProbeCheck:
     is reported (``token_mismatches``) and the export also scores the reference's token ids (``same_tokens_*``),
     so the merge and the tokenizer loading can be told apart.
     """
-    from .model import load_export, load_reference
-    from .scoring import build_answer, prepare_request, score_prepared
+    from ..model import load_export, load_reference
+    from ..scoring import build_answer, prepare_request, score_prepared
 
     requests = PROBE_REQUESTS if requests is None else requests
     start = time.perf_counter()

@@ -7,8 +7,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import eval_metrics as M
-from .eval_tasks import Source
+from . import metrics as M
+from .tasks import Source
 
 SUMMARY_NAME = "summary.json"
 REPORT_NAME = "report.md"

@@ -16,7 +16,7 @@ What :func:`merge_lora` writes (checkpoints.md, 'Merged export'):
 Streaming: the base is read one tensor at a time (``safe_open``) and every output tensor is written straight into
 its planned output shard (the safetensors header is known up front from the base headers), so the peak host
 memory is about the largest single tensor (in fp32 for a merged one) plus the adapter, whatever the shard sizes.
-See ``recipes/export_peak_rss.md`` for a measurement.
+See ``recipes/RESULTS.md`` (export peak host memory) for a measurement.
 
 Safety: every check runs before the first byte is written (missing files, adapter targets/shapes against the
 base's safetensors headers, rank/alpha, Qwen3.5 config, head shape and values, temperature, ``max_length``,
@@ -32,7 +32,7 @@ a) every merged tensor is compared with PEFT's ``merge_and_unload()`` on the sam
    as bitwise identical or as the largest difference in bf16 ulps; more than one ulp fails the export;
 b) the export's tokenizer must render the same chat halves as the base's;
 c) score probe: the export (``load_export``) and the unmerged PEFT reference (``load_reference``) are loaded on
-   CPU in fp32 and answer :data:`~hf_openjev.export_verify.PROBE_REQUESTS` with ``answer_requests(fast=False)``; max |Δscore| and max |Δp|
+   CPU in fp32 and answer :data:`~hf_openjev.export.verify.PROBE_REQUESTS` with ``answer_requests(fast=False)``; max |Δscore| and max |Δp|
    are reported and a |Δp| above ``probe_tolerance`` fails the export. The probe holds two fp32 copies of the
    model, so with ``probe="auto"`` it is skipped (and says so) when the backbone has more than
    ``probe_max_params`` parameters.
@@ -50,68 +50,32 @@ import sys
 import tempfile
 import time
 import uuid
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
-from .errors import CheckpointError
-from .export_verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
-from .manifest import ExportManifest, check_max_length, write_manifest
-from .package import read_base_text_config, read_lora_pairs, read_package
+from ..checkpoint_io import (FLOAT_DTYPES, base_weight_files, expected_backbone_shapes, load_tokenizer,
+                            read_safetensors_headers, text_key)
+from ..errors import CheckpointError
+from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
+from ..manifest import ExportManifest, check_max_length, write_manifest
+from ..package import read_base_text_config, read_lora_pairs, read_package
 
 MAX_SHARD_BYTES = 5 * 1000**3  # "shards of at most 5 GB" (checkpoints.md); a file's total size, header included
 DEFAULT_PROBE_MAX_PARAMS = 500_000_000  # two fp32 copies of the backbone: about 4 GB of host memory
 DEFAULT_PROBE_TOLERANCE = 0.01  # max |Δp| between the bf16 export and the unmerged reference (both run in fp32)
 PROBE_MODES = ("auto", "on", "off")
 
-_TEXT_PREFIXES = ("model.language_model.", "model.")
-_DROPPED = re.compile(r"^(model\.visual\.|visual\.|mtp\.|model\.mtp\.|lm_head\.)")
 _TOKENIZER_FILES = re.compile(r"^(tokenizer.*|special_tokens_map\.json|vocab.*|merges\.txt|added_tokens\.json|"
                               r"chat_template.*)$")
-_FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
 _HEADER_SLACK = 256  # bytes reserved per shard for the header's fixed part
 _COPY_CHUNK_BYTES = 64 * 1024**2  # tensors that are copied or cast stream through in pieces of this size
 
 # --------------------------------------------------------------------------------------------------------------
 # Small helpers (public where the tests or other commands may want them)
 
-
-def base_weight_files(base_dir: Path) -> list[Path]:
-    """The base's safetensors shards, in index order (``model.safetensors`` when not sharded)."""
-    base_dir = Path(base_dir)
-    index = base_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            files = sorted(set(weight_map.values()))
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointError(f"{index} is not a valid safetensors index (needs a 'weight_map'): {exc}") from exc
-        missing = [f for f in files if not (base_dir / f).is_file()]
-        if missing:
-            raise CheckpointError(f"{base_dir}: shards named in {index.name} are missing: {missing[:3]}; "
-                                  "download the complete base model")
-        if not files:
-            raise CheckpointError(f"{index} names no shards")
-        return [base_dir / f for f in files]
-    single = base_dir / "model.safetensors"
-    if single.is_file():
-        return [single]
-    raise CheckpointError(f"{base_dir} has no model.safetensors or model.safetensors.index.json "
-                          "(the base model's weights are missing)")
-
-
-def text_key(key: str) -> str | None:
-    """The backbone name of a base tensor (``layers.0.mlp.up_proj.weight``), or None for tensors export drops."""
-    if _DROPPED.match(key):
-        return None
-    for prefix in _TEXT_PREFIXES:
-        if key.startswith(prefix):
-            return key[len(prefix):]
-    return key
 
 
 def merge_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
@@ -212,28 +176,6 @@ class ExportReport:
         return out
 
 
-def read_safetensors_headers(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """``{key: (shape, dtype)}`` from a safetensors header (no tensor data is read)."""
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            out = {}
-            for key in handle.keys():
-                piece = handle.get_slice(key)
-                out[key] = (tuple(int(d) for d in piece.get_shape()), str(piece.get_dtype()))
-            return out
-    except (SafetensorError, OSError) as exc:
-        raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from exc
-
-
-def expected_backbone_shapes(text_config) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of every weight ``Qwen3_5TextModel(text_config)`` loads (built on the meta device)."""
-    from transformers import Qwen3_5TextModel
-
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = Qwen3_5TextModel(text_config)
-    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
-
 
 def _check_adapter_options(package) -> None:
     """Refuse LoRA variants whose merge is not ``W + alpha/r * B @ A``."""
@@ -294,8 +236,7 @@ def _plan_shards(items: list[_Item], max_shard_bytes: int) -> list[_Shard]:
 def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwrite: bool = False,
                 max_shard_bytes: int = MAX_SHARD_BYTES) -> _Plan:
     """Every check of the export, without writing anything. Raises :class:`CheckpointError` saying what to fix."""
-    from .chat import render_chat_halves
-    from .model import _load_tokenizer
+    from ..chat import render_chat_halves
 
     base_dir, package_dir, out_dir = Path(base_dir), Path(package_dir), Path(out_dir)
     check_max_length(max_length)
@@ -352,7 +293,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
                   if found[n][2] != expected[n]]
     if bad_shapes:
         raise CheckpointError(f"{base_dir}: base weights whose shapes do not match config.json: {bad_shapes[:3]}")
-    not_float = [f"{n} ({found[n][3]})" for n in found if found[n][3] not in _FLOAT_DTYPES]
+    not_float = [f"{n} ({found[n][3]})" for n in found if found[n][3] not in FLOAT_DTYPES]
     if not_float:
         raise CheckpointError(f"{base_dir}: backbone tensors with a non-float dtype cannot be exported: {not_float[:3]}")
 
@@ -385,7 +326,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
     if "tokenizer.json" not in names and not {"vocab.json", "merges.txt"} <= names:
         raise CheckpointError(f"{base_dir} has no tokenizer (tokenizer.json, or vocab.json + merges.txt, is missing); "
                               "download the base model's tokenizer files")
-    tokenizer = _load_tokenizer(base_dir)
+    tokenizer = load_tokenizer(base_dir)
     chat_prefix, chat_suffix = render_chat_halves(tokenizer)
 
     items: list[_Item] = []
@@ -530,7 +471,7 @@ class _TensorReader:
 
     def _entry(self, key: str) -> tuple[torch.dtype, list[int], int, int]:
         entry = self.entries[key]
-        dtype = _FLOAT_DTYPES[entry["dtype"]]
+        dtype = FLOAT_DTYPES[entry["dtype"]]
         shape = [int(d) for d in entry["shape"]]
         begin, end = (int(x) for x in entry["data_offsets"])
         if end - begin != math.prod(shape) * dtype.itemsize:
@@ -645,10 +586,9 @@ def _check_written(plan: _Plan, tmp: Path, max_shard_bytes: int) -> None:
 
 
 def _check_tokenizer(plan: _Plan, tmp: Path) -> None:
-    from .chat import render_chat_halves
-    from .model import _load_tokenizer
+    from ..chat import render_chat_halves
 
-    halves = render_chat_halves(_load_tokenizer(tmp))
+    halves = render_chat_halves(load_tokenizer(tmp))
     if halves != (plan.manifest.chat_prefix, plan.manifest.chat_suffix):
         raise CheckpointError("verification failed: the exported tokenizer renders different chat halves than the base")
 

@@ -1,6 +1,6 @@
 """JevBench metrics: pure functions over per-task results (no model, no files).
 
-A *record* is one scored task as ``hf_openjev.evaluate`` writes it to ``results.jsonl``::
+A *record* is one scored task as ``hf_openjev.eval.evaluate`` writes it to ``results.jsonl``::
 
     {"id", "tier", "family", "kind", "group", "labels", "expected", "probabilities", "prediction",
      "correct", "latency", ...}
@@ -33,7 +33,7 @@ Definitions (JevBench README, "Scoring"; every average is over the scored tasks 
   fraction whose tasks are all correct or all wrong (the model's correctness does not depend on the wording).
   ``group_all_correct`` is the stricter fraction of those groups whose tasks are all correct. ``None`` when
   there is no such group.
-- **latency**: seconds per task (see ``hf_openjev.evaluate`` for how it is measured); p50/p95 use linear
+- **latency**: seconds per task (see ``hf_openjev.eval.evaluate`` for how it is measured); p50/p95 use linear
   interpolation between order statistics (numpy's default ``percentile`` method).
 """
 

@@ -21,7 +21,7 @@ import json
 import math
 from typing import Any
 
-from .errors import RequestError
+from ..errors import RequestError
 
 __all__ = ["MAX_DEPTH", "MSG_INVALID_JSON", "dumps", "loads_strict"]
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .errors import InferenceError
+from ..errors import InferenceError
 
 __all__ = ["BatchOutcome", "Batcher", "BatcherClosed", "QueueFull"]
 
@@ -69,14 +69,14 @@ class _Item:
 
 
 def _default_score_fn(model, prepared, *, fast):
-    from .scoring import score_prepared
+    from ..scoring import score_prepared
 
     return score_prepared(model, prepared, fast=fast)
 
 
 def _method(model, fast) -> str:
     try:
-        from .scoring import use_fast_path
+        from ..scoring import use_fast_path
 
         return "fast" if use_fast_path(model, fast) else "reference"
     except Exception:  # noqa: BLE001 - a stand-in model in tests

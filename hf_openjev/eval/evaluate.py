@@ -6,7 +6,7 @@ Public API::
              resume=True, progress=True) -> dict      # the summary, also written to <out_dir>/summary.json
 
 ``model`` is a merged export directory or a loaded :class:`~hf_openjev.model.JevModel`; ``data`` one path or a
-list of paths. The metric definitions are in :mod:`hf_openjev.eval_metrics`.
+list of paths. The metric definitions are in :mod:`hf_openjev.eval.metrics`.
 
 Inputs
     - ``*.jsonl``: JevBench task files, read line by line here (exact JSON; errors carry the line number).
@@ -54,8 +54,8 @@ Outputs (``out_dir``)
     invalid tasks, the reliability bins), ``report.md`` and ``reliability.png``. Metrics cover the tasks of the
     current inputs only, whichever run scored them.
 
-Files: :mod:`hf_openjev.eval_tasks` (inputs -> tasks), this module (the run, resume, CLI),
-:mod:`hf_openjev.eval_report` (summary, report, diagram), :mod:`hf_openjev.eval_metrics` (the metrics).
+Files: :mod:`hf_openjev.eval.tasks` (inputs -> tasks), this module (the run, resume, CLI),
+:mod:`hf_openjev.eval.report` (summary, report, diagram), :mod:`hf_openjev.eval.metrics` (the metrics).
 """
 
 from __future__ import annotations
@@ -67,12 +67,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import eval_metrics as M
-from .eval_report import DIAGRAM_NAME, REPORT_NAME, SUMMARY_NAME, _count_structural, _fmt, build_summary, write_outputs
-from .eval_tasks import EvalInputError, Task, _warn, load_tasks, resolve_inputs
-from .errors import RequestError
-from .model import JevModel, load_export
-from .scoring import build_answer, prepare_request, score_prepared, use_fast_path
+from . import metrics as M
+from .report import DIAGRAM_NAME, REPORT_NAME, SUMMARY_NAME, _count_structural, _fmt, build_summary, write_outputs
+from .tasks import EvalInputError, Task, _warn, load_tasks, resolve_inputs
+from ..errors import RequestError
+from ..model import JevModel, load_export
+from ..scoring import build_answer, prepare_request, score_prepared, use_fast_path
 
 RESULTS_NAME = "results.jsonl"
 RUN_NAME = "run.json"
@@ -202,7 +202,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
              dtype="auto", resume: bool = True, progress: bool = True) -> dict:
     """Evaluate ``model`` on the tasks in ``data``; write the outputs to ``out_dir``; return the summary.
 
-    See the module docstring for inputs, resume and outputs, and :mod:`hf_openjev.eval_metrics` for metrics.
+    See the module docstring for inputs, resume and outputs, and :mod:`hf_openjev.eval.metrics` for metrics.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -212,7 +212,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     if isinstance(model, JevModel):
         manifest, model_path = model.manifest, None
     else:
-        from .manifest import read_manifest
+        from ..manifest import read_manifest
 
         model_path = Path(model)
         manifest = read_manifest(model_path)  # CheckpointError for a bad export, before reading any task
@@ -240,36 +240,4 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     return summary
 
 
-def add_arguments(parser) -> None:
-    import argparse
 
-    parser.add_argument("--model", required=True, help="merged export directory (from `hf-openjev export`)")
-    parser.add_argument("--data", required=True, nargs="+", metavar="PATH",
-                        help="JevBench .jsonl task files, .json/.parquet files or dataset directories")
-    parser.add_argument("--out", default="jevbench-eval", metavar="DIR",
-                        help="output directory: results.jsonl, summary.json, report.md, reliability.png "
-                             "(default: ./jevbench-eval)")
-    parser.add_argument("--batch-size", type=int, default=16, help="tasks per forward batch (default 16)")
-    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                        help="backbone dtype (default: auto = bfloat16)")
-    parser.add_argument("--fast", action=argparse.BooleanOptionalAction, default=None,
-                        help="force the fast path on/off (default: on for CUDA)")
-    parser.add_argument("--no-resume", dest="resume", action="store_false",
-                        help="start afresh instead of skipping tasks already in OUT/results.jsonl")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-
-
-def run(args) -> int:
-    try:
-        summary = evaluate(model=args.model, data=args.data, out_dir=args.out, batch_size=args.batch_size,
-                           fast=args.fast, device=args.device, dtype=args.dtype, resume=args.resume,
-                           progress=args.progress)
-    except EvalInputError as exc:
-        print(f"hf-openjev eval: error: {exc}", file=sys.stderr)
-        return 2
-    o, c = summary["overall"], summary["counts"]
-    print(f"{c['scored']} tasks scored ({c['invalid']} invalid): accuracy {_fmt(o['accuracy'])}, "
-          f"Brier {_fmt(o['brier'])}, ECE {_fmt(o['ece'])}, log loss {_fmt(o['log_loss'])}")
-    print(f"wrote {Path(args.out) / SUMMARY_NAME}, {Path(args.out) / REPORT_NAME}, {Path(args.out) / DIAGRAM_NAME}")
-    return 0

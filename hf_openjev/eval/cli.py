@@ -1,0 +1,44 @@
+"""``hf-openjev eval``: the command line over :func:`hf_openjev.eval.evaluate.evaluate`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="merged export directory (from `hf-openjev export`)")
+    parser.add_argument("--data", required=True, nargs="+", metavar="PATH",
+                        help="JevBench .jsonl task files, .json/.parquet files or dataset directories")
+    parser.add_argument("--out", default="jevbench-eval", metavar="DIR",
+                        help="output directory: results.jsonl, summary.json, report.md, reliability.png "
+                             "(default: ./jevbench-eval)")
+    parser.add_argument("--batch-size", type=int, default=16, help="tasks per forward batch (default 16)")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                        help="backbone dtype (default: auto = bfloat16)")
+    parser.add_argument("--fast", action=argparse.BooleanOptionalAction, default=None,
+                        help="force the fast path on/off (default: on for CUDA)")
+    parser.add_argument("--no-resume", dest="resume", action="store_false",
+                        help="start afresh instead of skipping tasks already in OUT/results.jsonl")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def run(args) -> int:
+    from .evaluate import evaluate
+    from .report import DIAGRAM_NAME, REPORT_NAME, SUMMARY_NAME, _fmt
+    from .tasks import EvalInputError
+
+    try:
+        summary = evaluate(model=args.model, data=args.data, out_dir=args.out, batch_size=args.batch_size,
+                           fast=args.fast, device=args.device, dtype=args.dtype, resume=args.resume,
+                           progress=args.progress)
+    except EvalInputError as exc:
+        print(f"hf-openjev eval: error: {exc}", file=sys.stderr)
+        return 2
+    o, c = summary["overall"], summary["counts"]
+    print(f"{c['scored']} tasks scored ({c['invalid']} invalid): accuracy {_fmt(o['accuracy'])}, "
+          f"Brier {_fmt(o['brier'])}, ECE {_fmt(o['ece'])}, log loss {_fmt(o['log_loss'])}")
+    print(f"wrote {Path(args.out) / SUMMARY_NAME}, {Path(args.out) / REPORT_NAME}, {Path(args.out) / DIAGRAM_NAME}")
+    return 0

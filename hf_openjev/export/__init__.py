@@ -1,0 +1,2 @@
+"""``hf-openjev export``: merge the LoRA adapter into a merged checkpoint (``merge.py``), check it
+(``verify.py``); ``cli.py`` is the command line."""

@@ -1,0 +1,40 @@
+"""``hf-openjev serve``: the command line over :func:`hf_openjev.serve.server.serve`."""
+
+from __future__ import annotations
+
+from .batcher import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="merged export directory (hf-openjev export)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                        help="backbone dtype (default auto = bfloat16; the head is always float32)")
+    parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                        help=f"requests waiting for the model before new ones get 503 (default {DEFAULT_MAX_QUEUE})")
+    parser.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS,
+                        help=f"input tokens per shared forward (default {DEFAULT_MAX_BATCH_TOKENS})")
+    parser.add_argument("--max-wait-ms", type=float, default=DEFAULT_MAX_WAIT_MS,
+                        help=f"longest wait for other requests to batch with (default {DEFAULT_MAX_WAIT_MS:g})")
+    fast = parser.add_mutually_exclusive_group()
+    fast.add_argument("--fast", dest="fast", action="store_true", default=None, help="force the fast path")
+    fast.add_argument("--reference", dest="fast", action="store_false", help="force the reference path")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="seconds to wait for in-flight requests at shutdown (default 30)")
+    parser.add_argument("--limit-concurrency", type=int, default=None,
+                        help="open connections/requests before uvicorn itself answers 503 (default: no limit)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--warm-up", metavar="SHAPES.json", default=None,
+                        help="token-shape file (JevBench manifest format): capture the fast path's CUDA graphs for "
+                             "these request shapes before serving (default: capture on first use)")
+
+
+def run(args) -> int:
+    from .server import serve
+
+    return serve(args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
+                 max_queue=args.max_queue, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
+                 fast=args.fast, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
+                 limit_concurrency=args.limit_concurrency, warm_up_shapes=args.warm_up)

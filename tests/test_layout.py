@@ -1,0 +1,147 @@
+"""The package's import rules (design.md, Layout), read from the source with ``ast`` (nothing is imported):
+
+- no two modules import each other in a circle, lazy imports inside functions included;
+- the core (``hf_openjev/*.py``) imports none of the command subpackages (export, eval, serve); only the command
+  line (``cli.py``) and the demo, itself a command, may;
+- nothing imports ``ops`` or ``patches`` as top-level modules: always ``hf_openjev.ops`` / ``hf_openjev.patches``;
+- ``import hf_openjev`` and ``hf-openjev --help`` import neither torch nor Transformers.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# source folder -> the package it installs as (pyproject's package-dir mapping)
+SOURCES = {"hf_openjev": "hf_openjev", "ops": "hf_openjev.ops", "patches": "hf_openjev.patches"}
+COMMANDS = ("hf_openjev.export", "hf_openjev.eval", "hf_openjev.serve")
+COMMAND_LEVEL_CORE = {"hf_openjev.cli", "hf_openjev.demo"}  # command modules that live in the core folder
+
+
+def module_files() -> dict[str, Path]:
+    """``{installed module name: source file}`` for every module of the package."""
+    out = {}
+    for folder, package in SOURCES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules that ``name`` imports anywhere in its file (a package's ``__init__`` counts as it)."""
+    is_package = path.name == "__init__.py"
+    here = name if is_package else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = here.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        for target in targets:
+            while target and target not in known:  # ``from x import name`` where name is not a module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    return {name: imports_of(name, path, set(files)) for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle, as a list of modules, or None. A package's ``__init__`` is skipped as an importer of its
+    own submodules (importing ``a.b`` runs ``a`` first anyway; a re-export is not a circle)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt.startswith(node + "."):
+                continue
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_no_import_circles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_core_imports_no_command():
+    bad = []
+    for name, targets in import_graph().items():
+        if name.startswith(COMMANDS) or name in COMMAND_LEVEL_CORE:
+            continue
+        bad += [f"{name} -> {t}" for t in targets if t.startswith(COMMANDS)]
+    assert not bad, "core modules import command subpackages: " + ", ".join(bad)
+
+
+def test_no_top_level_ops_or_patches_imports():
+    bad = []
+    for path in list(module_files().values()) + sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("ops", "patches")]
+    assert not bad, bad
+
+
+def test_the_checker_sees_circles_and_command_imports():
+    """The rules above can fail: a hand-made graph with a circle and a core -> command import is caught."""
+    graph = {"hf_openjev.a": {"hf_openjev.b"}, "hf_openjev.b": {"hf_openjev.export.merge"},
+             "hf_openjev.export.merge": {"hf_openjev.a"}}
+    assert find_cycle(graph) == ["hf_openjev.a", "hf_openjev.b", "hf_openjev.export.merge", "hf_openjev.a"]
+    assert find_cycle({"p": {"p.sub"}, "p.sub": {"p"}}) is None  # a package re-exporting its submodule
+    tree = {"hf_openjev.x": ROOT / "hf_openjev" / "model.py"}
+    assert "hf_openjev.checkpoint_io" in imports_of("hf_openjev.model", tree["hf_openjev.x"], set(module_files()))
+
+
+@pytest.mark.parametrize("code", [
+    "import hf_openjev, hf_openjev.planner, hf_openjev.contract",
+    "from hf_openjev.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
+])
+def test_light_imports_load_no_torch(code):
+    check = code + "\nimport sys\nheavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n" \
+                   "assert not heavy, heavy"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=ROOT / "tests")
+    assert result.returncode == 0, result.stderr
+
+
+def test_pipeline_registers_when_transformers_loads():
+    code = ("import hf_openjev\nfrom transformers import pipeline\n"
+            "from transformers.pipelines import PIPELINE_REGISTRY\n"
+            "assert PIPELINE_REGISTRY.supported_tasks['jev-decision']['impl'].__name__ == 'JevDecisionPipeline'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT / "tests")
+    assert result.returncode == 0, result.stderr
