@@ -1,4 +1,4 @@
-"""Measure the peak host memory (RSS) of ``hf_openjev.export.merge_lora`` on a synthetic base of several GB.
+"""Measure the peak host memory (RSS) of ``hf_openjev.export.merge.merge_lora`` on a synthetic base of several GB.
 
     python recipes/export_peak_rss.py [--workdir /tmp/...] [--layers 16] [--hidden 2048] [--base-shard-gb 2.5 5]
 
@@ -8,7 +8,7 @@ What it does:
    ``model.language_model.``, plus ``lm_head`` and an MTP tensor that export drops) with random bf16 weights,
    in safetensors shards of at most ``--base-shard-gb``, and a matching published-style package (random fp32
    rank-8 LoRA on the published target modules, a head, a temperature);
-2. runs in fresh child processes: (a) the import floor (``import hf_openjev.export`` and the libraries the export
+2. runs in fresh child processes: (a) the import floor (``import hf_openjev.export.merge`` and the libraries the export
    loads, nothing else), (b) ``merge_lora(..., verify=False)``, (c) ``merge_lora(...)`` with the default
    verification (each merged tensor against PEFT ``merge_and_unload``; the CPU fp32 score probe is skipped for a
    backbone of this size, as the default ``probe="auto"`` does);
@@ -128,7 +128,7 @@ def write_synthetic(root: Path, layers: int, hidden: int, shard_bytes: int) -> d
 CHILD_FLOOR = """
 import json, platform
 import torch, transformers, peft, safetensors, tqdm
-import hf_openjev.export
+import hf_openjev.export.merge
 from hf_openjev.package import read_base_text_config
 status = open("/proc/self/status").read()
 hwm = int(status.split("VmHWM:")[1].split()[0]) * 1024
@@ -147,7 +147,7 @@ print(json.dumps(write_synthetic(Path(sys.argv[2]), int(sys.argv[3]), int(sys.ar
 
 CHILD_EXPORT = """
 import json, sys, time
-from hf_openjev.export import merge_lora
+from hf_openjev.export.merge import merge_lora
 start = time.perf_counter()
 report = merge_lora(sys.argv[1], sys.argv[2], sys.argv[3], verify=sys.argv[4] == "1", progress=False)
 status = open("/proc/self/status").read()

@@ -2,7 +2,7 @@
 
     python recipes/gemm_floor.py                      # the three sharing policies side by side
     python recipes/gemm_floor.py --out results/floor  # also writes gemm_floor.json and .md
-    python recipes/gemm_floor.py --curve recipes/results/h200-2026-11-29-s7/probe7/gemm_sweep/gemm_sweep.json
+    python recipes/gemm_floor.py --curve gemm_sweep.json  # gemm_sweep.py's JSON (s7's: recipes/RESULTS.md)
 
 Each request of the benchmark's workload (the same token ids) is planned as the fast path plans it (``plan_requests``, the request alone); each pack costs what
 performance.md measured for cuBLAS bf16 GEMMs at the 27B shape, graph-replayed with stacked projections:

@@ -1,6 +1,6 @@
 """H200 check of the ``torch.ops.hf_openjev`` CUDA kernels: accuracy, CUDA-graph capture, micro-benchmark.
 
-    python recipes/gpu_ops_check.py --out recipes/results/ops-h200
+    python recipes/gpu_ops_check.py --out results/ops-h200
 
 1. every CUDA op vs its plain-torch reference (run on the host CPU, fp32 math) on random bf16 and fp32 inputs at
    the 27B shapes (GDN Hk=16, Hv=48, Dk=Dv=128; conv C=10240, K=4; attention H=24, Hkv=4, D=256; hidden 5120,

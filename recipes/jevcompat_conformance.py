@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "recipes" / "results" / "jevcompat"
+DEFAULT_OUT = Path("jevcompat-report")  # in the current directory; summaries go to recipes/RESULTS.md
 
 
 def free_port() -> int:
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = args.model
     if model_dir is None:
-        from hf_openjev.tiny import build_tiny_checkpoint
+        from hf_openjev.export.tiny import build_tiny_checkpoint
 
         cache = Path(os.environ.get("HF_OPENJEV_CACHE") or tempfile.gettempdir()) / "hf_openjev-tiny-conformance"
         model_dir = str(build_tiny_checkpoint(cache).export)
