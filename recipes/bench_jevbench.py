@@ -11,6 +11,10 @@ One process, one set of weights, three arms:
   B1 (optional) arm B with one candidate per batch: the reference path against itself (fla bound), the same
      floor for parity against B
 
+With ``--oracle oracle_<shape>.json`` (recipes/oracle.py) every arm and --sweep entry is also compared with the
+fp32 oracle and judged by the fidelity gate against B (hf_openjev.fidelity): fidelity_<shape>.json/.md/.png
+beside the bench's files. The run refuses to start when its bf16 weights' sha256 differs from the oracle's.
+
 Per arm: warm-up pass, then measured passes in request order; each request timed with a device synchronize at
 both ends, from token ids in to the response dict out. Reports mean / p50 / p95 (sorted[int(0.95 N) - 1]), the
 kind x longest-candidate bucket table, peak memory, warm-up time, parity of C against A, and the
@@ -169,7 +173,7 @@ def closed_loop(model, work, in_flight: int, *, max_wait_ms: float = 2.0) -> dic
     """
     import asyncio
 
-    from hf_openjev.batcher import Batcher
+    from hf_openjev.serve.batcher import Batcher
     from hf_openjev.scoring import build_answer
 
     async def run():
@@ -305,6 +309,73 @@ def bind_fla(enabled: bool) -> None:
         setattr(qwen, name, original if enabled else getattr(original, "__wrapped__", original))
 
 
+def git_commit() -> str | None:
+    """The checkout's commit (``+dirty`` when tracked files changed), or None outside a git checkout."""
+    import subprocess
+
+    try:
+        def git(*cmd):
+            return subprocess.run(["git", "-C", str(ROOT), *cmd], capture_output=True, text=True, check=True,
+                                  timeout=30).stdout.strip()
+        commit, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+def open_oracle(args, parser):
+    """--oracle: the oracle file, read and checked against --shape and --seed before any work (None without it)."""
+    if not args.oracle:
+        return None
+    from hf_openjev.fidelity import load_oracle, verify_oracle_identity
+
+    try:
+        oracle = load_oracle(args.oracle)
+        verify_oracle_identity(oracle, shape=args.shape, seed=args.seed)
+    except (OSError, ValueError) as error:
+        parser.error(f"--oracle {args.oracle}: {error}")
+    return oracle
+
+
+def start_fidelity(oracle, model, work, *, args, out: Path, results: dict) -> dict | None:
+    """Hash this run's weights (as built, before any patch) and refuse (None, a message) unless they are the
+    oracle's; else the context add_fidelity fills: the oracle's entries for this run's requests, token hashes."""
+    from hf_openjev.fidelity import hash_tokens, hash_weights, select_requests, verify_oracle_identity
+
+    t0 = time.perf_counter()
+    sha = results["weights_sha256"] = hash_weights(model)
+    try:
+        verify_oracle_identity(oracle, shape=args.shape, seed=args.seed, weights_sha256=sha)
+        oracle_requests = select_requests(oracle["requests"], [item["id"] for item, _ in work])
+    except ValueError as error:
+        print(f"--oracle {args.oracle}: {error}", file=sys.stderr)
+        return None
+    print(f"weights sha256 {sha} = the oracle's ({time.perf_counter() - t0:.1f} s)", flush=True)
+    meta = {"command": results["command"], "versions": results["versions"], "device": results["versions"]["device"],
+            "git_commit": git_commit(), "shape": args.shape, "seed": args.seed, "dtype": args.dtype,
+            "oracle": {"path": str(args.oracle), "complete": oracle.get("complete"), "n_done": len(oracle["requests"]),
+                       "git_commit": oracle.get("git_commit"), "device": oracle.get("device")},
+            "oracle_sha256_check": {"oracle": oracle["weights_sha256"], "run": sha, "match": True},
+            "requests_compared": len(work)}
+    return {"oracle_requests": oracle_requests, "tokens_sha256": [hash_tokens(p.tokens) for _, p in work],
+            "stats": {}, "out": out, "meta": meta}
+
+
+def add_fidelity(fidelity: dict, name: str, work, responses) -> None:
+    """One configuration's answers against the oracle; rewrites fidelity_<shape>.json/.md/.png with every
+    configuration so far, each judged by the gate against B when the run has B."""
+    from hf_openjev.fidelity import build_fidelity_report, compare_with_oracle, describe_request, write_fidelity_report
+
+    entries = [describe_request(item["id"], item["kind"], response, tokens_sha256=tokens)
+               for (item, _), response, tokens in zip(work, responses, fidelity["tokens_sha256"])]
+    stats = fidelity["stats"][name] = compare_with_oracle(fidelity["oracle_requests"], entries)
+    report = build_fidelity_report(fidelity["stats"], **fidelity["meta"])
+    write_fidelity_report(fidelity["out"], f"fidelity_{fidelity['meta']['shape']}", report)
+    print(f"fidelity {name} vs oracle: max {stats.max_abs_dp:.4g}, p99 {stats.p99_abs_dp:.4g}, mean "
+          f"{stats.mean_abs_dp:.4g}, {stats.flips} flips (+{stats.near_tie_flips} near-tie); passes "
+          f"{report['configurations'][name]['passes']}", flush=True)
+
+
 def versions() -> dict:
     import transformers
 
@@ -344,6 +415,9 @@ def main(argv=None) -> int:
                         help='JSON list of score_fast option overrides, e.g. \'[{"min_shared_tokens": 256}, '
                              '{"share_tails": false}]\': after the arms, one warm-up and one measured pass of C per '
                              "entry, over --fast-options (the break-even measurements behind the planner defaults)")
+    parser.add_argument("--oracle", default=None,
+                        help="an oracle_<shape>.json (recipes/oracle.py): compare every arm and sweep entry with it "
+                             "and judge the fidelity gate against B; refused unless the weights are the oracle's")
     args = parser.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     parity_only = {a.strip() for a in args.parity_only.split(",") if a.strip()}
@@ -358,6 +432,7 @@ def main(argv=None) -> int:
         parser.error(f"--sweep / --fast-options must be JSON: {error}")
     if not (isinstance(sweep_entries, list) and all(isinstance(e, dict) for e in sweep_entries)):
         parser.error(f"--sweep {args.sweep!r}: give a JSON list of objects, e.g. '[{{\"min_shared_tokens\": 256}}]'")
+    oracle = open_oracle(args, parser)
     FAST_OPTIONS.update(base_fast_options)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -377,6 +452,9 @@ def main(argv=None) -> int:
     work = build_workload(shapes_file, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
     print(f"model {args.shape} built in {results['model_build_s']:.1f}s, {results['weights_gb']:.1f} GB; "
           f"{len(work)} requests", flush=True)
+    fidelity = start_fidelity(oracle, model, work, args=args, out=out, results=results) if oracle else None
+    if oracle and fidelity is None:
+        return 2
     from hf_openjev.patches import apply_patches
 
     results["cuda_graphs"] = args.cuda_graphs
@@ -406,6 +484,8 @@ def main(argv=None) -> int:
         times = [t * 1000 for p in passes for t, _ in p]
         per_request = [statistics.fmean(p[i][0] * 1000 for p in passes) for i in range(len(work))]
         responses[arm] = [r for _, r in passes[-1]]
+        if fidelity:
+            add_fidelity(fidelity, arm, work, responses[arm])
         results["arms"][arm] = {**summarize(times), "warmup_s": warmup_s, "passes": len(passes),
                                 "peak_memory_gb": peak_gb(),
                                 "table": table(work, per_request),
@@ -446,6 +526,8 @@ def main(argv=None) -> int:
             measured = run_pass(model, work, fast=True)
             times = [t * 1000 for t, _ in measured]
             sweep[label] = {**summarize(times), "table": table(work, times), "fast_options": dict(FAST_OPTIONS)}
+            if fidelity:
+                add_fidelity(fidelity, label, work, [r for _, r in measured])
             for ref in ("A", "B"):  # the entry's answers against the reference arms this run has
                 if ref in responses:
                     sweep[label][f"parity_vs_{ref}"] = parity(responses[ref], [r for _, r in measured])
