@@ -52,7 +52,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--shard", default=None, metavar="K/N",
                         help="score only the requests whose workload index is K modulo N (one process per GPU; a "
                              "last run with every shard's file as --resume merges them)")
+    parser.add_argument("--merge-only", action="store_true",
+                        help="merge the --resume files (one model's shards) into <out>/oracle_<shape>.json and stop: "
+                             "no model is built, so it runs on any machine")
     args = parser.parse_args(argv)
+    if args.merge_only and not args.resume:
+        parser.error("--merge-only needs the files to merge as --resume")
     if args.shard is not None:
         k, _, n = args.shard.partition("/")
         if not (k.isdigit() and n.isdigit() and int(k) < int(n)):
@@ -183,6 +188,8 @@ def main(argv=None) -> int:
     except ValueError as error:
         print(f"refusing to resume: {error}", file=sys.stderr)
         return 2
+    if args.merge_only:
+        return merge_oracles(progress, path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = build_model(args.shape, seed=args.seed, device=device, dtype=torch.bfloat16)
     weights_sha256 = hash_weights(model)  # the stored bf16 weights, before the upcast
@@ -214,6 +221,17 @@ def main(argv=None) -> int:
     state = ("complete" if oracle["complete"] else f"stopped: {stop}" if stop != "done"
              else "incomplete: --limit / --shard left requests out")
     print(f"{path}: {oracle['n_done']}/{oracle['n_total']} requests, {state}", flush=True)
+    return 0
+
+
+def merge_oracles(progress: dict, path: Path) -> int:
+    """Write the union of shards that ``read_progress`` checked to be one model's (shape, seed, weights)."""
+    order = [item["id"] for item in json.loads(SHAPES_FILE.read_text())["requests"]]
+    header = {k: v for k, v in progress.items() if k not in ("requests", "n_done", "complete", "seconds")}
+    header["shard"] = None
+    oracle = write_oracle(path, header, {e["id"]: e for e in progress["requests"]}, order)
+    print(f"{path}: {oracle['n_done']}/{oracle['n_total']} requests merged, "
+          f"{'complete' if oracle['complete'] else 'incomplete'}", flush=True)
     return 0
 
 

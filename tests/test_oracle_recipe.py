@@ -109,6 +109,27 @@ def test_shards_score_their_share_and_a_last_run_merges_them(oracle_run, tmp_pat
         run_oracle(["--shape", "tiny", "--shard", "2/2", "--out", str(tmp_path / "bad")])
 
 
+def test_merge_only_joins_shards_without_a_model_and_refuses_another_models(oracle_run, tmp_path, monkeypatch,
+                                                                             capsys):
+    path, first = oracle_run
+    oracle = load_recipe("oracle")
+    monkeypatch.setattr(oracle, "build_model", lambda *a, **k: pytest.fail("--merge-only built a model"))
+    shards = []
+    for k in range(2):
+        shard = dict(first, shard=f"{k}/2", requests=first["requests"][k::2], n_done=len(first["requests"][k::2]))
+        shards.append(tmp_path / f"s{k}.json")
+        shards[-1].write_text(json.dumps(shard))
+    argv = ["--shape", "tiny", "--merge-only", "--out", str(tmp_path / "m")]
+    assert oracle.main(argv + ["--resume", str(shards[0]), "--resume", str(shards[1])]) == 0
+    merged = json.loads((tmp_path / "m" / "oracle_tiny.json").read_text())
+    assert [e["id"] for e in merged["requests"]] == [e["id"] for e in first["requests"]]
+    assert merged["shard"] is None and merged["n_done"] == first["n_done"]
+    other = dict(json.loads(shards[1].read_text()), weights_sha256="0" * 64)
+    shards[1].write_text(json.dumps(other))
+    assert oracle.main(argv[:-1] + [str(tmp_path / "m2"), "--resume", str(shards[0]), "--resume", str(shards[1])]) == 2
+    assert "refusing to resume" in capsys.readouterr().err
+
+
 def test_the_time_budget_stops_cleanly_before_a_request(tmp_path, capsys):
     assert run_oracle(["--shape", "tiny", "--limit", "2", "--max-seconds", "0", "--out", str(tmp_path)]) == 0
     stopped = json.loads((tmp_path / "oracle_tiny.json").read_text())
