@@ -5,13 +5,13 @@ pipelines: ``import hf_openjev`` itself imports neither torch nor Transformers).
 on first use.
 """
 
-from .errors import CheckpointError, InferenceError, RequestError
+from .errors import CheckpointError, InferenceError, RequestError, UsageError
 from .registration import register_when_transformers_loads
 
 __version__ = "0.1.0"
 _LAZY = {"JevModel": "model", "load_export": "model", "load_reference": "model",
          "JevDecisionPipeline": "pipeline", "register_pipeline": "pipeline"}
-__all__ = ["CheckpointError", "InferenceError", "RequestError", *sorted(_LAZY), "__version__"]
+__all__ = ["CheckpointError", "InferenceError", "RequestError", "UsageError", *sorted(_LAZY), "__version__"]
 
 
 def __getattr__(name: str):

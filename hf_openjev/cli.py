@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from .errors import CheckpointError, InputFileError, RequestError
+from .errors import CheckpointError, InputFileError, RequestError, UsageError
 
 COMMANDS = {
     "demo": ("hf_openjev.demo", "answer a few requests with a tiny random checkpoint the package builds itself"),
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except (CheckpointError, InputFileError, RequestError) as exc:
+    except (CheckpointError, InputFileError, RequestError, UsageError) as exc:
         print(f"hf-openjev {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -80,6 +80,28 @@ def _is_array(value: Any) -> bool:
     return isinstance(value, (list, tuple))
 
 
+def _kind(value: Any) -> str:
+    """What a value is, in JSON words, for error details (``"an array"``, ``"a number"``, ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return f"a {type(value).__name__}"
+
+
+def _field(definition: dict, key: str) -> str:
+    """``"<key> is missing"`` or ``"<key> is <kind>"`` for a question field."""
+    return f"{key} is missing" if key not in definition else f"{key} is {_kind(definition[key])}"
+
+
 def render(value: Any) -> str:
     """Render a state, instructions, description or level as prompt text (contract §3).
 
@@ -136,45 +158,59 @@ class ParsedRequest:
 
 
 def _parse_question(qid: str, definition: Any, state_text: str) -> Question:
-    """Validate one question (contract §2 item 6) and build its prompts (§3)."""
+    """Validate one question (contract §2 item 6) and build its prompts (§3).
+
+    Every error carries the contract's message plus a ``detail`` naming the question and the field.
+    """
+    where = f"question {qid!r}"
     if not isinstance(definition, dict):
-        raise RequestError(MSG_DEFINITION)
+        raise RequestError(MSG_DEFINITION, detail=f"{where}: the definition is {_kind(definition)}, not an object "
+                                                  "with type, instructions and criteria")
     instructions = definition.get("instructions")
     if not _is_text(instructions):
-        raise RequestError(MSG_TEXT)
+        raise RequestError(MSG_TEXT, detail=f"{where}: {_field(definition, 'instructions')}; instructions must be "
+                                            "text, an object or an array")
     qtype = definition.get("type")
     criteria = definition.get("criteria")
 
     if qtype == "choice":
         if not isinstance(criteria, dict):
-            raise RequestError(MSG_CHOICE_TYPE)
+            raise RequestError(MSG_CHOICE_TYPE, detail=f"{where}: {_field(definition, 'criteria')}; a choice question "
+                                                       "needs an object mapping each option to its description "
+                                                       "(or null)")
         if not 1 <= len(criteria) <= MAX_CHOICE_OPTIONS:
-            raise RequestError(MSG_CHOICE_COUNT)
+            raise RequestError(MSG_CHOICE_COUNT, detail=f"{where}: criteria has {len(criteria)} options; a choice "
+                                                        f"question needs 1 to {MAX_CHOICE_OPTIONS}")
         head = question_head(state_text, render(instructions))
         labels, prompts = [], []
         for key, description in criteria.items():
             if not isinstance(key, str):
-                raise RequestError(MSG_CHOICE_TYPE)
+                raise RequestError(MSG_CHOICE_TYPE, detail=f"{where}: option key {key!r} is not a string")
             if description is None:
                 option = key
             elif _is_text(description):
                 option = key + ": " + render(description)
             else:
-                raise RequestError(MSG_TEXT)
+                raise RequestError(MSG_TEXT, detail=f"{where}: the description of option {key!r} is "
+                                                    f"{_kind(description)}; use text, an object, an array or null")
             labels.append(key)
             prompts.append(candidate_prompt(head, option))
         return Question(qid, "choice", tuple(labels), tuple(prompts), None)
 
     if qtype == "score":
         if not _is_array(criteria):
-            raise RequestError(MSG_SCORE_TYPE)
+            raise RequestError(MSG_SCORE_TYPE, detail=f"{where}: {_field(definition, 'criteria')}; a score question "
+                                                      f"needs an array of {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS} "
+                                                      "levels, lowest first")
         if not MIN_SCORE_LEVELS <= len(criteria) <= MAX_SCORE_LEVELS:
-            raise RequestError(MSG_SCORE_COUNT)
+            raise RequestError(MSG_SCORE_COUNT, detail=f"{where}: criteria has {len(criteria)} levels; a score "
+                                                       f"question needs {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS}")
         head = question_head(state_text, render(instructions))
         prompts = []
-        for level in criteria:
+        for i, level in enumerate(criteria):
             if not _is_text(level):
-                raise RequestError(MSG_TEXT)
+                raise RequestError(MSG_TEXT, detail=f"{where}: level {i} is {_kind(level)}; a level must be text, "
+                                                    "an object or an array")
             prompts.append(candidate_prompt(head, render(level)))
         labels = tuple(str(i) for i in range(len(criteria)))
         legend = {str(i): level for i, level in enumerate(criteria)}
@@ -185,42 +221,54 @@ def _parse_question(qid: str, definition: Any, state_text: str) -> Question:
         # ``criteria`` is optional; absent and null both mean "no criteria".
         if criteria is not None:
             if not isinstance(criteria, dict) or set(criteria) != {"true", "false"}:
-                raise RequestError(MSG_NOUL_CRITERIA)
-            if not (_is_text(criteria["true"]) and _is_text(criteria["false"])):
-                raise RequestError(MSG_TEXT)
+                got = (f"has keys {sorted(map(str, criteria))}" if isinstance(criteria, dict)
+                       else f"is {_kind(criteria)}")
+                raise RequestError(MSG_NOUL_CRITERIA, detail=f"{where}: criteria {got}; a noul question takes "
+                                                             "criteria {\"true\": ..., \"false\": ...} or none")
+            for key in ("true", "false"):
+                if not _is_text(criteria[key]):
+                    raise RequestError(MSG_TEXT, detail=f"{where}: criteria.{key} is {_kind(criteria[key])}; use "
+                                                        "text, an object or an array")
             question_text += "\nYes means: " + render(criteria["true"]) + "\nNo means: " + render(criteria["false"])
         head = question_head(state_text, question_text)
         return Question(qid, "noul", ("yes",), (noul_prompt(head),), None)
 
-    raise RequestError(MSG_TYPE)
+    got = f"type is {qtype!r}" if isinstance(qtype, str) else _field(definition, "type")
+    raise RequestError(MSG_TYPE, detail=f"{where}: {got}; use 'choice', 'score' or 'noul'")
 
 
 def parse_request(request: Any, *, served_models: Collection[str] = ()) -> ParsedRequest:
     """Validate a decoded request and build every candidate prompt.
 
     Checks follow contract §2 items 2..6 in order and the first error wins; each raises
-    :class:`~hf_openjev.errors.RequestError` (status 422) with the contract's exact message. Decoding the JSON
+    :class:`~hf_openjev.errors.RequestError` (status 422) with the contract's exact message and a ``detail`` that
+    names the question and field at fault (served model names, for an unknown ``model``). Decoding the JSON
     body (and the 413/415 checks) is the server's job. ``model`` given (not ``None``) and not in
     ``served_models`` is rejected. The candidate limit is checked after each question.
     """
     if not isinstance(request, dict):
-        raise RequestError(MSG_NOT_OBJECT)
+        raise RequestError(MSG_NOT_OBJECT, detail=f"the request is {_kind(request)}")
 
     model = request.get("model")
     if model is not None and (not isinstance(model, str) or model not in served_models):
-        raise RequestError(MSG_MODEL)
+        served = ", ".join(repr(name) for name in dict.fromkeys(served_models)) or "none"
+        asked = repr(model) if isinstance(model, str) else _kind(model)
+        raise RequestError(MSG_MODEL, detail=f"model {asked} is not served here; served: {served} (or leave model "
+                                             "out)")
 
     if "state" not in request:
-        raise RequestError(MSG_STATE_MISSING)
+        raise RequestError(MSG_STATE_MISSING, detail="the request has no state field")
     state = request["state"]
     if not _is_text(state):
-        raise RequestError(MSG_STATE_TYPE)
+        raise RequestError(MSG_STATE_TYPE, detail=f"state is {_kind(state)}")
 
     questions = request.get("questions")
     if not isinstance(questions, dict) or not all(isinstance(k, str) for k in questions):
-        raise RequestError(MSG_QUESTIONS_TYPE)
+        got = _field(request, "questions") if not isinstance(questions, dict) else "a question id is not a string"
+        raise RequestError(MSG_QUESTIONS_TYPE, detail=f"{got}; questions must map question ids to definitions")
     if not 1 <= len(questions) <= MAX_QUESTIONS:
-        raise RequestError(MSG_QUESTIONS_COUNT)
+        raise RequestError(MSG_QUESTIONS_COUNT, detail=f"questions has {len(questions)} entries; 1 to "
+                                                       f"{MAX_QUESTIONS} are accepted")
 
     state_text = render(state)
     parsed: list[Question] = []
@@ -230,7 +278,8 @@ def parse_request(request: Any, *, served_models: Collection[str] = ()) -> Parse
         parsed.append(question)
         total += len(question.prompts)
         if total > MAX_CANDIDATES:
-            raise RequestError(MSG_CANDIDATES)
+            raise RequestError(MSG_CANDIDATES, detail=f"question {qid!r} brings the request to {total} candidate "
+                                                      f"sequences, over the limit of {MAX_CANDIDATES}")
     return ParsedRequest(model=model, questions=tuple(parsed))
 
 

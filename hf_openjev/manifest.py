@@ -31,12 +31,17 @@ class ExportManifest:
     head_weight: tuple[float, ...]  # [hidden]
     head_bias: float
     format: str = EXPORT_FORMAT
+    # ``sha256-sampled-v1:<hex>``: a fingerprint of the base weights the export was merged from (written by
+    # ``hf-openjev export``, see ``hf_openjev.export.identity.base_fingerprint``); "" for exports made before it.
+    base_fingerprint: str = ""
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["head_weight"] = list(self.head_weight)
-        order = ["format", "model_id", "base_revision", "checkpoint_revision", "temperature", "max_length",
-                 "chat_prefix", "chat_suffix", "head_weight", "head_bias"]
+        order = ["format", "model_id", "base_revision", "base_fingerprint", "checkpoint_revision", "temperature",
+                 "max_length", "chat_prefix", "chat_suffix", "head_weight", "head_bias"]
+        if not self.base_fingerprint:  # an older export reads and hashes as it always did
+            order.remove("base_fingerprint")
         return {key: data[key] for key in order}
 
 
@@ -88,16 +93,41 @@ def read_json_object(path: Path, what: str | None = None) -> dict:
     return data
 
 
-def read_manifest(export_dir: str | Path) -> ExportManifest:
-    """Read and validate ``<export_dir>/open_jev_export.json``."""
-    path = Path(export_dir) / MANIFEST_NAME
-    if not Path(export_dir).is_dir():
-        raise CheckpointError(f"{export_dir} is not a directory; pass a merged export made by `hf-openjev export`")
+def _not_an_export(export_dir: Path) -> str:
+    """Why ``export_dir`` (no manifest in it) is not an export, what it looks like instead, and what to do."""
+    head = f"{export_dir} is not a complete merged Open-Jev export"
+    if (export_dir / "checkpoint" / "model.json").is_file() or (
+            (export_dir / "model.json").is_file() and (export_dir / "adapter").is_dir()):
+        return (f"{head}: it is a published Open-Jev package; export it first with `hf-openjev export --base "
+                f"BASE_DIR --package {export_dir} --out EXPORT_DIR` and pass EXPORT_DIR")
+    make = "make one with `hf-openjev export --base DIR --package DIR --out DIR`"
+    try:
+        model_type = json.loads((export_dir / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if model_type == "qwen3_5":  # an export always holds a qwen3_5_text config
+        return f"{head}: it looks like a Qwen3.5 base model (config.json model_type 'qwen3_5'); {make}"
+    return f"{head} ({make})"
+
+
+def check_export_dir(export_dir: str | Path) -> Path:
+    """The one check that a path is a merged export directory, shared by the loaders, the pipeline, ``eval`` and
+    ``serve``: a missing path, a file, a published package or a base model directory each get a message saying
+    what to pass instead. Returns the manifest's path (not yet validated)."""
+    export_dir = Path(export_dir)
+    if not export_dir.is_dir():
+        what = "it does not exist" if not export_dir.exists() else "it is a file"
+        raise CheckpointError(f"{export_dir} is not a directory ({what}); pass the directory of a merged export "
+                              "made by `hf-openjev export` (a local directory, not a Hub repo id: download it first)")
+    path = export_dir / MANIFEST_NAME
     if not path.is_file():
-        raise CheckpointError(
-            f"{path} is missing: {export_dir} is not a complete merged Open-Jev export "
-            "(make one with `hf-openjev export --base DIR --package DIR --out DIR`)"
-        )
+        raise CheckpointError(f"{path} is missing: {_not_an_export(export_dir)}")
+    return path
+
+
+def read_manifest(export_dir: str | Path) -> ExportManifest:
+    """Read and validate ``<export_dir>/open_jev_export.json`` (after :func:`check_export_dir`)."""
+    path = check_export_dir(export_dir)
     data = read_json_object(path)
     fmt = data.get("format")
     if fmt != EXPORT_FORMAT:
@@ -113,6 +143,7 @@ def read_manifest(export_dir: str | Path) -> ExportManifest:
     return ExportManifest(
         model_id=data["model_id"],
         base_revision=str(data.get("base_revision", "")),
+        base_fingerprint=str(data.get("base_fingerprint", "")),
         checkpoint_revision=str(data.get("checkpoint_revision", "")),
         temperature=check_temperature(data["temperature"]),
         max_length=check_max_length(data["max_length"]),

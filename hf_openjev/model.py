@@ -10,17 +10,81 @@ Two loaders:
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .checkpoint_io import base_weight_files, expected_backbone_shapes, load_tokenizer, read_safetensors_headers, text_key
-from .errors import CheckpointError
+from .errors import CheckpointError, UsageError
 from .manifest import ExportManifest, read_manifest
 from .package import check_text_config, read_base_text_config, read_lora_pairs, read_package
 
 SERVED_ALIASES = ("open-jev", "jev-latest")
+
+
+def check_device(device) -> None:
+    """Refuse a device this machine does not have, with a one-line :class:`UsageError` (a ``ValueError``).
+
+    Accepts what the loaders and ``pipeline(device=...)`` accept: None, ``"cpu"``, ``"cuda"``, ``"cuda:N"``, a
+    ``torch.device``, a GPU ordinal (``-1`` is the CPU) or a ``device_map`` dict of those. Without this, a CUDA
+    device on a machine without CUDA ends deep in torch with ``AssertionError: Torch not compiled with CUDA enabled``.
+    """
+    if device is None:
+        return
+    if isinstance(device, dict):
+        for value in device.values():
+            check_device(value)
+        return
+    if isinstance(device, bool):
+        raise UsageError(f"device must be 'cpu', 'cuda', 'cuda:N' or a GPU index, got {device!r}")
+    if isinstance(device, int):
+        if device < 0:
+            return
+        device = f"cuda:{device}"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise UsageError(f"unknown device {device!r}; use 'cpu', 'cuda' or 'cuda:N'") from None
+    if parsed.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        why = ("this PyTorch build has no CUDA support" if torch.version.cuda is None
+               else "no CUDA GPU is visible (check the driver and CUDA_VISIBLE_DEVICES)")
+        raise UsageError(f"device {str(device)!r} was requested but CUDA is not available on this machine: {why}; "
+                         "use device 'cpu' (or leave the device out)")
+    count = torch.cuda.device_count()
+    if parsed.index is not None and parsed.index >= count:
+        raise UsageError(f"device {str(device)!r} was requested but this machine has {count} CUDA GPU(s) "
+                         f"(cuda:0..cuda:{count - 1})")
+
+
+class _DropFlashLinearAttentionAdvice(logging.Filter):
+    """Drops Transformers' advice to install ``flash-linear-attention``, and nothing else."""
+
+    NEEDLE = "because `flash-linear-attention` is not installed"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.NEEDLE not in record.getMessage()
+
+
+def quiet_flash_linear_attention_advice() -> None:
+    """Filter the one Transformers warning that says to install ``flash-linear-attention`` (idempotent).
+
+    Transformers wraps the Gated DeltaNet kernels of ``modeling_qwen3_5`` with
+    ``integrations.hub_kernels.use_kernel_func_from_hub_with_fallback(..., "fla")``; when ``fla`` is missing, the
+    first forward logs (``logger.warning_once`` on the ``transformers.integrations.hub_kernels`` logger) that it
+    falls back to the PyTorch implementation and to install ``flash-linear-attention`` for speed. That package is
+    Triton/CUDA-only and this project never installs it: the CPU runs the reference path (the PyTorch code is the
+    right one there) and CUDA runs the fast path's own kernels. So every CPU run printed advice that must not be
+    followed. The filter sits on that logger (the warning fires at forward time, long after loading, so a context
+    manager around loading would miss it) and matches that message only: every other Transformers warning, the
+    ``causal_conv1d`` fallback note included, still shows.
+    """
+    hub_logger = logging.getLogger("transformers.integrations.hub_kernels")
+    if not any(isinstance(f, _DropFlashLinearAttentionAdvice) for f in hub_logger.filters):
+        hub_logger.addFilter(_DropFlashLinearAttentionAdvice())
 
 
 def resolve_dtype(dtype) -> torch.dtype:
@@ -111,6 +175,7 @@ def _load_backbone(weights_dir: Path, text_config, *, dtype: torch.dtype, device
     """``Qwen3_5TextModel.from_pretrained`` with every backbone weight required (no silent random init)."""
     from transformers import Qwen3_5TextModel
 
+    quiet_flash_linear_attention_advice()
     _check_weight_shapes(weights_dir, text_config)
     kwargs = {"config": text_config, "dtype": dtype, "output_loading_info": True}
     if device is not None:
@@ -159,6 +224,7 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None) -> JevMode
 
     ``dtype`` is the backbone's dtype (default bfloat16); the head is always fp32.
     """
+    check_device(device)
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
     text_config = _read_export_config(export_dir)
@@ -231,6 +297,7 @@ def load_reference(base_dir: str | Path, package_dir: str | Path, *, dtype="auto
     from .chat import render_chat_halves
     from .manifest import check_max_length
 
+    check_device(device)
     base_dir = Path(base_dir)
     package = read_package(package_dir)
     text_config = read_base_text_config(base_dir)

@@ -7,11 +7,14 @@ at once if they are already loaded, otherwise from an import hook that fires onc
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 _PIPELINES = "transformers.pipelines"
+_TASK = "jev-decision"
 
 
 def register_when_transformers_loads() -> None:
@@ -20,6 +23,7 @@ def register_when_transformers_loads() -> None:
         from .pipeline import register_pipeline
 
         register_pipeline()
+        check_paths_before_transformers()
     elif not any(isinstance(finder, _PipelinesHook) for finder in sys.meta_path):
         sys.meta_path.insert(0, _PipelinesHook())
 
@@ -41,6 +45,42 @@ class _PipelinesHook(importlib.abc.MetaPathFinder):
             from .pipeline import register_pipeline
 
             register_pipeline()
+            check_paths_before_transformers()
 
         spec.loader.exec_module = exec_then_register
         return spec
+
+
+def check_paths_before_transformers() -> None:
+    """Make ``pipeline("jev-decision", model=PATH, device=...)`` check PATH and the device before Transformers.
+
+    Transformers' ``pipeline()`` resolves a string model through the Hub client and ``AutoConfig`` before the
+    pipeline class sees it, so a mistyped path ended in "Repo id must be in the form ..." and a published package
+    in "Unrecognized model ... model_type". This wraps ``transformers.pipelines.pipeline`` (once; idempotent) so
+    that, for this task only, :func:`hf_openjev.model.check_device` and
+    :func:`hf_openjev.manifest.check_export_dir` (the check ``eval`` and ``serve`` use) run first and raise their
+    one-line ``ValueError``; every other task goes straight to Transformers. ``from transformers import pipeline``
+    done before ``import hf_openjev`` keeps the unwrapped function (the pipeline class still checks the device).
+    """
+    import transformers.pipelines as pipelines
+
+    original = pipelines.pipeline
+    if getattr(original, "_hf_openjev_checks", False):
+        return
+
+    @functools.wraps(original)
+    def pipeline(task=None, model=None, *args, **kwargs):
+        if task == _TASK:
+            from .manifest import check_export_dir
+            from .model import check_device
+
+            check_device(kwargs.get("device"))
+            if isinstance(model, (str, os.PathLike)):
+                check_export_dir(model)
+        return original(task, model, *args, **kwargs)
+
+    pipeline._hf_openjev_checks = True
+    pipelines.pipeline = pipeline
+    top = sys.modules.get("transformers")
+    if top is not None and top.__dict__.get("pipeline") is original:  # already resolved by the lazy module
+        top.pipeline = pipeline

@@ -687,3 +687,137 @@ def test_cli_bad_input_exits_2_and_leaves_nothing(fresh, monkeypatch, capsys):
     assert rc == 2
     assert re.search(r"hf-openjev export: error: .*head\.pt is missing", capsys.readouterr().err)
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the base's identity (issue 20): a package on a base with fitting shapes but another name/revision is refused
+
+REV = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _in_hf_cache(s: Src, repo: str = "Qwen/Qwen3.5-2B", revision: str = REV) -> Path:
+    """A copy of the base laid out as a Hugging Face cache snapshot (``models--ORG--NAME/snapshots/REV``)."""
+    snapshot = s.root / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / revision
+    shutil.copytree(s.base, snapshot)
+    return snapshot
+
+
+def test_a_base_other_than_the_one_the_package_names_is_refused(fresh, no_writes):
+    base = _in_hf_cache(fresh)
+    _edit_json(fresh.adapter_config, base_model_name_or_path="Qwen/Qwen3.5-9B")
+    out = fresh.root / "out"
+    with pytest.raises(CheckpointError) as info:
+        merge_lora(base, fresh.package, out, progress=False)
+    message = str(info.value)
+    assert "is not the base model the package was trained on" in message
+    assert "'Qwen/Qwen3.5-9B' (adapter_config.json base_model_name_or_path)" in message
+    assert "'Qwen/Qwen3.5-2B' (its Hugging Face cache path)" in message
+    assert "--allow-base-mismatch" in message and "hf download Qwen/Qwen3.5-9B" in message
+    assert not out.exists()
+
+
+def test_a_base_revision_other_than_the_one_the_package_names_is_refused(fresh, no_writes):
+    base = _in_hf_cache(fresh)
+    _edit_json(fresh.adapter_config, base_model_name_or_path="Qwen/Qwen3.5-2B")
+    _edit_json(fresh.ckpt / "model.json", base_revision="fedcba9876543210fedcba9876543210fedcba98")
+    with pytest.raises(CheckpointError, match=r"names base revision 'fedcba98.*' \(model\.json base_revision\) but "
+                                              rf"--base is revision '{REV}'"):
+        merge_lora(base, fresh.package, fresh.root / "out", progress=False)
+
+
+def test_a_mismatch_allowed_exports_with_a_loud_warning(fresh):
+    base = _in_hf_cache(fresh)
+    _edit_json(fresh.adapter_config, base_model_name_or_path="Qwen/Qwen3.5-9B")
+    out = fresh.root / "out"
+    report = merge_lora(base, fresh.package, out, progress=False, probe="off", allow_base_mismatch=True)
+    lines = report.lines()
+    assert lines[-1].startswith("WARNING: base mismatch allowed (--allow-base-mismatch): the package names base "
+                                "'Qwen/Qwen3.5-9B'")
+    assert "bitwise identical" in "\n".join(lines)  # the merge is faithful: the warning says that is not enough
+    manifest = json.loads((out / "open_jev_export.json").read_text())
+    assert manifest["base_revision"] == REV  # what was really merged
+    assert manifest["base_fingerprint"].startswith("sha256-sampled-v1:")
+
+
+def test_a_matching_base_is_recorded_in_the_manifest(fresh):
+    base = _in_hf_cache(fresh)
+    _edit_json(fresh.adapter_config, base_model_name_or_path="qwen/qwen3.5-2b")  # repo ids compare case-blind
+    _edit_json(fresh.ckpt / "model.json", base_revision=REV[:10])  # a short hash matches its long form
+    report = merge_lora(base, fresh.package, fresh.root / "out", progress=False, verify=False)
+    text = "\n".join(report.lines())
+    assert f"base: Qwen/Qwen3.5-2B @ {REV} (from its Hugging Face cache path)" in text
+    assert "adapter_config.json base_model_name_or_path names 'qwen/qwen3.5-2b': matches" in text
+    assert f"model.json base_revision '{REV[:10]}': matches" in text
+    assert "WARNING" not in text
+    assert json.loads((fresh.root / "out" / "open_jev_export.json").read_text())["base_revision"] == REV
+
+
+def test_unknown_identity_is_reported_and_the_fingerprint_always_recorded(src, exported):
+    from hf_openjev.checkpoint_io import base_weight_files
+    from hf_openjev.export.identity import base_fingerprint
+
+    out, report = exported
+    text = "\n".join(report.lines())
+    assert "base: identity not checked: the package names no base model" in text
+    manifest = json.loads((out / "open_jev_export.json").read_text())
+    assert manifest["base_fingerprint"] == base_fingerprint(base_weight_files(src.base))
+    assert f"base: fingerprint {manifest['base_fingerprint']} (recorded in open_jev_export.json)" in text
+
+
+def test_the_fingerprint_tells_bases_with_the_same_shapes_apart(fresh):
+    from hf_openjev.checkpoint_io import read_safetensors_headers
+    from hf_openjev.export.identity import base_fingerprint
+
+    path = fresh.base / "model.safetensors"
+    before = base_fingerprint([path])
+    assert before == base_fingerprint([path])  # deterministic
+    headers = read_safetensors_headers(path)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # one bit of the last tensor: same header, same shapes
+    path.write_bytes(bytes(data))
+    assert read_safetensors_headers(path) == headers
+    assert base_fingerprint([path]) != before
+
+
+def test_base_identity_from_git_and_hf_download_metadata(tmp_path):
+    from hf_openjev.export.identity import base_dir_identity
+
+    repo = tmp_path / "Qwen3.5-9B"
+    (repo / ".git" / "refs" / "heads").mkdir(parents=True)
+    (repo / ".git" / "config").write_text('[remote "origin"]\n\turl = https://huggingface.co/Qwen/Qwen3.5-9B\n')
+    (repo / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (repo / ".git" / "refs" / "heads" / "main").write_text(REV + "\n")
+    name, revision = base_dir_identity(repo)
+    assert (name.value, name.source) == ("Qwen/Qwen3.5-9B", "its git remote")
+    assert (revision.value, revision.source) == (REV, "its git HEAD")
+
+    local = tmp_path / "local"
+    (local / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    (local / ".cache" / "huggingface" / "download" / "config.json.metadata").write_text(f"{REV}\netag\n1.0\n")
+    (local / "config.json").write_text(json.dumps({"_name_or_path": "Qwen/Qwen3.5-2B"}))
+    name, revision = base_dir_identity(local)
+    assert (name.value, revision.value) == ("Qwen/Qwen3.5-2B", REV)
+    assert base_dir_identity(tmp_path / "nothing") == (None, None)
+
+
+def test_export_directory_gets_ordinary_permissions(src, tmp_path):
+    old = os.umask(0o022)
+    try:
+        merge_lora(src.base, src.package, tmp_path / "export", progress=False, verify=False)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "export").stat().st_mode & 0o777 == 0o755
+
+
+def test_cli_base_mismatch_exits_2_then_exports_with_the_override(fresh, monkeypatch, capsys):
+    base = _in_hf_cache(fresh)
+    _edit_json(fresh.adapter_config, base_model_name_or_path="Qwen/Qwen3.5-9B")
+    out = fresh.root / "out"
+    args = ["export", "--base", str(base), "--package", str(fresh.package), "--out", str(out), "--no-progress"]
+    assert _cli(monkeypatch, args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hf-openjev export: error: --base ") and err.count("\n") == 1
+    assert not out.exists()
+    assert _cli(monkeypatch, args + ["--allow-base-mismatch", "--no-verify"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.rstrip().splitlines()[-1].startswith("WARNING: base mismatch allowed")

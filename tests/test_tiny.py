@@ -124,8 +124,8 @@ def test_package_layout(tiny_checkpoint):
 def test_export_is_a_merged_text_checkpoint(tiny_checkpoint):
     export = tiny_checkpoint.export
     manifest = json.loads((export / MANIFEST_NAME).read_text())
-    assert list(manifest) == ["format", "model_id", "base_revision", "checkpoint_revision", "temperature",
-                              "max_length", "chat_prefix", "chat_suffix", "head_weight", "head_bias"]
+    assert list(manifest) == ["format", "model_id", "base_revision", "base_fingerprint", "checkpoint_revision",
+                              "temperature", "max_length", "chat_prefix", "chat_suffix", "head_weight", "head_bias"]
     assert manifest["format"] == EXPORT_FORMAT == "open-jev-text-merged/1"
     assert manifest["model_id"] == TINY_MODEL_ID
     assert manifest["temperature"] == TINY_TEMPERATURE

@@ -25,7 +25,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
+def _nothing_scored(summary: dict, out: Path) -> str:
+    """The one-line error of a run that scored no task (every task invalid, or none found)."""
+    c = summary["counts"]
+    if not c["tasks"]:
+        return "no task was scored: the data holds no tasks"
+    first = summary["invalid"][0] if summary["invalid"] else None
+    example = f" (first: {first['file']}:{first['line']}: {first['error']})" if first else ""
+    return (f"no task was scored: all {c['tasks']} task(s) are invalid{example}; the list is in "
+            f"{out / 'report.md'}")
+
+
 def run(args) -> int:
+    from ..errors import UsageError
     from .evaluate import evaluate
     from .report import DIAGRAM_NAME, REPORT_NAME, SUMMARY_NAME, _fmt
     from .tasks import EvalInputError
@@ -34,8 +46,11 @@ def run(args) -> int:
         summary = evaluate(model=args.model, data=args.data, out_dir=args.out, batch_size=args.batch_size,
                            fast=args.fast, device=args.device, dtype=args.dtype, resume=args.resume,
                            progress=args.progress)
-    except EvalInputError as exc:
+    except (EvalInputError, UsageError) as exc:
         print(f"hf-openjev eval: error: {exc}", file=sys.stderr)
+        return 2
+    if not summary["counts"]["scored"]:
+        print(f"hf-openjev eval: error: {_nothing_scored(summary, Path(args.out))}", file=sys.stderr)
         return 2
     o, c = summary["overall"], summary["counts"]
     print(f"{c['scored']} tasks scored ({c['invalid']} invalid): accuracy {_fmt(o['accuracy'])}, "

@@ -128,7 +128,7 @@ def plot_reliability(summary: dict, path: Path) -> None:
     bins = summary["reliability"]
     fig = Figure(figsize=(5.5, 6.5), dpi=100)
     FigureCanvasAgg(fig)
-    top = fig.add_axes((0.14, 0.36, 0.8, 0.56))
+    top = fig.add_axes((0.14, 0.36, 0.8, 0.5))
     bottom = fig.add_axes((0.14, 0.08, 0.8, 0.2), sharex=top)
     top.plot([0, 1], [0, 1], linestyle="--", color="gray", linewidth=1, label="perfect calibration")
     filled = [b for b in bins if b["n"]]
@@ -140,8 +140,10 @@ def plot_reliability(summary: dict, path: Path) -> None:
     top.set_ylim(0, 1)
     top.set_ylabel("accuracy")
     ece = summary["overall"].get("ece")
-    top.set_title(f"Reliability ({summary['overall']['n']} tasks, ECE = {_fmt(ece)})")
-    top.legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"Reliability ({summary['overall']['n']} tasks, ECE = {_fmt(ece)})", y=0.955)
+    # above the axes, under the title: inside, any corner can hide a bar (bars of 0..1 fill every corner)
+    top.legend(loc="lower center", bbox_to_anchor=(0.5, 1.01), ncol=3, fontsize=8, frameon=False,
+               handlelength=1.5, columnspacing=1.2)
     bottom.bar([b["lo"] for b in bins], [b["n"] for b in bins], width=0.1, align="edge", edgecolor="black",
                color="#8c8c8c")
     bottom.set_xlabel("confidence (max probability)")

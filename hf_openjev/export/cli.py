@@ -1,4 +1,4 @@
-"""``hf-openjev export --base DIR --package DIR --out DIR [--max-length N] [--overwrite]``.
+"""``hf-openjev export --base DIR --package DIR --out DIR [--max-length N] [--overwrite] [--allow-base-mismatch]``.
 
 Merges the published package's LoRA adapter into the base model and writes a merged export
 (``open-jev-text-merged/1``), then prints what it did and the verification figures (merged tensors against
@@ -51,6 +51,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-shard-size", type=parse_size, default=MAX_SHARD_BYTES, metavar="SIZE",
                         help="largest output shard, e.g. 2GB (default and maximum 5GB)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.add_argument("--allow-base-mismatch", action="store_true",
+                        help="export even when the package names another base model (repo id, revision or weight "
+                             "fingerprint) than --base; the report then warns that the answers may mean nothing")
 
 
 def run(args) -> int:
@@ -69,7 +72,8 @@ def run(args) -> int:
     try:
         report = merge_lora(args.base, args.package, args.out, max_length=args.max_length, overwrite=args.overwrite,
                             verify=args.verify, probe=args.probe, probe_max_params=args.probe_max_params,
-                            progress=args.progress, max_shard_bytes=args.max_shard_size, log=log)
+                            progress=args.progress, max_shard_bytes=args.max_shard_size, log=log,
+                            allow_base_mismatch=args.allow_base_mismatch)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -20,10 +20,12 @@ See ``recipes/RESULTS.md`` (export peak host memory) for a measurement.
 
 Safety: every check runs before the first byte is written (missing files, adapter targets/shapes against the
 base's safetensors headers, rank/alpha, Qwen3.5 config, head shape and values, temperature, ``max_length``,
-base weights against the config, disk space). The export is built in a temporary directory beside the target
-and renamed at the end; on any failure, ``KeyboardInterrupt`` included, the temporary directory and any parent
-directories created for the target are removed (an existing target replaced with ``overwrite=True`` is only
-moved aside after the new export is complete, and put back if the final rename fails).
+base weights against the config, disk space, and the base's identity against the base the package names:
+:mod:`hf_openjev.export.identity`, refused on a mismatch unless ``allow_base_mismatch``; the manifest records the
+base revision when known and always a fingerprint of the base weights). The export is built in a temporary
+directory beside the target and renamed at the end; on any failure, ``KeyboardInterrupt`` included, the temporary
+directory and any parent directories created for the target are removed (an existing target replaced with
+``overwrite=True`` is only moved aside after the new export is complete, and put back if the final rename fails).
 
 Verification (``verify=True``, the default), before the rename:
 
@@ -59,6 +61,7 @@ import torch
 from ..checkpoint_io import (FLOAT_DTYPES, base_weight_files, expected_backbone_shapes, load_tokenizer,
                             read_safetensors_headers, text_key)
 from ..errors import CheckpointError
+from .identity import BaseIdentity, check_base_identity
 from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
 from ..manifest import ExportManifest, check_max_length, write_manifest
 from ..package import read_base_text_config, read_lora_pairs, read_package
@@ -134,6 +137,7 @@ class _Plan:
     manifest: ExportManifest
     tokenizer_files: list[Path]
     parameters: int
+    identity: BaseIdentity
 
 
 @dataclass
@@ -152,6 +156,7 @@ class ExportReport:
     probe: ProbeCheck = field(default_factory=ProbeCheck)
     verified: bool = False
     seconds: float = 0.0
+    identity: BaseIdentity | None = None  # the base check and fingerprint (None: not made by merge_lora)
 
     def __fspath__(self) -> str:
         return str(self.out_dir)
@@ -168,11 +173,16 @@ class ExportReport:
         if self.cast:
             out.append(f"export: cast to bf16 (every backbone tensor of an export is bf16): "
                        f"{', '.join(self.cast[:4])}{' ...' if len(self.cast) > 4 else ''}")
+        if self.identity is not None:
+            out.extend(self.identity.lines())
         if self.verified:
             out.append(f"verify: {self.tensor_check.describe()}")
             out.extend(f"verify: {line}" for line in self.probe.describe())
         else:
             out.append("verify: off")
+        warning = self.identity.warning() if self.identity is not None else None
+        if warning:  # last, right under "bitwise identical": those figures say nothing about the base
+            out.append(warning)
         return out
 
 
@@ -233,9 +243,39 @@ def _plan_shards(items: list[_Item], max_shard_bytes: int) -> list[_Shard]:
     return [_Shard(f"model-{i:05d}-of-{n:05d}.safetensors", tuple(g)) for i, g in enumerate(groups, start=1)]
 
 
+def _check_adapter_against_base(package, pairs: dict, found: dict) -> None:
+    """Every adapter module exists in the base, with shapes that fit, finite values, covered by target_modules."""
+    adapter_cfg = package.adapter_file.parent / "adapter_config.json"
+    targets = package.adapter_config.get("target_modules")
+    for module, (a, b) in pairs.items():
+        weight_name = f"{module}.weight"
+        if weight_name not in found:
+            raise CheckpointError(
+                f"the adapter targets {module}, which the base model does not have (no {weight_name}); "
+                "the adapter was trained on a different base model"
+            )
+        shape = found[weight_name][2]
+        if len(shape) != 2 or a.shape[1] != shape[1] or b.shape[0] != shape[0]:
+            raise CheckpointError(
+                f"the adapter's {module} has A {list(a.shape)} / B {list(b.shape)} but the base weight is "
+                f"{list(shape)} (need A [r, {shape[-1]}] and B [{shape[0]}, r]); the adapter and the base model do "
+                "not match"
+            )
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise CheckpointError(f"the adapter's {module} contains NaN or infinite values; the adapter is corrupt")
+        if isinstance(targets, list) and targets:
+            if not any(module == t or module.endswith("." + t) for t in targets if isinstance(t, str)):
+                raise CheckpointError(f"{adapter_cfg}: target_modules {targets} does not cover {module}, which the "
+                                      "adapter weights adapt; the adapter config and weights do not match")
+
+
 def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwrite: bool = False,
-                max_shard_bytes: int = MAX_SHARD_BYTES) -> _Plan:
-    """Every check of the export, without writing anything. Raises :class:`CheckpointError` saying what to fix."""
+                max_shard_bytes: int = MAX_SHARD_BYTES, allow_base_mismatch: bool = False) -> _Plan:
+    """Every check of the export, without writing anything. Raises :class:`CheckpointError` saying what to fix.
+
+    The base must be the one the package names, where both sides can be read (:mod:`.identity`); a mismatch is
+    refused unless ``allow_base_mismatch``.
+    """
     from ..chat import render_chat_halves
 
     base_dir, package_dir, out_dir = Path(base_dir), Path(package_dir), Path(out_dir)
@@ -249,6 +289,8 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
     package = read_package(package_dir)  # model.json, adapter files, rank/alpha, head shape/values, temperature
     _check_adapter_options(package)
     text_config = read_base_text_config(base_dir)  # Qwen3.5 config
+    files = base_weight_files(base_dir)
+    identity = check_base_identity(base_dir, package, files, allow_mismatch=allow_base_mismatch)
     hidden = text_config.hidden_size
     if tuple(package.head_weight.shape) != (1, hidden):
         raise CheckpointError(
@@ -256,7 +298,6 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
             f"base's hidden size is {hidden} (need [1, {hidden}]); the package and the base model do not match"
         )
 
-    files = base_weight_files(base_dir)
     headers = {path: read_safetensors_headers(path) for path in files}
     index = base_dir / "model.safetensors.index.json"
     if index.is_file():
@@ -298,28 +339,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
         raise CheckpointError(f"{base_dir}: backbone tensors with a non-float dtype cannot be exported: {not_float[:3]}")
 
     pairs = read_lora_pairs(package)  # A/B present, shapes match r
-    adapter_cfg = package.adapter_file.parent / "adapter_config.json"
-    targets = package.adapter_config.get("target_modules")
-    for module, (a, b) in pairs.items():
-        weight_name = f"{module}.weight"
-        if weight_name not in found:
-            raise CheckpointError(
-                f"the adapter targets {module}, which the base model does not have (no {weight_name}); "
-                "the adapter was trained on a different base model"
-            )
-        shape = found[weight_name][2]
-        if len(shape) != 2 or a.shape[1] != shape[1] or b.shape[0] != shape[0]:
-            raise CheckpointError(
-                f"the adapter's {module} has A {list(a.shape)} / B {list(b.shape)} but the base weight is "
-                f"{list(shape)} (need A [r, {shape[-1]}] and B [{shape[0]}, r]); the adapter and the base model do "
-                "not match"
-            )
-        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-            raise CheckpointError(f"the adapter's {module} contains NaN or infinite values; the adapter is corrupt")
-        if isinstance(targets, list) and targets:
-            if not any(module == t or module.endswith("." + t) for t in targets if isinstance(t, str)):
-                raise CheckpointError(f"{adapter_cfg}: target_modules {targets} does not cover {module}, which the "
-                                      "adapter weights adapt; the adapter config and weights do not match")
+    _check_adapter_against_base(package, pairs, found)
 
     tokenizer_files = sorted(p for p in base_dir.iterdir() if p.is_file() and _TOKENIZER_FILES.match(p.name))
     names = {p.name for p in tokenizer_files}
@@ -351,7 +371,8 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
 
     manifest = ExportManifest(
         model_id=package.model_id,
-        base_revision=str(package.model_info.get("base_revision", "")),
+        base_revision=identity.revision,
+        base_fingerprint=identity.fingerprint,
         checkpoint_revision=package.revision,
         temperature=package.temperature,
         max_length=max_length,
@@ -364,7 +385,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
                  text_config=text_config, files=files, pairs=pairs, items=items, shards=shards, dropped=dropped,
                  cast=[item.name for item in items if item.module is None and item.source_dtype != "BF16"],
                  manifest=manifest, tokenizer_files=tokenizer_files,
-                 parameters=sum(math.prod(item.shape) for item in items))
+                 parameters=sum(math.prod(item.shape) for item in items), identity=identity)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -593,6 +614,20 @@ def _check_tokenizer(plan: _Plan, tmp: Path) -> None:
         raise CheckpointError("verification failed: the exported tokenizer renders different chat halves than the base")
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (the only portable way to read it)
+    os.umask(mask)
+    return mask
+
+
 def _missing_parents(path: Path) -> list[Path]:
     """The ancestors of ``path`` that do not exist yet, deepest first."""
     out = []
@@ -606,12 +641,15 @@ def _missing_parents(path: Path) -> list[Path]:
 def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwrite: bool = False,
                verify: bool = True, probe: str = "auto", probe_max_params: int = DEFAULT_PROBE_MAX_PARAMS,
                probe_tolerance: float = DEFAULT_PROBE_TOLERANCE, progress: bool = True,
-               max_shard_bytes: int = MAX_SHARD_BYTES, log: Callable[[str], None] | None = None) -> ExportReport:
+               max_shard_bytes: int = MAX_SHARD_BYTES, log: Callable[[str], None] | None = None,
+               allow_base_mismatch: bool = False) -> ExportReport:
     """Merge the package's LoRA adapter into the base and write a merged export at ``out_dir``.
 
     See the module docstring for what is written, checked and verified. ``probe`` is ``"auto"`` (run the score
     probe when the backbone has at most ``probe_max_params`` parameters), ``"on"`` or ``"off"``; it only applies
-    with ``verify=True``. ``log`` receives progress notes (e.g. ``print``). Returns an :class:`ExportReport`
+    with ``verify=True``. ``allow_base_mismatch`` exports even when the package names another base than
+    ``base_dir`` (:mod:`.identity`; the report then warns). ``log`` receives progress notes (e.g. ``print``).
+    The export directory gets the usual permissions (``0o777`` minus the umask). Returns an :class:`ExportReport`
     (``os.fspath(report)`` is ``out_dir``). Raises :class:`CheckpointError` on bad inputs (nothing is written)
     and on a failed verification (nothing is left behind).
     """
@@ -620,11 +658,14 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
     say = log or (lambda _message: None)
     start = time.perf_counter()
     plan = plan_export(base_dir, package_dir, out_dir, max_length=max_length, overwrite=overwrite,
-                       max_shard_bytes=max_shard_bytes)
+                       max_shard_bytes=max_shard_bytes, allow_base_mismatch=allow_base_mismatch)
     out_dir = plan.out_dir
     report = ExportReport(out_dir=out_dir, shards=[], tensors=len(plan.items), merged=sorted(plan.pairs),
                           copied=sum(1 for i in plan.items if i.module is None and i.source_dtype == "BF16"),
-                          cast=plan.cast, dropped=len(plan.dropped), parameters=plan.parameters, verified=verify)
+                          cast=plan.cast, dropped=len(plan.dropped), parameters=plan.parameters, verified=verify,
+                          identity=plan.identity)
+    if plan.identity.warning():
+        say(plan.identity.warning())
 
     created = _missing_parents(out_dir)
     tmp = None
@@ -634,6 +675,7 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0o700; the export is an ordinary directory
         writer = _ShardWriter(tmp, plan.shards)
         check = report.tensor_check
         by_file: dict[Path, list[_Item]] = {}

@@ -32,8 +32,19 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    import sys
+
+    from ..errors import UsageError
     from .server import serve
 
+    try:
+        return _serve(serve, args)
+    except UsageError as exc:  # a CUDA device without CUDA, a port in use: one line, exit 2
+        print(f"hf-openjev serve: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _serve(serve, args) -> int:
     return serve(args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                  max_queue=args.max_queue, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                  fast=args.fast, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
