@@ -10,7 +10,7 @@ from .registration import register_when_transformers_loads
 
 __version__ = "0.1.0"
 _LAZY = {"JevModel": "model", "load_export": "model", "load_reference": "model",
-         "JevDecisionPipeline": "pipeline", "register_pipeline": "pipeline"}
+         "JevDecisionPipeline": "pipeline", "register_pipeline": "pipeline", "FastPathOptions": "fast_options"}
 __all__ = ["CheckpointError", "InferenceError", "RequestError", "UsageError", *sorted(_LAZY), "__version__"]
 
 

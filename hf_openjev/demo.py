@@ -21,12 +21,12 @@ def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, 
     root = Path(cache_dir) if cache_dir else default_cache_dir() / "tiny-demo"
     tiny = build_tiny_checkpoint(root)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    jev = pipeline("jev-decision", model=str(tiny.export), device=device, dtype=dtype)
+    jev = pipeline("jev-decision", model=str(tiny.export), device=device, dtype=dtype, fast=fast)
     print_fn(f"hf-openjev demo: tiny checkpoint at {tiny.export} on {device} ({dtype}).")
     print_fn("The weights are RANDOM: these answers show the response format, not real decisions.\n")
     responses = []
     for request in DEMO_REQUESTS:
-        response = jev(request, fast=fast)
+        response = jev(request)
         responses.append(response)
         print_fn(json.dumps(response, ensure_ascii=False, indent=2))
     print_fn("\nReminder: random weights; use `hf-openjev export` on a real Open-Jev package for real answers.")

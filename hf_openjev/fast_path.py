@@ -1,9 +1,10 @@
 """The fast path: plan (prefix tree + packs), run each pack through the patched backbone, head in fp32.
 
-``score_fast(model, requests_tokens)`` scores ``requests_tokens[r][q][c]`` (token ids) and returns the flat
-scores in request/question/candidate order plus one ``prefix_cache`` report per request. On CUDA (patch option
-``cuda_graphs``, on by default) every pack that ``graph_ready`` accepts is padded to its shape bucket and replayed
-as a CUDA graph; other packs run eagerly.
+``score_fast(model, requests_tokens, options)`` scores ``requests_tokens[r][q][c]`` (token ids) and returns the flat
+scores in request/question/candidate order plus one ``prefix_cache`` report per request. The model must have been
+set up with :func:`~hf_openjev.patches.apply_patches`. On CUDA (``cuda_graphs``, on by default) every pack that
+``graph_ready`` accepts is padded to its shape bucket and replayed from the record's graph cache; other packs run
+eagerly.
 """
 
 from __future__ import annotations
@@ -12,47 +13,41 @@ from collections.abc import Sequence
 
 import torch
 
-from .patches.cuda_graphs import PackGraphs, graph_ready
-from .patches.pack_context import DENSE_ATTENTION_TOKENS, build_pack_context
-from .patches.record import apply_patches, patch_record, text_model_of
-from .planner import (DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, DEFAULT_SHARE_TAILS,
-                      plan_requests)
+from .fast_options import FastPathOptions
+from .patches.cuda_graphs import graph_ready
+from .patches.pack_context import build_pack_context
+from .patches.record import require_patches, text_model_of
+from .planner import plan_requests
 
 
 @torch.no_grad()
-def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]]], *,
-               min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS, max_sequences: int = DEFAULT_MAX_SEQUENCES,
-               max_tokens: int = DEFAULT_MAX_TOKENS, share_tails: bool = DEFAULT_SHARE_TAILS,
-               dense_attention_tokens: int = DENSE_ATTENTION_TOKENS) -> tuple[list[float], list[dict]]:
-    """Score every candidate with the patched backbone (patches are applied with defaults if absent).
+def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]]],
+               options: FastPathOptions | None = None) -> tuple[list[float], list[dict]]:
+    """Score every candidate with the patched backbone.
 
-    Planner options as in :func:`~hf_openjev.planner.plan_requests`; ``dense_attention_tokens``: a pack level of one
-    sequence at least this long (and no prefix) runs its attention as one dense causal call (cuDNN on CUDA;
-    0: never; :data:`~hf_openjev.patches.pack_context.DENSE_ATTENTION_TOKENS`)."""
-    record = patch_record(model) or apply_patches(model)
-    options = record.options
-    plan = plan_requests(requests_tokens, shared_prefix=options.shared_prefix, min_shared_tokens=min_shared_tokens,
-                         max_sequences=max_sequences if options.packed_candidates else 1, max_tokens=max_tokens,
-                         share_tails=share_tails)
+    ``options``: the :class:`~hf_openjev.fast_options.FastPathOptions` of this call (default: the ones the model
+    was patched with). A model that :func:`~hf_openjev.patches.apply_patches` has not set up is refused
+    (RuntimeError). Packs replay CUDA graphs when ``options.cuda_graphs`` is on and the record holds a graph cache
+    (``apply_patches`` creates it on a CUDA model)."""
+    record = require_patches(model)
+    options = options if options is not None else record.options
+    plan = plan_requests(requests_tokens, shared_prefix=options.shared_prefix,
+                         min_shared_tokens=options.min_shared_tokens,
+                         max_sequences=options.max_sequences if options.packed_candidates else 1,
+                         max_tokens=options.max_tokens, share_tails=options.share_tails)
     text_model = text_model_of(model)
-    device = model.device
+    graphs = record.graphs if options.cuda_graphs else None
     remaining_children: dict[int, int] = {}
     for pack in plan.packs:
         for seg in pack.external:
             remaining_children[seg] = remaining_children.get(seg, 0) + 1
     store = {}
     leaf_scores: dict[int, torch.Tensor] = {}
-    use_graphs = options.cuda_graphs and device.type == "cuda"
     for pack in plan.packs:
-        graphed = use_graphs and graph_ready(plan, pack)
-        ctx = build_pack_context(plan, pack, store, device, final_row_mlp=options.final_row_mlp,
-                                 compile_elementwise=options.compile_elementwise,
-                                 fused_elementwise=options.fused_elementwise, gdn_fp32=options.gdn_fp32,
-                                 pad=graphed, dense_attention_tokens=dense_attention_tokens)
+        graphed = graphs is not None and graph_ready(plan, pack)
+        ctx = build_pack_context(plan, pack, store, model.device, options, pad=graphed)
         if graphed:
-            if record.graphs is None:
-                record.graphs = PackGraphs(text_model)
-            rows = record.graphs.run(ctx)[: len(ctx.leaf_ids)]  # a static buffer: the head reads it right away
+            rows = graphs.run(ctx)[: len(ctx.leaf_ids)]  # a static buffer: the head reads it right away
         else:
             rows = text_model(pack=ctx)  # [N, hidden]
         if ctx.leaf_ids:

@@ -14,31 +14,31 @@ from __future__ import annotations
 from transformers import Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
+from .fast_options import FastPathOptions, check_int
 from .model import JevModel, load_export, resolve_dtype
-from .scoring import build_answer, prepare_request, score_prepared, use_fast_path
+from .scoring import build_answer, prepare_path, prepare_request, score_prepared
 
 TASK = "jev-decision"
-
-
-def _checked_int(name: str, value, minimum: int) -> int:
-    """``value`` if it is an int (not a bool) of at least ``minimum``; else a ValueError naming the option."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else "a non-negative integer (0: never)"
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
-    return value
 
 
 class JevDecisionPipeline(Pipeline):
     """One request dict -> one response dict (contract §6); a list of requests -> a list of responses.
 
-    Call options: ``fast`` (None: the fast path on CUDA, the reference path elsewhere), ``batch_size`` (candidates
-    per reference forward, default 32), and three fast-path options: ``share_tails`` (True: common prefixes are
-    shared exactly, not only up to their last multiple of 64 tokens; default False), ``min_shared_tokens`` (the
-    shortest prefix worth sharing; default 64, 16 measured best with ``share_tails``) and ``dense_attention_tokens``
-    (a pack level of one sequence at least this long, with no prefix, runs its attention as one dense causal call,
-    cuDNN on CUDA; default 2048, 0: never). The reference path ignores all three. Invalid requests raise
-    ``hf_openjev.RequestError`` before any model work; with a list, every request is validated before the first
-    one runs.
+    Options, at construction or per call: ``fast`` (None: the fast path on CUDA, the reference path elsewhere),
+    ``batch_size`` (candidates per reference forward, default 32), ``fast_options`` (a
+    :class:`~hf_openjev.fast_options.FastPathOptions`) and any of its option names, e.g. ``share_tails`` (True:
+    common prefixes are shared exactly, not only up to their last multiple of 64 tokens; default False),
+    ``min_shared_tokens`` (the shortest prefix worth sharing; default 64, 16 measured best with ``share_tails``) or
+    ``dense_attention_tokens`` (a pack level of one sequence at least this long, with no prefix, runs its attention
+    as one dense causal call, cuDNN on CUDA; default 2048, 0: never); names given per call change the pipeline's
+    options for that call. The reference path ignores the fast-path options. Invalid options raise ValueError and
+    invalid requests ``hf_openjev.RequestError``, before any model work; with a list, every request is validated
+    before the first one runs.
+
+    Constructing the pipeline for the fast path (on CUDA, or anywhere with ``fast=True``) patches the given model
+    in place (:func:`hf_openjev.patches.apply_patches` with the pipeline's options; revertible with
+    :func:`hf_openjev.patches.revert_patches`). A pipeline constructed for the reference path runs the fast path
+    per call (``fast=True``) only on a model already patched.
     """
 
     _load_tokenizer = False
@@ -50,6 +50,9 @@ class JevDecisionPipeline(Pipeline):
     def __init__(self, model, *args, dtype=None, batch_size=None, **kwargs):
         # ``batch_size`` is the reference path's candidates per forward, not Transformers' input batching
         # (which needs a tokenizer-collated model): keep it away from the base class.
+        from .model import check_device
+
+        check_device(kwargs.get("device"))  # a CUDA device without CUDA: one clear ValueError, not torch's assert
         self._reference_batch_size = batch_size
         if not isinstance(model, JevModel):
             source = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
@@ -61,23 +64,23 @@ class JevDecisionPipeline(Pipeline):
         kwargs.pop("torch_dtype", None)
         super().__init__(model, *args, **kwargs)
 
-    def _sanitize_parameters(self, fast=None, reference_batch_size=None, share_tails=None, min_shared_tokens=None,
-                             dense_attention_tokens=None, **unknown):
+    def _sanitize_parameters(self, fast=None, reference_batch_size=None, fast_options=None, **named):
+        unknown = sorted(set(named) - set(FastPathOptions.names()))
         if unknown:
-            raise TypeError(f"unknown jev-decision option(s): {', '.join(sorted(unknown))}")
-        forward = {"fast": fast, "fast_options": {}}
-        if share_tails is not None:
-            if not isinstance(share_tails, bool):
-                raise ValueError(f"share_tails must be True or False, got {share_tails!r}")
-            forward["fast_options"]["share_tails"] = share_tails
-        if min_shared_tokens is not None:
-            forward["fast_options"]["min_shared_tokens"] = _checked_int("min_shared_tokens", min_shared_tokens, 1)
-        if dense_attention_tokens is not None:
-            forward["fast_options"]["dense_attention_tokens"] = _checked_int(
-                "dense_attention_tokens", dense_attention_tokens, 0)
+            raise TypeError(f"unknown jev-decision option(s): {', '.join(unknown)}")
+        if fast_options is not None and not isinstance(fast_options, FastPathOptions):
+            raise TypeError(f"fast_options must be a hf_openjev.fast_options.FastPathOptions, got {fast_options!r}")
+        forward = {} if fast is None else {"fast": fast}
+        if not hasattr(self, "_forward_params"):  # construction (Pipeline.__init__ calls this once, before any call)
+            from .patches import read_options
+
+            self._fast_options = (fast_options or read_options(self.model)).replace(**named)
+            prepare_path(self.model, fast, self._fast_options)  # the fast path patches the model here, never later
+        elif fast_options is not None or named:  # a bad value: ValueError naming the option, before model work
+            forward["options"] = (fast_options or self._fast_options).replace(**named)
         batch = reference_batch_size or getattr(self, "_reference_batch_size", None)
         if batch is not None:
-            forward["reference_batch_size"] = _checked_int("batch_size", batch, 1)
+            forward["reference_batch_size"] = check_int("batch_size", batch, 1)
         return {}, forward, {}
 
     def __call__(self, inputs, **kwargs):
@@ -93,12 +96,11 @@ class JevDecisionPipeline(Pipeline):
     def preprocess(self, request):
         return prepare_request(self.model, request)
 
-    def _forward(self, prepared, fast=None, reference_batch_size=32, fast_options=None):
+    def _forward(self, prepared, fast=None, reference_batch_size=32, options=None):
         result = score_prepared(self.model, [prepared], fast=fast, batch_size=reference_batch_size,
-                                **(fast_options or {}))
-        method = "fast" if use_fast_path(self.model, fast) else "reference"
+                                options=options or self._fast_options)
         return {"prepared": prepared, "scores": result.scores[0], "seconds": result.seconds,
-                "prefix_cache": result.prefix_cache[0], "method": method}
+                "prefix_cache": result.prefix_cache[0], "method": result.path}
 
     def postprocess(self, output):
         return build_answer(self.model, output["prepared"], output["scores"], seconds=output["seconds"],

@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .contract import ParsedRequest, answers_from_scores, build_response, parse_request, tokenize_candidates
 from .errors import InferenceError
@@ -38,6 +39,7 @@ class PreparedRequest:
 class ScoreResult:
     scores: list[list[list[float]]]  # per request, per question, per candidate
     seconds: float
+    path: Literal["fast", "reference"]  # the path that ran (the response's metadata.method)
     prefix_cache: list[dict] = field(default_factory=list)  # per request
 
 
@@ -50,23 +52,47 @@ def prepare_request(model, request) -> PreparedRequest:
 
 
 def use_fast_path(model, fast: bool | None) -> bool:
-    """``fast=None`` means: the fast path on CUDA, the reference path elsewhere."""
+    """Whether ``fast`` means the fast path for ``model``: ``None`` is the fast path on CUDA, the reference path
+    elsewhere. The one rule: :func:`score_prepared` applies it to every call (its ``ScoreResult.path`` says what
+    ran), and :func:`prepare_path` when a model is set up."""
     if fast is None:
         return model.device.type == "cuda"
     return bool(fast)
 
 
+def prepare_path(model, fast: bool | None = None, options=None) -> str:
+    """Set ``model`` up for the path that ``fast`` selects and return it (``"fast"`` or ``"reference"``): for the
+    fast path, :func:`~hf_openjev.patches.apply_patches` with ``options`` (a
+    :class:`~hf_openjev.fast_options.FastPathOptions`; default: the options the model is patched with, else the
+    defaults), in place."""
+    if not use_fast_path(model, fast):
+        return "reference"
+    from .patches import apply_patches, read_options
+
+    apply_patches(model, options if options is not None else read_options(model))
+    return "fast"
+
+
 def score_prepared(model, prepared: Sequence[PreparedRequest], *, fast: bool | None = None,
-                   batch_size: int = 32, **fast_options) -> ScoreResult:
-    """Score every candidate of every prepared request; failures become ``InferenceError``."""
+                   batch_size: int = 32, options=None) -> ScoreResult:
+    """Score every candidate of every prepared request; failures become ``InferenceError``.
+
+    ``fast``: see :func:`use_fast_path`; the fast path needs a model set up by
+    :func:`~hf_openjev.patches.apply_patches` (else a RuntimeError naming it, before any work) and runs with
+    ``options`` (a :class:`~hf_openjev.fast_options.FastPathOptions`; default: the ones the model was patched
+    with). ``batch_size``: candidates per reference forward. The reference path ignores ``options``."""
     from .reference import score_reference
 
+    path = "fast" if use_fast_path(model, fast) else "reference"
+    if path == "fast":
+        from .fast_path import score_fast
+        from .patches import require_patches
+
+        require_patches(model)  # a set-up error, not an inference failure
     start = time.perf_counter()
     try:
-        if use_fast_path(model, fast):
-            from .fast_path import score_fast
-
-            flat, caches = score_fast(model, [p.tokens for p in prepared], **fast_options)
+        if path == "fast":
+            flat, caches = score_fast(model, [p.tokens for p in prepared], options)
         else:
             sequences = [seq for p in prepared for seq in p.sequences]
             flat = score_reference(model, sequences, batch_size=batch_size)
@@ -80,7 +106,7 @@ def score_prepared(model, prepared: Sequence[PreparedRequest], *, fast: bool | N
     seconds = time.perf_counter() - start
     it = iter(flat)
     nested = [[[next(it) for _ in question] for question in p.tokens] for p in prepared]
-    return ScoreResult(nested, seconds, caches)
+    return ScoreResult(nested, seconds, path, caches)
 
 
 def build_answer(model, prepared: PreparedRequest, scores: list[list[float]], *, seconds: float,
@@ -102,10 +128,11 @@ def build_answer(model, prepared: PreparedRequest, scores: list[list[float]], *,
                           metadata=metadata)
 
 
-def answer_requests(model, requests: Sequence, *, fast: bool | None = None, **options) -> list[dict]:
-    """Validate all requests first (nothing runs if one is invalid), then score them together and answer."""
+def answer_requests(model, requests: Sequence, *, fast: bool | None = None, batch_size: int = 32,
+                    options=None) -> list[dict]:
+    """Validate all requests first (nothing runs if one is invalid), then score them together and answer
+    (``fast``, ``batch_size``, ``options``: as :func:`score_prepared`)."""
     prepared = [prepare_request(model, r) for r in requests]
-    result = score_prepared(model, prepared, fast=fast, **options)
-    method = "fast" if use_fast_path(model, fast) else "reference"
-    return [build_answer(model, p, s, seconds=result.seconds, prefix_cache=c, method=method)
+    result = score_prepared(model, prepared, fast=fast, batch_size=batch_size, options=options)
+    return [build_answer(model, p, s, seconds=result.seconds, prefix_cache=c, method=result.path)
             for p, s, c in zip(prepared, result.scores, result.prefix_cache)]

@@ -48,20 +48,25 @@ def load_shapes(path) -> list[tuple[int, list[int]]]:
     return shapes
 
 
-def warm_up(model, shapes, *, seed: int = 0, progress: bool = True, **fast_options) -> dict:
-    """Run one fast-path forward per shape (random ids; the scores are discarded) and report what it did.
+def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True) -> dict:
+    """Set ``model`` up for the fast path and run one fast-path forward per shape (random ids; the scores are
+    discarded); report what it did.
 
     ``shapes``: (prefix tokens, [suffix tokens]) pairs (:func:`load_shapes`); shapes longer than the model's
-    ``max_length`` are skipped, as the server would refuse such requests. ``fast_options`` go to
-    :func:`~hf_openjev.fast_path.score_fast`; use the options the traffic will be scored with, since they shape the
-    packs. Returns ``{"requests", "skipped_too_long", "seconds", "graphs"}`` (``graphs``: the graph cache's
-    ``stats()``, None where no graphs are captured: on the CPU or with ``cuda_graphs=False``).
+    ``max_length`` are skipped, as the server would refuse such requests. ``options``: the
+    :class:`~hf_openjev.fast_options.FastPathOptions` the traffic will be scored with, since they shape the packs
+    (default: the options the model is patched with, else the defaults); the model is patched with them
+    (:func:`~hf_openjev.patches.apply_patches`). Returns ``{"requests", "skipped_too_long", "seconds", "graphs"}``
+    (``graphs``: the graph cache's ``stats()``, None where the model has none: on the CPU or patched with
+    ``cuda_graphs=False``).
     """
     from tqdm.auto import tqdm
 
     from .fast_path import score_fast
-    from .patches import patch_record
+    from .patches import apply_patches, read_graph_stats, read_options
 
+    options = options if options is not None else read_options(model)
+    apply_patches(model, options)
     vocab = model.config.vocab_size
     low = min(FIRST_ID, vocab // 2)
     rng = random.Random(seed)
@@ -71,8 +76,7 @@ def warm_up(model, shapes, *, seed: int = 0, progress: bool = True, **fast_optio
                                         file=sys.stderr):
         prefix = [rng.randrange(low, vocab) for _ in range(prefix_tokens)]
         candidates = [prefix + [rng.randrange(low, vocab) for _ in range(n)] for n in suffixes]
-        score_fast(model, [[candidates]], **fast_options)
-    record = patch_record(model)  # score_fast applied the patches (with defaults) if they were absent
-    graphs = record.graphs.stats() if record is not None and record.graphs is not None else None
+        score_fast(model, [[candidates]], options)
     return {"requests": len(runnable), "skipped_too_long": len(shapes) - len(runnable),
-            "seconds": time.perf_counter() - start, "graphs": graphs}
+            "seconds": time.perf_counter() - start, "graphs": read_graph_stats(model)}
+

@@ -15,10 +15,6 @@ import torch.nn.functional as F
 from hf_openjev.ops.varlen import prepare_varlen_metadata
 
 
-def random_lengths(rng: random.Random, n: int, lo: int = 1, hi: int = 300) -> list[int]:
-    return [rng.randint(lo, hi) for _ in range(n)]
-
-
 def split_lengths(total: int, n: int, rng: random.Random) -> list[int]:
     """n positive lengths summing to total (n <= total)."""
     cuts = sorted(rng.sample(range(1, total), n - 1)) if n > 1 else []

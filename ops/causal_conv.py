@@ -9,7 +9,7 @@ none, transformers' conv-cache layout), with xs = s_i^T ++ x_i:
 
 The conv is rounded to the model dtype before the SiLU, as the stock module does (a bf16 ``F.conv1d``, then
 the activation): a fused fp32 conv + SiLU rounds once instead, and on random bf16 models that one difference
-moved probabilities 3x further from stock Transformers (recipes/results/cpu-2026-11-29/). For fp32 inputs the
+moved probabilities 3x further from stock Transformers (recipes/RESULTS.md, cpu-2026-11-29). For fp32 inputs the
 rounding is a no-op.
 
 No bias (the Qwen3.5 conv has none). ``activation=False`` returns the rounded conv without the SiLU (the Gated

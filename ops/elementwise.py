@@ -1,11 +1,11 @@
 """The elementwise group: (residual +) zero-centred RMSNorm, gated RMSNorm, q/k norm + RoPE, SiLU*mul, sigmoid
-gate, Gated DeltaNet gates, the Gated DeltaNet's SiLU + q/k/v split, final-row head.
+gate, Gated DeltaNet gates, the Gated DeltaNet's SiLU + q/k/v split.
 
 Each ``<op>_reference`` is the plain torch code with the exact dtype handling of the stock Qwen3.5 modules; it
 is what a compiled model forward calls so that Inductor fuses it with its neighbours. The registered ops
-``torch.ops.hf_openjev.<op>`` run the reference on the CPU. On CUDA, all but ``final_rows_head`` run one Triton
-kernel each (``elementwise_triton.py``) that rounds where the reference rounds and reads row-strided views in
-place; inputs it does not cover (mixed dtypes, a strided last dimension) fall back to the reference.
+``torch.ops.hf_openjev.<op>`` run the reference on the CPU. On CUDA, each runs one Triton kernel
+(``elementwise_triton.py``) that rounds where the reference rounds and reads row-strided views in place; inputs
+it does not cover (mixed dtypes, a strided last dimension) fall back to the reference.
 """
 
 from __future__ import annotations
@@ -70,18 +70,6 @@ def silu_mul_reference(gate: Tensor, up: Tensor) -> Tensor:
 def sigmoid_gate_reference(x: Tensor, gate: Tensor) -> Tensor:
     """The attention output gate: x * sigmoid(gate) (model dtype)."""
     return x * torch.sigmoid(gate)
-
-
-def final_rows_head_reference(
-    hidden: Tensor, rows: Tensor, norm_weight: Tensor, eps: float, head_weight: Tensor, head_bias: Tensor
-) -> Tensor:
-    """hidden [T, D] (model dtype); rows [N] int64; head_weight [1, D] fp32; head_bias [1] fp32 -> scores [N] fp32.
-
-    The final norm in model-dtype semantics (fp32 math, rounded to hidden.dtype), then cast to fp32 and the
-    fp32 linear head, as the reference path does on the last row of each candidate.
-    """
-    h = rms_norm_reference(hidden.index_select(0, rows), norm_weight, eps)
-    return F.linear(h.float(), head_weight.float(), head_bias.float()).squeeze(-1)
 
 
 def _register(name: str, fn, cuda_fn=None):
@@ -173,4 +161,3 @@ gdn_gates = _register("gdn_gates", gdn_gates_reference, _gdn_gates_cuda)
 silu_mul = _register("silu_mul", silu_mul_reference, _silu_mul_cuda)
 silu_qkv = _register("silu_qkv", silu_qkv_reference, _silu_qkv_cuda)
 sigmoid_gate = _register("sigmoid_gate", sigmoid_gate_reference, _sigmoid_gate_cuda)
-final_rows_head = _register("final_rows_head", final_rows_head_reference)

@@ -73,17 +73,6 @@ def _chunked_one(q, k, v, g, beta, state, chunk_size=CHUNK_SIZE):
     return out.reshape(H, -1, v.shape[-1])[:, :L].transpose(0, 1), state
 
 
-def _recurrent_one(q, k, v, g, beta, state):
-    """One sequence, token by token (same layouts as ``_chunked_one``)."""
-    out = torch.empty_like(v)
-    for t in range(q.shape[0]):
-        state = state * g[t].exp()[:, None, None]
-        delta = (v[t] - (state * k[t][..., None]).sum(-2)) * beta[t][:, None]  # [H, Dv]
-        state = state + k[t][..., None] * delta[:, None, :]
-        out[t] = (state * q[t][..., None]).sum(-2)
-    return out, state
-
-
 def _final_states_shape(q, v, cu_seqlens, output_final_state: bool) -> tuple[int, ...]:
     """[N, Hv, Dk, Dv], or [0, Hv, Dk, Dv] (an empty result) when the caller does not want final states."""
     return (cu_seqlens.shape[0] - 1 if output_final_state else 0, v.shape[1], q.shape[2], v.shape[2])
@@ -110,11 +99,6 @@ def gdn_prefill_reference(q, k, v, g, beta, cu_seqlens, initial_state, chunk_ind
     fp32; [0, Hv, Dk, Dv] without ``output_final_state``). ``chunk_indices`` is accepted for signature parity
     and ignored."""
     return _per_sequence(_chunked_one, q, k, v, g, beta, cu_seqlens, initial_state, output_final_state)
-
-
-def gdn_prefill_naive(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices=None, output_final_state=True):
-    """Token-by-token recurrence; the independent check of the reference (tests only)."""
-    return _per_sequence(_recurrent_one, q, k, v, g, beta, cu_seqlens, initial_state, output_final_state)
 
 
 @torch.library.custom_op("hf_openjev::gdn_prefill", mutates_args=())

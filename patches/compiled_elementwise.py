@@ -3,16 +3,16 @@
 Three sets of the same functions (norms, gated norm, q/k norm + RoPE, SiLU-mul, sigmoid gate, Gated DeltaNet
 gates, the Gated DeltaNet's SiLU + q/k/v split), chosen per pack by ``elementwise_functions``:
 
-- ``FUSED`` (``PatchOptions.fused_elementwise``, the default): the ``torch.ops.hf_openjev`` ops. On CUDA each is
+- ``FUSED`` (``FastPathOptions.fused_elementwise``, the default): the ``torch.ops.hf_openjev`` ops. On CUDA each is
   one hand-written Triton kernel that rounds where the plain code rounds (``hf_openjev/ops/elementwise_triton.py``)
   and reads the stacked projections' column views in place; on the CPU the ops run the plain code.
 - ``PLAIN``: the ``hf_openjev.ops.elementwise`` references, which repeat the stock Qwen3.5 modules' math and
   dtype handling op for op (tests/test_op_elementwise.py checks them against the modules); several ATen kernels
   per function.
-- compiled (``PatchOptions.compile_elementwise``, CUDA only, wins over ``fused_elementwise``): ``PLAIN`` through
+- compiled (``FastPathOptions.compile_elementwise``, CUDA only, wins over ``fused_elementwise``): ``PLAIN`` through
   ``torch.compile(dynamic=True, fullgraph=True)`` with ``emulate_precision_casts``.
 
-Measured on the H200 with CUDA graphs (recipes/results/h200-2026-11-29-s3, -s4): compiled against plain, the 27B
+Measured on the H200 with CUDA graphs (recipes/RESULTS.md, s3 and s4): compiled against plain, the 27B
 JevBench mean drops from 109.5 to 93.5 ms, 86.8 ms with tails and finer buckets; mid-shape parity against stock
 Transformers with fla moves from max |dp| 0.0095 (no flips; plain) to 0.017 (1 flip; compiled with emulation).
 The Triton set (s5, same call, same model): a 107-token 27B forward runs 1,865 kernels instead of 4,567 and

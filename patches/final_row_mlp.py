@@ -24,8 +24,8 @@ class PackedDecoderLayer(qwen.Qwen3_5DecoderLayer):
     def forward(self, hidden_states, *args, pack=None, rotary=None, final_rows=None, residual=None, **kwargs):
         if pack is None:
             return super().forward(hidden_states, *args, **kwargs)
-        ew = elementwise_functions(pack.compile_elementwise, hidden_states.device,
-                                  fused=pack.fused_elementwise)
+        ew = elementwise_functions(pack.options.compile_elementwise, hidden_states.device,
+                                  fused=pack.options.fused_elementwise)
         norm = self.input_layernorm
         if residual is None:  # the first layer: its input is the embedding
             residual = hidden_states
@@ -69,9 +69,9 @@ def packed_text_forward(model: qwen.Qwen3_5TextModel, pack) -> torch.Tensor:
     last = len(layers) - 1
     residual = None
     for i, layer in enumerate(layers):
-        rows = pack.final_rows if (i == last and pack.final_row_mlp) else None
+        rows = pack.final_rows if (i == last and pack.options.final_row_mlp) else None
         hidden, residual = layer(hidden, pack=pack, rotary=rotary, final_rows=rows, residual=residual)
     hidden = residual + hidden  # the last layer's output
-    if not pack.final_row_mlp:
+    if not pack.options.final_row_mlp:
         hidden = hidden.index_select(0, pack.final_rows)
     return model.norm(hidden)  # [N, hidden]

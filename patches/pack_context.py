@@ -24,23 +24,29 @@ no state on: a segment that continues one re-runs its rows, each sequence of the
 rows ; its own rows] from its anchor's states (a *gathered* layout, ``keep`` picks the call's own rows out of the
 result), so the tail's level and its children's read the same anchor and run as one call. Attention continues a
 tail as any other parent.
+
+``build_pack_context`` runs named steps, each a function below: levels (``group_levels``), anchors
+(``find_anchors``), received states (``index_external``), the layout and each level's attention metadata
+(``lay_out_levels`` -> ``lay_out_level`` -> ``route_prefixes``), the Gated DeltaNet calls (``group_gdn_levels``,
+``StateBank``, ``gather_call_rows``, ``build_gdn_call``), then the inputs (``select_final_rows``, ``key_graph``,
+``move_inputs``, ``attach_external_states``, ``attach_exports``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
+from hf_openjev.fast_options import DENSE_ATTENTION_TOKENS, FastPathOptions
 from hf_openjev.ops.varlen import prepare_varlen_metadata
 
 from .graph_buckets import bucket_sequences, bucket_tokens, pad_level
 
-# A level of one sequence this long or longer, with no prefix, runs its attention as one dense causal call
-# (ops.packed_attention.causal_attention: cuDNN on CUDA). The H200 measured cuDNN 26% faster than FA2 at 2,048
-# tokens, 47% at 3,400 and slower at <= 1,024 (recipes/results/h200-2026-11-29-s7/probe7). 0 turns it off.
-DENSE_ATTENTION_TOKENS = 2048
+__all__ = ["DENSE_ATTENTION_TOKENS", "GdnCall", "LevelSpec", "PackContext", "SegmentState", "build_pack_context",
+           "move_inputs"]
 
 
 @dataclass
@@ -116,10 +122,8 @@ class PackContext:
     gdn_calls: list[GdnCall]
     final_rows: torch.Tensor  # [N] int64: last token of each scored candidate, in ``leaf_ids`` order
     leaf_ids: list[int]
-    final_row_mlp: bool = True
-    compile_elementwise: bool = False  # the layers' elementwise work through Inductor (compiled_elementwise.py)
-    fused_elementwise: bool = True  # ... or through the hf_openjev ops (Triton kernels on CUDA)
-    gdn_fp32: bool = False  # Gated DeltaNet kernel fed fp32 q/k/v (more precise intermediates, slower)
+    # what the forward does (final_row_mlp, compile_elementwise, fused_elementwise, gdn_fp32: FORWARD_FIELDS)
+    options: FastPathOptions = field(default_factory=FastPathOptions)
     n_external: int = 0
     external_gdn: dict[int, torch.Tensor] = field(default_factory=dict)  # [E, Hv, Dk, Dv]
     external_conv: dict[int, torch.Tensor] = field(default_factory=dict)  # [E, C, K]
@@ -162,8 +166,9 @@ def move_inputs(ctx: PackContext, device) -> None:
     """Move the context's inputs (``static_tensors()``, built on the host) to ``device`` in one pinned, asynchronous
     copy per dtype: each becomes a view of a flat buffer (``ctx.inputs``), so that a graph replay also copies one
     buffer per dtype, not each tensor. Contexts with equal graph keys get equal buffer layouts (equal tensor
-    shapes, in a fixed order). On the H200 (s9 ``host9`` -> ``flat9``, two machines) the replay's launch went from
-    0.09-0.36 to 0.06-0.21 ms per request; building the context did not get cheaper (0.25-0.8 ms)."""
+    shapes, in a fixed order). On the H200 (recipes/RESULTS.md: s9 ``host9`` -> ``flat9``, two machines) the
+    replay's launch went from 0.09-0.36 to 0.06-0.21 ms per request; building the context did not get cheaper
+    (0.25-0.8 ms)."""
     device = torch.device(device)
     groups: dict[torch.dtype, list[torch.Tensor]] = {}
     for tensor in ctx.static_tensors():
@@ -190,11 +195,322 @@ def move_inputs(ctx: PackContext, device) -> None:
                 setattr(holder, f.name, views[id(value)])
 
 
-def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, final_row_mlp: bool = True,
-                       compile_elementwise: bool = False, fused_elementwise: bool = True, gdn_fp32: bool = False,
-                       pad: bool = False, merge_levels: bool = True,
-                       dense_attention_tokens: int = DENSE_ATTENTION_TOKENS) -> PackContext:
+# --- the steps of build_pack_context, in order ----------------------------------------------------------------------
+
+def group_levels(plan, pack) -> list[list[int]]:
+    """The pack's segment ids by *level*, the number of their ancestors inside the pack: ``[[level 0 ids],
+    [level 1 ids], ...]``, each level's ids in pack order. A segment whose parent lies in an earlier pack (or that
+    has none) is at level 0."""
+    segments, in_pack = plan.segments, set(pack.segments)
+    by_level: dict[int, list[int]] = {}
+    for seg_id in pack.segments:
+        parent, level = segments[seg_id].parent, 0
+        while parent is not None and parent in in_pack:
+            level, parent = level + 1, segments[parent].parent
+        by_level.setdefault(level, []).append(seg_id)
+    return [by_level[level] for level in sorted(by_level)]
+
+
+def find_anchors(plan, pack) -> dict[int, tuple[list[int], int | None]]:
+    """Where each segment's Gated DeltaNet starts: ``{segment id: (tails, anchor)}``. ``tails``: the tail ancestors
+    (``hands_state=False``) whose rows it re-runs, root-most first; ``anchor``: the nearest ancestor that hands a
+    state on (None: it starts from zeros). A segment that continues a tail of another pack is refused
+    (ValueError): a tail's children must share its pack."""
+    segments, in_pack = plan.segments, set(pack.segments)
+    anchors = {}
+    for seg_id in pack.segments:
+        tails, parent = [], segments[seg_id].parent
+        while parent is not None and not segments[parent].hands_state:
+            if parent not in in_pack:
+                raise ValueError(f"segment {seg_id} continues tail {parent} from another pack; a tail's children "
+                                 "must share its pack (plan with share_tails=False to split this tree)")
+            tails.append(parent)
+            parent = segments[parent].parent
+        anchors[seg_id] = (tails[::-1], parent)
+    return anchors
+
+
+@dataclass(frozen=True)
+class ExternalBlocks:
+    """The prefix states a pack receives from earlier packs (``pack.external``, in that order). Their chains' K/V
+    rows are concatenated into ``[Pext, Hkv, D]`` (``offset``: each block's first row; ``rows``: Pext); the
+    recurrent state of ``ids[i]`` is row ``1 + i`` of every layer's state bank."""
+
+    ids: list[int]
+    offset: dict[int, int]
+    length: dict[int, int]  # rows of each block: the tokens of its segment's whole chain
+    rows: int
+
+
+def index_external(pack, store: dict[int, SegmentState]) -> ExternalBlocks:
+    """Lay out the K/V blocks of the states ``pack`` receives (``store``: earlier packs' exports)."""
+    offset, length, rows = {}, {}, 0
+    for seg in pack.external:
+        offset[seg], length[seg] = rows, store[seg].length
+        rows += length[seg]
+    return ExternalBlocks(list(pack.external), offset, length, rows)
+
+
+@dataclass
+class Layout:
+    """The pack's rows, built on the host: tokens and positions ``[T]``, level after level (each level one
+    contiguous slice, its dummy sequences last), and where each segment lies."""
+
+    level_ids: list[list[int]]  # each level's real segments, in layout order
+    token_ids: list[int] = field(default_factory=list)  # [T]
+    positions: list[int] = field(default_factory=list)  # [T]
+    start_of: dict[int, int] = field(default_factory=dict)  # pack row of each segment's first token
+    chain_rows: dict[int, list[int]] = field(default_factory=dict)  # rows of [external ; pack] K/V of each
+    # segment's whole chain (its ancestors' tokens, then its own)
+    levels: list[LevelSpec] = field(default_factory=list)
+
+
+def parent_chain(plan, seg_id: int, layout: Layout, external: ExternalBlocks) -> list[int]:
+    """The rows of ``[external K/V ; pack K/V]`` that segment ``seg_id`` attends to before its own: its parent's
+    whole chain ([] for a root)."""
+    parent = plan.segments[seg_id].parent
+    if parent is None:
+        return []
+    if parent in external.offset:
+        return list(range(external.offset[parent], external.offset[parent] + external.length[parent]))
+    return layout.chain_rows[parent]
+
+
+class PrefixRoute(NamedTuple):
+    """How the ``n`` sequences of a level (dummies included) read their prefix keys for attention."""
+
+    prefix_starts: torch.Tensor  # [n+1] int32: each sequence's first row in the rows read; entry n: the end
+    prefix_lengths: torch.Tensor  # [n] int32: rows read (0: no prefix)
+    chain_index: torch.Tensor | None  # [P] int64 rows of [external ; pack] K/V gathered once, or None: read in place
+    max_chain: int  # a bound on prefix_lengths (FA2's max_seqlen_k)
+
+
+def route_prefixes(prefixes: list[list[int]], rows_before: int, *, pad: bool) -> PrefixRoute:
+    """Each sequence's prefix block (``prefixes[i]``: rows of ``[external ; pack]`` K/V, [] for none) for attention.
+
+    When every block is a run of consecutive rows (children of a level-0 parent or of an external prefix: all of a
+    two-level plan), the blocks are read in place (``chain_index`` None, no gather); otherwise the distinct blocks
+    are gathered once (``chain_index``) and shared by their sequences. ``rows_before``: the rows of K/V before the
+    level (parents lie there), the bound ``max_chain`` takes in place when ``pad`` (fixed by the padded sizes of the
+    earlier levels); when ``pad``, a gathered chain is padded to its token bucket."""
+    blocks = [b for b in prefixes if b]
+    chain_index = None
+    if all(b == list(range(b[0], b[0] + len(b))) for b in blocks):
+        first = [b[0] if b else 0 for b in prefixes]
+        max_chain = rows_before if pad else max(map(len, blocks))
+    else:
+        offset_of: dict[tuple[int, ...], int] = {}
+        chain: list[int] = []
+        for block in map(tuple, blocks):
+            if block not in offset_of:
+                offset_of[block] = len(chain)
+                chain.extend(block)
+        first = [offset_of[tuple(b)] if b else 0 for b in prefixes]
+        max_chain = max(map(len, blocks))
+        if pad:  # rows past the last block are never read
+            max_chain = bucket_tokens(len(chain))
+            chain += [0] * (max_chain - len(chain))
+        chain_index = torch.tensor(chain, dtype=torch.long)
+    lengths = [len(b) for b in prefixes]
+    ends = max(f + n for f, n in zip(first, lengths))
+    return PrefixRoute(torch.tensor(first + [ends], dtype=torch.int32), torch.tensor(lengths, dtype=torch.int32),
+                       chain_index, max_chain)
+
+
+def lay_out_level(plan, ids: list[int], layout: Layout, external: ExternalBlocks, *, pad: bool,
+                  dense_attention_tokens: int) -> LevelSpec:
+    """Append one level's segments ``ids`` to ``layout`` (tokens, positions continuing each segment's chain, its
+    rows), then, when ``pad``, dummy sequences up to the level's shape bucket (token 0 from position 0, no
+    prefix); return the level's :class:`LevelSpec`: its rows ``[lo, hi)``, varlen metadata over its sequences
+    and, when some sequence continues a prefix, how each reads its prefix keys (:func:`route_prefixes`)."""
+    segments = plan.segments
+    lo = len(layout.token_ids)
+    cu = [0]
+    prefixes: list[list[int]] = []  # each sequence's prefix: its parent's chain of K/V rows (dummies: none)
+    for seg_id in ids:
+        seg = segments[seg_id]
+        layout.start_of[seg_id] = len(layout.token_ids)
+        layout.token_ids.extend(seg.tokens)
+        layout.positions.extend(range(seg.start, seg.end))
+        cu.append(len(layout.token_ids) - lo)
+        prefixes.append(parent_chain(plan, seg_id, layout, external))
+        own = [external.rows + layout.start_of[seg_id] + i for i in range(len(seg.tokens))]
+        layout.chain_rows[seg_id] = prefixes[-1] + own
+    if pad:
+        for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
+            layout.token_ids.extend([0] * length)
+            layout.positions.extend(range(length))
+            cu.append(len(layout.token_ids) - lo)
+            prefixes.append([])
+    meta = prepare_varlen_metadata(cu)
+    hi = len(layout.token_ids)
+    has_parents = any(segments[i].parent is not None for i in ids)
+    spec = LevelSpec(lo=lo, hi=hi, cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
+                     chunk_offsets=meta.chunk_offsets, max_seqlen=(hi - lo) if pad else meta.max_seqlen,
+                     has_parents=has_parents,
+                     dense=0 < dense_attention_tokens <= cu[1] and len(ids) == 1 and not has_parents)
+    if has_parents:
+        route = route_prefixes(prefixes, external.rows + lo, pad=pad)
+        spec.prefix_starts, spec.prefix_lengths, spec.chain_index, spec.max_chain = route
+    return spec
+
+
+def lay_out_levels(plan, level_ids: list[list[int]], external: ExternalBlocks, *, pad: bool,
+                   dense_attention_tokens: int) -> Layout:
+    """The pack's :class:`Layout`: every level of ``level_ids`` (:func:`group_levels`) in order
+    (:func:`lay_out_level`)."""
+    layout = Layout(level_ids)
+    for ids in level_ids:
+        layout.levels.append(lay_out_level(plan, ids, layout, external, pad=pad,
+                                           dense_attention_tokens=dense_attention_tokens))
+    return layout
+
+
+def group_gdn_levels(level_ids: list[list[int]], anchors: dict, *, merge: bool = True) -> list[list[int]]:
+    """The levels each conv + Gated DeltaNet call runs over: ``[[level indices of call 0], ...]``. A level joins
+    the open call unless one of its segments' anchors (:func:`find_anchors`) is computed in that call; ``merge``
+    False gives every level its own call."""
+    level_of_segment = {seg_id: index for index, ids in enumerate(level_ids) for seg_id in ids}
+    groups: list[list[int]] = []
+    for index, ids in enumerate(level_ids):
+        starts = {anchors[seg_id][1] for seg_id in ids}
+        if merge and groups and not any(level_of_segment.get(a) in groups[-1] for a in starts if a is not None):
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
+class StateBank:
+    """Numbers the rows of every layer's recurrent-state bank: row 0 zeros, rows 1..E the states received from
+    earlier packs (``external_ids`` in order), then each Gated DeltaNet call's final states in call order, one row
+    per sequence of the call (dummies included)."""
+
+    def __init__(self, external_ids: list[int]):
+        self.row_of = {seg: 1 + i for i, seg in enumerate(external_ids)}  # segment -> the bank row of its state
+        self.next_row = 1 + len(external_ids)
+        self.spans: list[tuple[int, int]] = []  # the rows [start, end) of each call so far
+
+    def anchor_row(self, anchor: int | None) -> int:
+        """The bank row a sequence anchored at ``anchor`` starts from (0: zeros)."""
+        return 0 if anchor is None else self.row_of[anchor]
+
+    def add_call(self, sequences: list[int], parents: list[int]) -> tuple[int | None, torch.Tensor]:
+        """Number the final-state rows of a call whose real ``sequences`` come first, then its dummies (``parents``:
+        the bank row each of them starts from, one per sequence, dummies' 0); return ``(source, parent_rows)``.
+
+        When all its real sequences start from final states of one earlier call (no zero or external state among
+        them: the commonest case, children of one prefix level), that call is the ``source`` and ``parent_rows``
+        ``[n]`` are rows of its final states (dummies read its row 0; their outputs are never read): the forward
+        then reads those states directly instead of assembling the bank. Otherwise ``parent_rows`` are bank rows."""
+        start = self.next_row
+        for i, seg_id in enumerate(sequences):
+            self.row_of[seg_id] = start + i
+        self.spans.append((start, start + len(parents)))
+        self.next_row += len(parents)
+        real = parents[:len(sequences)]
+        for index, (lo_row, hi_row) in enumerate(self.spans[:-1]):
+            if real and all(lo_row <= r < hi_row for r in real):
+                local = [r - lo_row for r in real] + [0] * (len(parents) - len(sequences))
+                return index, torch.tensor(local, dtype=torch.long)
+        return None, torch.tensor(parents, dtype=torch.long)
+
+
+def gather_call_rows(plan, sequences: list[int], anchors: dict, layout: Layout, lo: int,
+                     hi: int) -> tuple[list[int], list[int], list[int]]:
+    """The gathered layout of a call over the pack rows ``[lo, hi)``: ``(rows [T'], cu [n+1], keep [hi - lo])``.
+    Each sequence is its tail ancestors' rows then its own (``rows``: pack rows, in that order; ``cu``: the
+    sequence boundaries); ``keep[r - lo]`` is the gathered row of pack row ``r`` (rows of the levels' dummies keep
+    gathered row 0, never read)."""
+    segments = plan.segments
+    rows, cu, keep = [], [0], [0] * (hi - lo)
+    for seg_id in sequences:
+        for tail in anchors[seg_id][0]:
+            rows.extend(range(layout.start_of[tail], layout.start_of[tail] + len(segments[tail].tokens)))
+        own = len(segments[seg_id].tokens)
+        at = layout.start_of[seg_id] - lo
+        keep[at: at + own] = range(len(rows), len(rows) + own)
+        rows.extend(range(layout.start_of[seg_id], layout.start_of[seg_id] + own))
+        cu.append(len(rows))
+    return rows, cu, keep
+
+
+def build_gdn_call(plan, group: list[int], layout: Layout, anchors: dict, bank: StateBank, *,
+                   pad: bool) -> GdnCall:
+    """The conv + Gated DeltaNet call over the levels ``group``; numbers its sequences' bank rows (``bank``).
+
+    One level whose sequences re-run no tail: over its own rows, with its level's metadata (dummies start from
+    zeros, or the source's row 0). Otherwise a gathered layout (:func:`gather_call_rows`), padded when ``pad``
+    with dummies that re-read the call's first row."""
+    first, last = layout.levels[group[0]], layout.levels[group[-1]]
+    sequences = [seg_id for index in group for seg_id in layout.level_ids[index]]
+    parents = [bank.anchor_row(anchors[seg_id][1]) for seg_id in sequences]
+    if len(group) == 1 and not any(anchors[seg_id][0] for seg_id in sequences):
+        parents += [0] * (first.cu_seqlens.shape[0] - 1 - len(sequences))
+        source, parent_rows = bank.add_call(sequences, parents)
+        return GdnCall(group[0], group[-1], first.lo, first.hi, first.cu_seqlens, first.chunk_indices,
+                       first.chunk_offsets, parent_rows, any(parents), source)
+    rows, cu, keep = gather_call_rows(plan, sequences, anchors, layout, first.lo, last.hi)
+    if pad:
+        for length in pad_level([cu[i + 1] - cu[i] for i in range(len(sequences))]):
+            rows.extend([first.lo] * length)
+            cu.append(len(rows))
+            parents.append(0)
+    source, parent_rows = bank.add_call(sequences, parents)
+    meta = prepare_varlen_metadata(cu)
+    return GdnCall(group[0], group[-1], first.lo, last.hi, meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets,
+                   parent_rows, any(parents), source, torch.tensor(rows, dtype=torch.long),
+                   torch.tensor(keep, dtype=torch.long))
+
+
+def select_final_rows(plan, pack, layout: Layout, *, pad: bool) -> tuple[list[int], list[int]]:
+    """``(leaf_ids, final_rows)``: the pack's scored segments in pack order and the pack row of each one's last
+    token; when ``pad``, extra rows (row 0) up to the sequence bucket (callers keep the first ``len(leaf_ids)``)."""
+    segments = plan.segments
+    leaf_ids = [s for s in pack.segments if segments[s].leaf is not None]
+    final_rows = [layout.start_of[s] + len(segments[s].tokens) - 1 for s in leaf_ids]
+    if pad:
+        final_rows += [0] * (bucket_sequences(len(final_rows)) - len(final_rows))
+    return leaf_ids, final_rows
+
+
+def key_graph(ctx: PackContext) -> tuple:
+    """The graph key of a padded context: contexts with equal keys have equal tensor shapes and run the same code
+    (the options' ``forward_key``, each level's shapes and attention kind, each GDN call's shapes)."""
+    return (*ctx.options.forward_key(), ctx.final_rows.shape[0], tuple(
+        (level.hi - level.lo, tuple(level.cu_seqlens.shape), tuple(level.chunk_indices.shape), level.has_parents,
+         level.max_chain, None if level.chain_index is None else tuple(level.chain_index.shape), level.dense)
+        for level in ctx.levels), tuple(call.key() for call in ctx.gdn_calls))
+
+
+def attach_external_states(ctx: PackContext, store: dict[int, SegmentState], external: ExternalBlocks) -> None:
+    """Stack the received states per layer: GDN ``[E, Hv, Dk, Dv]``, conv ``[E, C, K]``, K/V ``[Pext, Hkv, D]``."""
+    if not external.ids:
+        return
+    first = store[external.ids[0]]
+    for layer in first.gdn:
+        ctx.external_gdn[layer] = torch.stack([store[s].gdn[layer] for s in external.ids])
+        ctx.external_conv[layer] = torch.stack([store[s].conv[layer] for s in external.ids])
+    for layer in first.key:
+        ctx.external_key[layer] = torch.cat([store[s].key[layer] for s in external.ids])
+        ctx.external_value[layer] = torch.cat([store[s].value[layer] for s in external.ids])
+
+
+def attach_exports(ctx: PackContext, plan, pack, layout: Layout, bank: StateBank, device) -> None:
+    """Where the forward finds each exported segment's states: its bank row, its chain's K/V rows ``[length]``
+    (on ``device``) and the chain's length."""
+    for seg in pack.export:
+        rows = torch.tensor(layout.chain_rows[seg], dtype=torch.long, device=device)
+        ctx.exports[seg] = (bank.row_of[seg], rows, plan.segments[seg].end)
+
+
+def build_pack_context(plan, pack, store: dict[int, SegmentState], device, options: FastPathOptions | None = None,
+                       *, pad: bool = False, merge_levels: bool = True) -> PackContext:
     """Lay out ``pack`` (a planner Pack of ``plan``) and route states; ``store`` holds earlier packs' exports.
+
+    ``options`` (default: the defaults) go to the context (the forward reads them) and decide ``dense`` levels: a
+    level of one sequence at least ``options.dense_attention_tokens`` long, with no prefix, runs one dense causal
+    attention call (``LevelSpec.dense``; 0: never).
 
     ``pad=True`` (packs without external states or exports only) pads every level with dummy sequences to its
     shape bucket (:mod:`.graph_buckets`) and sets ``graph_key``: contexts with equal keys have equal tensor
@@ -204,220 +520,25 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, *, fi
 
     ``merge_levels=False`` gives every level its own Gated DeltaNet call (one sequence's arithmetic does not depend
     on the other sequences of its call, so the rows are the same; tests compare the two).
-
-    ``dense_attention_tokens``: a level of one sequence at least this long, with no prefix, gets ``dense`` (one
-    dense causal attention call, ``LevelSpec.dense``); 0 never.
     """
-    if dense_attention_tokens < 0:
-        raise ValueError(f"dense_attention_tokens must be >= 0 (0: never), got {dense_attention_tokens}")
+    options = options if options is not None else FastPathOptions()
     if pad and (pack.external or pack.export):
         raise ValueError("only packs without external states or exports can be padded for graph replay")
-    segments = plan.segments
-    in_pack = set(pack.segments)
-    external = list(pack.external)
-    ext_row = {seg: 1 + i for i, seg in enumerate(external)}
-
-    def level_of(seg_id: int) -> int:
-        parent, level = segments[seg_id].parent, 0
-        while parent is not None and parent in in_pack:
-            level, parent = level + 1, segments[parent].parent
-        return level
-
-    by_level: dict[int, list[int]] = {}
-    for seg_id in pack.segments:
-        by_level.setdefault(level_of(seg_id), []).append(seg_id)
-
-    # external K/V blocks, concatenated in `external` order
-    ext_offset, ext_len = {}, 0
-    for seg in external:
-        ext_offset[seg] = ext_len
-        ext_len += store[seg].length
-
-    token_ids: list[int] = []
-    positions: list[int] = []
-    start_of: dict[int, int] = {}  # pack row of each segment's first token (offset by ext_len in K/V rows)
-    bank_row: dict[int, int] = dict(ext_row)
-    next_row = 1 + len(external)
-    levels: list[LevelSpec] = []
-    chain_rows: dict[int, list[int]] = {}  # rows of [external ; pack] K/V of each segment's whole chain
-
-    def parent_chain(seg_id: int) -> list[int]:
-        parent = segments[seg_id].parent
-        if parent is None:
-            return []
-        if parent in ext_offset:
-            return list(range(ext_offset[parent], ext_offset[parent] + store[parent].length))
-        return chain_rows[parent]
-
-    def gdn_start(seg_id: int) -> tuple[list[int], int | None]:
-        """(the tail ancestors whose rows the segment's GDN re-runs, root-most first; the state-handing one)."""
-        tails, parent = [], segments[seg_id].parent
-        while parent is not None and not segments[parent].hands_state:
-            if parent not in in_pack:
-                raise ValueError(f"segment {seg_id} continues tail {parent} from another pack; a tail's children "
-                                 "must share its pack (plan with share_tails=False to split this tree)")
-            tails.append(parent)
-            parent = segments[parent].parent
-        return tails[::-1], parent
-
-    def route_prefixes(spec: LevelSpec, prefixes: list[list[int]], rows_before: int) -> None:
-        """Each sequence's prefix block for attention (``prefix_starts`` / ``prefix_lengths``). When every block
-        is a run of consecutive rows of [external ; pack] K/V (children of a level-0 parent or of an external
-        prefix: all of a two-level plan), the blocks are read there in place (``chain_index`` None, no gather);
-        otherwise the distinct blocks are gathered once (``chain_index``) and shared by their sequences."""
-        blocks = [b for b in prefixes if b]
-        if all(b == list(range(b[0], b[0] + len(b))) for b in blocks):
-            first = [b[0] if b else 0 for b in prefixes]
-            # parents lie in earlier levels: below rows_before, a bound fixed by those levels' padded sizes
-            spec.max_chain = rows_before if pad else max(map(len, blocks))
-        else:
-            offset_of: dict[tuple[int, ...], int] = {}
-            chain: list[int] = []
-            for block in map(tuple, blocks):
-                if block not in offset_of:
-                    offset_of[block] = len(chain)
-                    chain.extend(block)
-            first = [offset_of[tuple(b)] if b else 0 for b in prefixes]
-            spec.max_chain = max(map(len, blocks))
-            if pad:  # rows past the last block are never read
-                spec.max_chain = bucket_tokens(len(chain))
-                chain += [0] * (spec.max_chain - len(chain))
-            spec.chain_index = torch.tensor(chain, dtype=torch.long)
-        lengths = [len(b) for b in prefixes]
-        ends = max(f + n for f, n in zip(first, lengths))
-        spec.prefix_starts = torch.tensor(first + [ends], dtype=torch.int32)
-        spec.prefix_lengths = torch.tensor(lengths, dtype=torch.int32)
-
-    starts = {seg_id: gdn_start(seg_id) for seg_id in pack.segments}  # (tails re-run, anchor) per segment; refuses
-    # a tail continued from another pack before any tensor is built
-    level_ids: list[list[int]] = []  # each level's real segments, in layout order
-    for level in sorted(by_level):
-        ids = by_level[level]
-        level_ids.append(ids)
-        lo = len(token_ids)
-        cu = [0]
-        prefixes: list[list[int]] = []  # each sequence's prefix: its parent's chain of K/V rows (dummies: none)
-        for seg_id in ids:
-            seg = segments[seg_id]
-            start_of[seg_id] = len(token_ids)
-            token_ids.extend(seg.tokens)
-            positions.extend(range(seg.start, seg.end))
-            cu.append(len(token_ids) - lo)
-            prefixes.append(parent_chain(seg_id))
-            own = [ext_len + start_of[seg_id] + i for i in range(len(seg.tokens))]
-            chain_rows[seg_id] = prefixes[-1] + own
-        if pad:  # dummy sequences: token 0 from position 0, zero state, no prefix block
-            for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
-                token_ids.extend([0] * length)
-                positions.extend(range(length))
-                cu.append(len(token_ids) - lo)
-                prefixes.append([])
-        meta = prepare_varlen_metadata(cu)
-        has_parents = any(segments[i].parent is not None for i in ids)
-        spec = LevelSpec(lo=lo, hi=len(token_ids), cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
-                         chunk_offsets=meta.chunk_offsets, max_seqlen=(len(token_ids) - lo) if pad else meta.max_seqlen,
-                         has_parents=has_parents,
-                         dense=0 < dense_attention_tokens <= cu[1] and len(ids) == 1 and not has_parents)
-        if has_parents:
-            route_prefixes(spec, prefixes, ext_len + lo)
-        levels.append(spec)
-
-    # Gated DeltaNet calls: a level joins the open call unless one of its anchors is computed in that call
-    level_of_segment = {seg_id: index for index, ids in enumerate(level_ids) for seg_id in ids}
-    groups: list[list[int]] = []
-    for index, ids in enumerate(level_ids):
-        anchors = {starts[seg_id][1] for seg_id in ids}
-        if merge_levels and groups and not any(level_of_segment.get(a) in groups[-1] for a in anchors if a is not None):
-            groups[-1].append(index)
-        else:
-            groups.append([index])
-
-    call_spans: list[tuple[int, int]] = []  # the bank rows [start, end) of each call built so far
-
-    def initial_states(parents: list[int], n_real: int) -> tuple[int | None, torch.Tensor]:
-        """(source, parent_rows) of a call whose sequences start from bank rows ``parents`` (real ones first).
-
-        When all its real sequences start from final states of one earlier call (no zero or external state among
-        them: the commonest case, children of one prefix level), that call is the source and the rows are its own
-        (dummies read its row 0; their outputs are never read): the forward then reads its states directly
-        instead of assembling the bank. Also gives this call its bank rows (one per sequence, dummies included)."""
-        nonlocal next_row
-        call_spans.append((next_row, next_row + len(parents)))
-        next_row += len(parents)
-        real = parents[:n_real]
-        for index, (lo_row, hi_row) in enumerate(call_spans[:-1]):
-            if real and all(lo_row <= r < hi_row for r in real):
-                local = [r - lo_row for r in real] + [0] * (len(parents) - n_real)
-                return index, torch.tensor(local, dtype=torch.long)
-        return None, torch.tensor(parents, dtype=torch.long)
-
-    def gdn_call(group: list[int]) -> GdnCall:
-        """Build the call of levels ``group`` and number its sequences' bank rows (real ones first, then dummies)."""
-        first, last = levels[group[0]], levels[group[-1]]
-        sequences = [seg_id for index in group for seg_id in level_ids[index]]
-        parents = [bank_row[starts[seg_id][1]] if starts[seg_id][1] is not None else 0 for seg_id in sequences]
-        gathered = len(group) > 1 or any(starts[seg_id][0] for seg_id in sequences)
-        for i, seg_id in enumerate(sequences):
-            bank_row[seg_id] = next_row + i
-        if not gathered:  # one level over its own rows: its layout; dummies start from zeros (or the source row 0)
-            parents += [0] * (first.cu_seqlens.shape[0] - 1 - len(sequences))
-            source, parent_rows = initial_states(parents, len(sequences))
-            return GdnCall(group[0], group[-1], first.lo, first.hi, first.cu_seqlens, first.chunk_indices,
-                           first.chunk_offsets, parent_rows, any(parents), source)
-        rows, cu, keep = [], [0], [0] * (last.hi - first.lo)  # level dummy rows keep gathered row 0 (never read)
-        for seg_id in sequences:
-            for tail in starts[seg_id][0]:
-                rows.extend(range(start_of[tail], start_of[tail] + len(segments[tail].tokens)))
-            own = len(segments[seg_id].tokens)
-            at = start_of[seg_id] - first.lo
-            keep[at: at + own] = range(len(rows), len(rows) + own)
-            rows.extend(range(start_of[seg_id], start_of[seg_id] + own))
-            cu.append(len(rows))
-        if pad:  # dummies re-read the call's first row from zeros (or the source's row 0)
-            for length in pad_level([cu[i + 1] - cu[i] for i in range(len(sequences))]):
-                rows.extend([first.lo] * length)
-                cu.append(len(rows))
-                parents.append(0)
-        source, parent_rows = initial_states(parents, len(sequences))
-        meta = prepare_varlen_metadata(cu)
-        return GdnCall(group[0], group[-1], first.lo, last.hi, meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets,
-                       parent_rows, any(parents), source, torch.tensor(rows, dtype=torch.long),
-                       torch.tensor(keep, dtype=torch.long))
-
-    gdn_calls = [gdn_call(group) for group in groups]
-
-    leaf_ids = [s for s in pack.segments if segments[s].leaf is not None]
-    final_rows = [start_of[s] + len(segments[s].tokens) - 1 for s in leaf_ids]
-    if pad:  # extra rows re-read row 0; callers keep the first len(leaf_ids) outputs
-        final_rows += [0] * (bucket_sequences(len(final_rows)) - len(final_rows))
-    ctx = PackContext(
-        input_ids=torch.tensor(token_ids, dtype=torch.long),
-        positions=torch.tensor(positions, dtype=torch.long),
-        levels=levels,
-        gdn_calls=gdn_calls,
-        final_rows=torch.tensor(final_rows, dtype=torch.long),
-        leaf_ids=leaf_ids,
-        final_row_mlp=final_row_mlp,
-        compile_elementwise=compile_elementwise,
-        fused_elementwise=fused_elementwise,
-        gdn_fp32=gdn_fp32,
-        n_external=len(external),
-    )
+    anchors = find_anchors(plan, pack)  # refuses a tail continued from another pack before any tensor is built
+    external = index_external(pack, store)
+    layout = lay_out_levels(plan, group_levels(plan, pack), external, pad=pad,
+                            dense_attention_tokens=options.dense_attention_tokens)
+    bank = StateBank(external.ids)
+    gdn_calls = [build_gdn_call(plan, group, layout, anchors, bank, pad=pad)
+                 for group in group_gdn_levels(layout.level_ids, anchors, merge=merge_levels)]
+    leaf_ids, final_rows = select_final_rows(plan, pack, layout, pad=pad)
+    ctx = PackContext(input_ids=torch.tensor(layout.token_ids, dtype=torch.long),
+                      positions=torch.tensor(layout.positions, dtype=torch.long), levels=layout.levels,
+                      gdn_calls=gdn_calls, final_rows=torch.tensor(final_rows, dtype=torch.long), leaf_ids=leaf_ids,
+                      options=options, n_external=len(external.ids))
     if pad:
-        ctx.graph_key = (final_row_mlp, compile_elementwise, fused_elementwise, gdn_fp32, len(final_rows), tuple(
-            (level.hi - level.lo, tuple(level.cu_seqlens.shape), tuple(level.chunk_indices.shape), level.has_parents,
-             level.max_chain, None if level.chain_index is None else tuple(level.chain_index.shape), level.dense)
-            for level in levels), tuple(call.key() for call in gdn_calls))
+        ctx.graph_key = key_graph(ctx)
     move_inputs(ctx, device)
-    if external:
-        first = store[external[0]]
-        for layer in first.gdn:
-            ctx.external_gdn[layer] = torch.stack([store[s].gdn[layer] for s in external])
-            ctx.external_conv[layer] = torch.stack([store[s].conv[layer] for s in external])
-        for layer in first.key:
-            ctx.external_key[layer] = torch.cat([store[s].key[layer] for s in external])
-            ctx.external_value[layer] = torch.cat([store[s].value[layer] for s in external])
-    for seg in pack.export:
-        rows = torch.tensor(chain_rows[seg], dtype=torch.long, device=device)
-        ctx.exports[seg] = (bank_row[seg], rows, segments[seg].end)
+    attach_external_states(ctx, store, external)
+    attach_exports(ctx, plan, pack, layout, bank, device)
     return ctx

@@ -37,7 +37,7 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
     """x [T, hidden] -> [T, hidden]."""
     T = x.shape[0]
     qkv, z, b, a = projections(m, x)  # [T, 2*Kd + Vd], [T, Vd], [T, Hv], [T, Hv]: column views, not copied
-    ew = elementwise_functions(pack.compile_elementwise, x.device, fused=pack.fused_elementwise)
+    ew = elementwise_functions(pack.options.compile_elementwise, x.device, fused=pack.options.fused_elementwise)
     g, beta = ew.gdn_gates(a, b, m.A_log, m.dt_bias)  # [T, Hv] fp32, [T, Hv]
     conv_weight = m.conv1d.weight.squeeze(1)  # [C, K]
     layer = m.layer_idx
@@ -71,7 +71,7 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         q = q.reshape(n, m.num_k_heads, m.head_k_dim)
         k = k.reshape(n, m.num_k_heads, m.head_k_dim)
         v = v.reshape(n, m.num_v_heads, m.head_v_dim)
-        if pack.gdn_fp32:  # fla then keeps its WY factors and chunk states in fp32 too (the stock fallback does)
+        if pack.options.gdn_fp32:  # fla then keeps its WY factors and chunk states in fp32 (as the stock fallback)
             q, k, v = q.float(), k.float(), v.float()
         out, gdn_final = gdn_prefill(q, k, v, g_in, beta_in, call.cu_seqlens, gdn_init, call.chunk_indices,
                                      wants_final, call.chunk_offsets)
@@ -105,7 +105,7 @@ def packed_gated_attention(m: qwen.Qwen3_5Attention, x: torch.Tensor, pack, rota
     T, D = x.shape[0], m.head_dim
     query_gate, key, value = projections(m, x)
     query, gate = torch.chunk(query_gate.reshape(T, -1, 2 * D), 2, dim=-1)  # [T, H, D] views each
-    ew = elementwise_functions(pack.compile_elementwise, x.device, fused=pack.fused_elementwise)
+    ew = elementwise_functions(pack.options.compile_elementwise, x.device, fused=pack.options.fused_elementwise)
     query, key = ew.qk_norm_rope(query, key.reshape(T, -1, D), m.q_norm.weight, m.k_norm.weight, m.q_norm.eps,
                                  m.k_norm.eps, *rotary)  # [T, H, D], [T, Hkv, D]
     value = value.reshape(T, -1, D)

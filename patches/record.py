@@ -1,9 +1,11 @@
 """Apply and revert the patches: one small record of what was replaced, kept on the patched backbone itself.
 
-``apply_patches(model)`` swaps the class of each stock Qwen3.5 module (text model, decoder layers, Gated
-DeltaNet, attention) to its packed subclass; the modules, their parameters and buffers are untouched, and with
-no ``pack`` argument every patched module behaves exactly as the stock one. ``revert_patches`` puts back the
-recorded classes. No module-level state: a second import of this package cannot duplicate anything.
+``apply_patches(model, options)`` is the one verb that sets a model up for the fast path: it swaps the class of
+each stock Qwen3.5 module (text model, decoder layers, Gated DeltaNet, attention) to its packed subclass, stacks
+the projections (``options.stacked_projections``) and, on a CUDA model with ``options.cuda_graphs``, creates the
+record's graph cache. The modules, their parameters and buffers are untouched, and with no ``pack`` argument every
+patched module behaves exactly as the stock one. ``revert_patches`` puts back the recorded classes. No
+module-level state: a second import of this package cannot duplicate anything.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
+from hf_openjev.fast_options import FastPathOptions
+
+from .cuda_graphs import PackGraphs
 from .final_row_mlp import PackedDecoderLayer, PackedTextModel
 from .packed_candidates import PackedAttention, PackedGatedDeltaNet
 from .stacked_projections import stack_projections
@@ -21,27 +27,16 @@ SUPPORTED_TRANSFORMERS = ((5, 17), (5, 25))  # [min, max) major.minor
 RECORD_ATTRIBUTE = "_hf_openjev_patches"
 
 
-@dataclass(frozen=True)
-class PatchOptions:
-    packed_candidates: bool = True  # pack several candidates into one varlen forward
-    shared_prefix: bool = True  # compute shared prefixes once and hand their states on
-    final_row_mlp: bool = True  # last layer: post-norm + MLP + final norm on the scored rows only
-    stacked_projections: bool = True  # one GEMM for GDN qkv|z|b|a, attention q|k|v, MLP gate|up (no weight copies)
-    cuda_graphs: bool = True  # on CUDA, replay packed forwards as CUDA graphs per shape bucket (cuda_graphs.py)
-    # on CUDA, norms / SiLU-mul / gates / RoPE through torch.compile: 27B mean 109.5 -> 93.5 ms, but mid-shape parity
-    # against stock 0.0095 -> 0.017 with 1 flip (H200, recipes/results/h200-2026-11-29-s3), so opt-in
-    compile_elementwise: bool = False
-    # on CUDA, the elementwise group as Triton kernels that round like the plain code (compiled_elementwise.py);
-    # compile_elementwise wins when both are on
-    fused_elementwise: bool = True
-    gdn_fp32: bool = False  # feed the GDN kernel fp32 q/k/v, for parity with the stock fp32 fallback (not yet measured)
-
-
 @dataclass
 class PatchRecord:
-    options: PatchOptions
+    """What ``apply_patches`` did to a model, kept on its text model: the options it was set up with (what
+    ``score_fast`` runs with unless a call passes others), the replaced classes, and the graph cache."""
+
+    options: FastPathOptions
     replaced: list[tuple[nn.Module, type]] = field(default_factory=list)  # (module, its original class)
-    graphs: object | None = None  # a cuda_graphs.PackGraphs, created on the first graph-replayed pack
+    # the CUDA graphs of packed forwards (cuda_graphs.PackGraphs): created by apply_patches, and only there, on a
+    # CUDA model with options.cuda_graphs; None elsewhere (every pack then runs eagerly)
+    graphs: PackGraphs | None = None
 
 
 def _patch_classes() -> dict[type, type]:
@@ -74,39 +69,69 @@ def text_model_of(model) -> nn.Module:
 
 
 def patch_record(model) -> PatchRecord | None:
+    """The model's record, or None when it is not patched."""
     return getattr(text_model_of(model), RECORD_ATTRIBUTE, None)
 
 
-def apply_patches(model, *, packed_candidates: bool = True, shared_prefix: bool = True,
-                  final_row_mlp: bool = True, stacked_projections: bool = True,
-                  cuda_graphs: bool = True, compile_elementwise: bool = False,
-                  fused_elementwise: bool = True, gdn_fp32: bool = False) -> PatchRecord:
-    """Patch ``model`` in place (idempotent: a second call only updates the options) and return the record.
+def read_options(model) -> FastPathOptions:
+    """The options ``model`` is patched with, else the defaults."""
+    record = patch_record(model)
+    return record.options if record is not None else FastPathOptions()
 
-    ``stacked_projections`` re-points the projection weights at slices of one stacked weight per module (same
-    Parameter objects, same values, no extra memory); that layout stays after ``revert_patches``.
+
+def read_graph_stats(model) -> dict | None:
+    """The ``stats()`` of the model's graph cache (captures, replays, ...), or None when it has none."""
+    record = patch_record(model)
+    return record.graphs.stats() if record is not None and record.graphs is not None else None
+
+
+def require_patches(model) -> PatchRecord:
+    """The model's record; a RuntimeError that names ``apply_patches`` when the model is not patched."""
+    record = patch_record(model)
+    if record is None:
+        raise RuntimeError(
+            "the fast path needs a patched model: call hf_openjev.patches.apply_patches(model, options) when the "
+            "model is set up (the pipeline does it when constructed on CUDA or with fast=True; so do the server, "
+            "warm_up and the evaluation command on the fast path)")
+    return record
+
+
+def apply_patches(model, options: FastPathOptions | None = None) -> PatchRecord:
+    """Set ``model`` up for the fast path, in place, and return its record (idempotent: on a patched model only the
+    options change, and a graph cache is created if the new options need one).
+
+    ``options`` (default: the defaults) become the record's: ``score_fast`` runs with them unless a call passes
+    others. ``stacked_projections`` re-points the projection weights at slices of one stacked weight per module
+    (same Parameter objects, same values, no extra memory); that layout stays after ``revert_patches``. A model
+    moved to CUDA after patching gets its graph cache from a second ``apply_patches``.
     """
-    options = PatchOptions(packed_candidates, shared_prefix, final_row_mlp, stacked_projections, cuda_graphs,
-                           compile_elementwise, fused_elementwise, gdn_fp32)
+    options = options if options is not None else FastPathOptions()
+    if not isinstance(options, FastPathOptions):
+        raise TypeError(f"apply_patches takes a FastPathOptions, got {type(options).__name__} "
+                        "(build one with FastPathOptions(...) or FastPathOptions.from_mapping(...))")
     text_model = text_model_of(model)
     record = getattr(text_model, RECORD_ATTRIBUTE, None)
-    if record is not None:
-        record.options = options
-        if stacked_projections:
-            stack_projections(text_model)
-        return record
-    check_transformers_version()
-    classes = _patch_classes()
-    record = PatchRecord(options)
-    for module in text_model.modules():
-        patched = classes.get(type(module))
-        if patched is not None:
-            record.replaced.append((module, type(module)))
-            module.__class__ = patched
-    if stacked_projections:
+    if record is None:
+        check_transformers_version()
+        classes = _patch_classes()
+        record = PatchRecord(options)
+        for module in text_model.modules():
+            patched_class = classes.get(type(module))
+            if patched_class is not None:
+                record.replaced.append((module, type(module)))
+                module.__class__ = patched_class
+        setattr(text_model, RECORD_ATTRIBUTE, record)
+    record.options = options
+    if options.stacked_projections:
         stack_projections(text_model)
-    setattr(text_model, RECORD_ATTRIBUTE, record)
+    if options.cuda_graphs and record.graphs is None and _device_of(text_model).type == "cuda":
+        record.graphs = PackGraphs(text_model)
     return record
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    parameter = next(module.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 def revert_patches(model) -> bool:
@@ -122,12 +147,12 @@ def revert_patches(model) -> bool:
 
 
 @contextmanager
-def patched(model, **options):
-    """``with patched(model, **options): ...``: on exit, reverts the patches if it applied them, or restores the
+def patched(model, options: FastPathOptions | None = None):
+    """``with patched(model, options): ...``: on exit, reverts the patches if it applied them, or restores the
     options the model had if it was already patched."""
     previous = patch_record(model)
     previous_options = previous.options if previous is not None else None
-    record = apply_patches(model, **options)
+    record = apply_patches(model, options)
     try:
         yield record
     finally:

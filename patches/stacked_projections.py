@@ -78,8 +78,11 @@ def projections(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The module's input projections of ``x``, stacked when prepared, else one layer at a time."""
     stacked = getattr(module, STACKED_ATTRIBUTE, None)
     names = GROUPS[_stock_name(module)]
-    if stacked is not None and getattr(module, names[0]).weight.data_ptr() != stacked.weight.data_ptr():
-        # the model was moved or cast since stacking (.to() moves each Parameter on its own): stack again
+    if (stacked is not None and not torch.compiler.is_compiling()
+            and getattr(module, names[0]).weight.data_ptr() != stacked.weight.data_ptr()):
+        # the model was moved or cast since stacking (.to() moves each Parameter on its own): stack again. Only
+        # eagerly (Dynamo cannot trace a data pointer comparison): a compiled forward reads the stack as it is, so
+        # a model moved or cast after it was compiled needs one eager forward first
         with torch.no_grad():
             stacked = _stack(module, names)
         setattr(module, STACKED_ATTRIBUTE, stacked)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -39,7 +40,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES_FILE = ROOT / "recipes" / "data" / "jevbench231-shapes.json"  # a copy of shared/data (travels to the device)
 T27 = 2.5343690298472983
-FAST_OPTIONS: dict = {}
 VOCAB = 248320  # the Qwen3.5 vocabulary: every shape's embedding, and the range of the workload's random ids
 BUCKETS = [(1, 128), (129, 512), (513, 2048), (2049, 4096), (4097, 16384)]
 
@@ -149,16 +149,17 @@ def build_workload(path: Path, *, vocab: int, seed: int, limit: int | None = Non
 
 def run_pass(model, work, *, fast: bool, batch_size: int = 32):
     """Time every request (sync at both ends); returns per-request (seconds, response). ``batch_size``: the
-    reference path's right-padded batch (fast=False)."""
+    reference path's right-padded batch (fast=False); the fast path runs with the options the model is patched
+    with (``apply_patches``)."""
     from hf_openjev.scoring import build_answer, score_prepared
 
     out = []
     for _, prepared in work:
         sync()
         start = time.perf_counter()
-        result = score_prepared(model, [prepared], fast=fast, **(FAST_OPTIONS if fast else {"batch_size": batch_size}))
+        result = score_prepared(model, [prepared], fast=fast, batch_size=batch_size)
         response = build_answer(model, prepared, result.scores[0], seconds=result.seconds,
-                                prefix_cache=result.prefix_cache[0], method="fast" if fast else "reference")
+                                prefix_cache=result.prefix_cache[0], method=result.path)
         sync()
         out.append((time.perf_counter() - start, response))
     return out
@@ -211,10 +212,9 @@ def closed_loop(model, work, in_flight: int, *, max_wait_ms: float = 2.0) -> dic
 
 
 def graph_stats(model) -> dict | None:
-    from hf_openjev.patches import patch_record
+    from hf_openjev.patches import read_graph_stats
 
-    record = patch_record(model)
-    return record.graphs.stats() if record is not None and record.graphs is not None else None
+    return read_graph_stats(model)
 
 
 def single_candidate_request(tokens: int):
@@ -227,15 +227,16 @@ def single_candidate_request(tokens: int):
     return PreparedRequest(parsed, [[[rng.randrange(1000, VOCAB) for _ in range(tokens)]]])
 
 
-def time_fast_calls(model, request, *, calls: int, fast_options: dict) -> list[float]:
-    """ms of ``calls`` fast-path calls on ``request``, each timed like run_pass (a device sync at both ends)."""
+def time_fast_calls(model, request, *, calls: int, options=None) -> list[float]:
+    """ms of ``calls`` fast-path calls on ``request``, each timed like run_pass (a device sync at both ends), with
+    ``options`` (a FastPathOptions; default: the ones the model is patched with)."""
     from hf_openjev.scoring import score_prepared
 
     times = []
     for _ in range(calls):
         sync()
         t = time.perf_counter()
-        score_prepared(model, [request], fast=True, **fast_options)
+        score_prepared(model, [request], fast=True, options=options)
         sync()
         times.append((time.perf_counter() - t) * 1000)
     return times
@@ -245,7 +246,7 @@ def time_single(model, tokens: int, *, repeats: int) -> dict:
     """One candidate of ``tokens`` tokens on the fast path: the first call (may autotune / capture) and the median
     of the next ``repeats``, peak memory."""
     reset_peak()
-    times = time_fast_calls(model, single_candidate_request(tokens), calls=1 + repeats, fast_options=FAST_OPTIONS)
+    times = time_fast_calls(model, single_candidate_request(tokens), calls=1 + repeats)
     out = {"tokens": tokens, "first_ms": times[0], "peak_memory_gb": peak_gb()}
     if repeats:
         out["median_ms"] = statistics.median(times[1:])
@@ -310,8 +311,13 @@ def bind_fla(enabled: bool) -> None:
 
 
 def git_commit() -> str | None:
-    """The checkout's commit (``+dirty`` when tracked files changed), or None outside a git checkout."""
+    """The checkout's commit (``+dirty`` when tracked files changed), or None outside a git checkout.
+
+    ``$HF_OPENJEV_COMMIT`` wins: a device run from an exported snapshot of a commit names that commit."""
     import subprocess
+
+    if os.environ.get("HF_OPENJEV_COMMIT"):
+        return os.environ["HF_OPENJEV_COMMIT"]
 
     try:
         def git(*cmd):
@@ -402,9 +408,9 @@ def main(argv=None) -> int:
     parser.add_argument("--long-candidate", type=int, default=16384, help="also run one candidate this long on C")
     parser.add_argument("--concurrency", default="1,8,16")
     parser.add_argument("--single", default="107,3400", help="also time one candidate of each length on C")
-    parser.add_argument("--fast-options", default="{}", help="JSON of score_fast options (e.g. min_shared_tokens)")
+    parser.add_argument("--fast-options", default="{}", help="JSON of FastPathOptions (e.g. min_shared_tokens)")
     parser.add_argument("--patch-options", default="{}",
-                        help='JSON of apply_patches options for C and E, e.g. {"compile_elementwise": true}')
+                        help='JSON of FastPathOptions for C and E too, reported apart, e.g. {"compile_elementwise": true}')
     parser.add_argument("--parity-only", default="",
                         help="arms run for parity alone: no warm-up pass, so their times include autotuning and "
                              "are reported as such, never as a measurement (e.g. B, whose speed is measured elsewhere)")
@@ -428,12 +434,21 @@ def main(argv=None) -> int:
     try:
         sweep_entries = json.loads(args.sweep)
         base_fast_options = json.loads(args.fast_options)
+        patch_options = json.loads(args.patch_options)
     except json.JSONDecodeError as error:
-        parser.error(f"--sweep / --fast-options must be JSON: {error}")
+        parser.error(f"--sweep / --fast-options / --patch-options must be JSON: {error}")
     if not (isinstance(sweep_entries, list) and all(isinstance(e, dict) for e in sweep_entries)):
         parser.error(f"--sweep {args.sweep!r}: give a JSON list of objects, e.g. '[{{\"min_shared_tokens\": 256}}]'")
+    from hf_openjev.fast_options import FastPathOptions
+
+    try:  # C's options, checked (unknown names, bad values) before any work; --cuda-graphs decides cuda_graphs
+        c_options = FastPathOptions.from_mapping(base_fast_options, base=FastPathOptions.from_mapping(patch_options))
+        c_options = c_options.replace(cuda_graphs=args.cuda_graphs)
+        for overrides in sweep_entries:
+            c_options.replace(**overrides)
+    except ValueError as error:
+        parser.error(f"--patch-options / --fast-options / --sweep: {error}")
     oracle = open_oracle(args, parser)
-    FAST_OPTIONS.update(base_fast_options)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shapes_file = SHAPES_FILE
@@ -458,17 +473,16 @@ def main(argv=None) -> int:
     from hf_openjev.patches import apply_patches
 
     results["cuda_graphs"] = args.cuda_graphs
-    patch_options = json.loads(args.patch_options)
     results["patch_options"] = patch_options
-    results["fast_options"] = dict(FAST_OPTIONS)
+    results["fast_options"] = base_fast_options
     if "E" in arms and not args.cuda_graphs:
         parser.error("arm E (fast path, eager) is only meaningful beside graph-replayed C (drop --no-cuda-graphs)")
     responses = {}
     for arm in arms:
         fast = arm in ("C", "E")
         if fast:
-            record = apply_patches(model, **patch_options, cuda_graphs=args.cuda_graphs and arm == "C")
-            results.setdefault("effective_patch_options", {})[arm] = dict(vars(record.options))  # defaults included
+            record = apply_patches(model, c_options.replace(cuda_graphs=args.cuda_graphs and arm == "C"))
+            results.setdefault("effective_patch_options", {})[arm] = record.options.to_dict()  # defaults included
         bind_fla(arm in ("B", "B1"))
         reset_peak()
         start = time.perf_counter()
@@ -515,17 +529,16 @@ def main(argv=None) -> int:
         if "C" in results["arms"] and arm in results["arms"] and not results["arms"][arm]["parity_only"]:
             results[f"speedup_C_over_{arm}"] = results["arms"][arm]["mean_ms"] / results["arms"]["C"]["mean_ms"]
     if "C" in arms:  # the sweep and the closed loop run arm C as measured (graphs on with --cuda-graphs)
-        apply_patches(model, **patch_options, cuda_graphs=args.cuda_graphs)
+        apply_patches(model, c_options)
     if sweep_entries:
         sweep = results["sweep"] = {}
         for overrides in sweep_entries:
-            FAST_OPTIONS.clear()
-            FAST_OPTIONS.update({**base_fast_options, **overrides})
+            apply_patches(model, c_options.replace(**overrides))  # the entry's options, for its passes and singles
             label = json.dumps(overrides, sort_keys=True)
             run_pass(model, work, fast=True)  # warm: new shapes autotune and capture here
             measured = run_pass(model, work, fast=True)
             times = [t * 1000 for t, _ in measured]
-            sweep[label] = {**summarize(times), "table": table(work, times), "fast_options": dict(FAST_OPTIONS)}
+            sweep[label] = {**summarize(times), "table": table(work, times), "fast_options": {**base_fast_options, **overrides}}
             if fidelity:
                 add_fidelity(fidelity, label, work, [r for _, r in measured])
             for ref in ("A", "B"):  # the entry's answers against the reference arms this run has
@@ -538,8 +551,7 @@ def main(argv=None) -> int:
             print(f"sweep {label}: mean {sweep[label]['mean_ms']:.1f} ms"
                   + "".join(f", parity vs {ref} {sweep[label][f'parity_vs_{ref}']}" for ref in ("A", "B")
                             if f"parity_vs_{ref}" in sweep[label]), flush=True)
-        FAST_OPTIONS.clear()  # back to the options the arms ran with
-        FAST_OPTIONS.update(base_fast_options)
+        apply_patches(model, c_options)  # back to the options C ran with
     if "C" in arms:
         concurrency = results["closed_loop"] = {}
         for c in [int(x) for x in args.concurrency.split(",") if x]:

@@ -15,19 +15,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_jevbench import SHAPES_FILE, VOCAB, build_model, build_workload  # noqa: E402
 
+from hf_openjev.fast_options import FastPathOptions  # noqa: E402
 from hf_openjev.fast_path import score_fast  # noqa: E402
+from hf_openjev.patches import apply_patches  # noqa: E402
 from hf_openjev.reference import score_reference  # noqa: E402
 
 
 def main() -> int:
     model = build_model("mid", seed=0, device="cuda")
+    apply_patches(model)
     work = build_workload(SHAPES_FILE, vocab=VOCAB, seed=0, limit=None)
     rng = random.Random(0)
     picked = rng.sample(work, 40)
     for fast_opts in ({}, {"max_tokens": 512, "max_sequences": 2}):
         try:
             t = time.perf_counter()
-            flat, _ = score_fast(model, [p.tokens for _, p in picked], **fast_opts)
+            flat, _ = score_fast(model, [p.tokens for _, p in picked], FastPathOptions(**fast_opts))
             torch.cuda.synchronize()
             print(f"fast {fast_opts}: {len(flat)} scores in {time.perf_counter() - t:.1f}s", flush=True)
             ref = score_reference(model, [s for _, p in picked for s in p.sequences])

@@ -60,7 +60,6 @@ def elementwise_inputs(name: str, lengths: list[int], dtype, seed: int = 0) -> d
     def r(*shape, dt=dtype, scale=1.0):
         return (torch.randn(*shape, generator=gen) * scale).to(DEVICE, dt)
 
-    rows = torch.tensor(lengths, device=DEVICE).cumsum(0) - 1  # the last row of every sequence
     return {
         "rms_norm": lambda: dict(x=r(T, HIDDEN, scale=3.0), weight=r(HIDDEN, scale=0.3), eps=EPS),
         "add_rms_norm": lambda: dict(x=r(T, HIDDEN), residual=r(T, HIDDEN, scale=4.0), weight=r(HIDDEN, scale=0.3),
@@ -73,8 +72,6 @@ def elementwise_inputs(name: str, lengths: list[int], dtype, seed: int = 0) -> d
         "silu_mul": lambda: dict(gate=r(T, MLP), up=r(T, MLP)),
         "silu_qkv": lambda: dict(mixed=r(T, 2 * 2048 + 6144, scale=3.0), key_dim=2048, value_dim=6144),
         "sigmoid_gate": lambda: dict(x=r(T, 24 * 256), gate=r(T, 24 * 256)),
-        "final_rows_head": lambda: dict(hidden=r(T, HIDDEN), rows=rows, norm_weight=r(HIDDEN, scale=0.3), eps=EPS,
-                                        head_weight=r(1, HIDDEN, dt=torch.float32), head_bias=r(1, dt=torch.float32)),
     }[name]()
 
 
@@ -96,7 +93,7 @@ CASES = {
                                                          24, 4, 256, dt, DEVICE, seed=s)),
 }
 for _name in ("rms_norm", "add_rms_norm", "qk_norm_rope", "gated_rms_norm", "silu_mul", "silu_qkv", "sigmoid_gate",
-              "gdn_gates", "final_rows_head"):
+              "gdn_gates"):
     CASES[_name] = (getattr(OPS, _name), getattr(elementwise, f"{_name}_reference"), "ew",
                     lambda ls, dt, s, _n=_name: elementwise_inputs(_n, ls, dt, s))
 

@@ -117,6 +117,9 @@ def main(argv=None) -> int:
         parser.error("--repeats must be at least 1")
     targets = requests_of(parser, args)
     out, _, model = prepare_recipe(args)
+    from hf_openjev.patches import apply_patches
+
+    apply_patches(model)  # set up for the fast path: the default options (graphs on CUDA)
     result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
               "repeats": args.repeats, "requests": {}}
     for label, request in targets:

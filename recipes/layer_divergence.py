@@ -57,8 +57,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(parser, shape="mid")
     parser.add_argument("--tokens", type=int, default=100)
-    parser.add_argument("--patch-options", default="{}", help="JSON of apply_patches options")
+    parser.add_argument("--patch-options", default="{}", help="JSON of FastPathOptions")
     args = parser.parse_args(argv)
+    from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.fast_path import score_fast
     from hf_openjev.patches import apply_patches, revert_patches
     from hf_openjev.patches.record import text_model_of
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     stock = layer_outputs(text_model, lambda: text_model(input_ids=torch.tensor([sequence], device=device),
                                                          use_cache=False))
     patch_options = {**json.loads(args.patch_options), "cuda_graphs": False, "final_row_mlp": False}
-    apply_patches(model, **patch_options)
+    apply_patches(model, FastPathOptions.from_mapping(patch_options))
     fast = layer_outputs(text_model, lambda: score_fast(model, [[[sequence]]]))
     layer_types = list(text_model.config.layer_types[: len(stock)])
     result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,

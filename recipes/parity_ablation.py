@@ -28,7 +28,7 @@ from bench_jevbench import (  # noqa: E402
     versions,
 )
 
-VARIANTS = {  # name -> apply_patches options (cuda_graphs always off)
+VARIANTS = {  # name -> FastPathOptions changes (cuda_graphs always off)
     "all patches": {},
     "no stacked projections": {"stacked_projections": False},
     "no shared prefixes": {"shared_prefix": False},
@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="of the first N requests")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of: " + ", ".join(VARIANTS))
     args = parser.parse_args(argv)
+    from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.patches import apply_patches
 
     out, device, model = prepare_recipe(args)
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     stock_alone = [r for _, r in run_pass(model, work, fast=False, batch_size=1)]
     result["rows"].append({"variant": "A1: stock, one candidate per batch", **parity(reference, stock_alone)})
     for name in args.variants.split(","):
-        apply_patches(model, **VARIANTS[name], cuda_graphs=False)
+        apply_patches(model, FastPathOptions(**VARIANTS[name], cuda_graphs=False))
         fast = [r for _, r in run_pass(model, work, fast=True)]
         result["rows"].append({"variant": f"C: {name}", **parity(reference, fast)})
         print(json.dumps(result["rows"][-1]), flush=True)

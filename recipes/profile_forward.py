@@ -6,7 +6,7 @@
 
 For each single-candidate request of ``--tokens`` tokens (a noul question, random ids), and each JevBench request
 of ``--requests`` (0-based indices into the workload, with the benchmark's token ids), under every pair of
-``--patch-options`` and ``--fast-options`` (the ``score_fast`` options every request is scored with):
+``--patch-options`` and ``--fast-options`` (both FastPathOptions, merged; every request is scored with them):
   1. wall time with CUDA graphs (median of 5 after a capture), as the benchmark times it;
   2. one eager run under ``torch.profiler``: every GPU kernel's duration, summed per kernel and per category
      (GEMM, Gated DeltaNet / conv (fla), attention (flash, cuDNN), elementwise / reductions, copies / indexing, other).
@@ -66,12 +66,13 @@ def sum_by_category(kernels: dict[str, float]) -> dict[str, float]:
     return totals
 
 
-def wall_ms(model, request, fast_options: dict, repeats: int = 5) -> float:
-    """Median of ``repeats`` timed calls after one that may autotune or capture."""
-    return statistics.median(time_fast_calls(model, request, calls=1 + repeats, fast_options=fast_options)[1:])
+def wall_ms(model, request, options, repeats: int = 5) -> float:
+    """Median of ``repeats`` timed calls (with FastPathOptions ``options``) after one that may autotune or
+    capture."""
+    return statistics.median(time_fast_calls(model, request, calls=1 + repeats, options=options)[1:])
 
 
-def kernel_times(model, request, fast_options: dict) -> tuple[dict[str, float], dict[str, int], int]:
+def kernel_times(model, request, options) -> tuple[dict[str, float], dict[str, int], int]:
     """(kernel (CUDA) or op (CPU, self time) -> total ms over one request, -> launches, number of kernels / ops
     run)."""
     from torch.profiler import ProfilerActivity, profile
@@ -79,11 +80,11 @@ def kernel_times(model, request, fast_options: dict) -> tuple[dict[str, float], 
     from hf_openjev.scoring import score_prepared
 
     cuda = torch.cuda.is_available()
-    score_prepared(model, [request], fast=True, **fast_options)  # warm: autotuning stays out of the profile
+    score_prepared(model, [request], fast=True, options=options)  # warm: autotuning stays out of the profile
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
-        score_prepared(model, [request], fast=True, **fast_options)
+        score_prepared(model, [request], fast=True, options=options)
         sync()
     totals: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -100,19 +101,15 @@ def kernel_times(model, request, fast_options: dict) -> tuple[dict[str, float], 
     return totals, counts, sum(counts.values())
 
 
-def profile_request(model, label: str, request, fast_options: dict) -> dict:
-    from hf_openjev.patches import apply_patches, patch_record
-
-    options = patch_record(model).options
-    apply_patches(model, **{**vars(options), "cuda_graphs": True})
-    wall = wall_ms(model, request, fast_options)
+def profile_request(model, label: str, request, options) -> dict:
+    """One request with FastPathOptions ``options`` (the model patched with graphs on): graphs, then eagerly."""
+    graphed, eager = options.replace(cuda_graphs=True), options.replace(cuda_graphs=False)
+    wall = wall_ms(model, request, graphed)
     # the replayed graph's kernels (padded to the shape bucket), as CUPTI reports kernels launched by a graph
-    graph_kernels, graph_counts, graph_launches = kernel_times(model, request, fast_options) \
+    graph_kernels, graph_counts, graph_launches = kernel_times(model, request, graphed) \
         if torch.cuda.is_available() else ({}, {}, 0)
-    apply_patches(model, **{**vars(options), "cuda_graphs": False})
-    wall_eager = wall_ms(model, request, fast_options)
-    kernels, counts, launches = kernel_times(model, request, fast_options)
-    apply_patches(model, **vars(options))
+    wall_eager = wall_ms(model, request, eager)
+    kernels, counts, launches = kernel_times(model, request, eager)
     by_category = sum_by_category(kernels)
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
     return {"label": label, "tokens": sum(len(seq) for seq in request.sequences), "wall_graphs_ms": wall,
@@ -189,26 +186,35 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", default="107,3400", help="single noul candidates of these lengths")
     parser.add_argument("--requests", default="", help="JevBench workload requests, 0-based indices (e.g. 0,150)")
     parser.add_argument("--fast-options", nargs="+", default=["{}"],
-                        help="JSON of score_fast options, e.g. '{\"share_tails\": true}'; several: each is profiled "
+                        help="JSON of FastPathOptions, e.g. '{\"share_tails\": true}'; several: each is profiled "
                              "in turn with every patch option set")
     parser.add_argument("--patch-options", nargs="+", default=["{}"],
-                        help="JSON of apply_patches options; several: each is profiled in turn")
+                        help="JSON of FastPathOptions (reported apart); several: each is profiled in turn")
     args = parser.parse_args(argv)
     targets = requests_of(parser, args)
-    fast_option_sets = [json.loads(text) for text in args.fast_options]
+    from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.patches import apply_patches
+
+    fast_option_sets = [json.loads(text) for text in args.fast_options]
+    variants = []  # (patch options, fast options, the FastPathOptions of both), checked before any work
+    for options_json, fast_options in itertools.product(args.patch_options, fast_option_sets):
+        patch_options = json.loads(options_json)
+        try:
+            options = FastPathOptions.from_mapping(fast_options, base=FastPathOptions.from_mapping(patch_options))
+        except ValueError as error:
+            parser.error(f"--patch-options / --fast-options: {error}")
+        variants.append((patch_options, fast_options, options))
 
     out, device, model = prepare_recipe(args)
     cuda = device == "cuda"
     result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
               "cuda": cuda, "fast_options": fast_option_sets, "variants": []}
-    for options_json, fast_options in itertools.product(args.patch_options, fast_option_sets):
-        patch_options = json.loads(options_json)
-        apply_patches(model, **patch_options)
+    for patch_options, fast_options, options in variants:
+        apply_patches(model, options.replace(cuda_graphs=True))  # on CUDA, the graph cache profile_request replays
         variant = {"patch_options": patch_options, "fast_options": fast_options, "requests": []}
         result["variants"].append(variant)
         for label, request in targets:
-            variant["requests"].append(profile_request(model, label, request, fast_options))
+            variant["requests"].append(profile_request(model, label, request, options))
             r = variant["requests"][-1]
             print(f"{patch_options} {fast_options} {label}: graphs {r['wall_graphs_ms']:.1f} ms, eager {r['wall_eager_ms']:.1f} "
                   f"ms, kernels {r['kernel_sum_ms']:.1f} ms ({r['kernels']}; in the graph {r['graph_kernel_sum_ms']:.1f} ms, "

@@ -26,6 +26,11 @@ def tiny_model(tiny_checkpoint) -> hf_openjev.JevModel:
     return model
 
 
+def random_lengths(rng, n: int, lo: int = 1, hi: int = 300) -> list[int]:
+    """``n`` sequence lengths drawn from [lo, hi] (the op tests' packings)."""
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
 # --- independent re-implementations used as oracles (written from the spec, not from hf_openjev) ----------------
 
 # contract §3: one user turn of the Qwen3.5 chat template, thinking disabled, generation prompt added.

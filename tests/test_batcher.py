@@ -54,7 +54,8 @@ class Scorer:
         if self.fail:
             raise RuntimeError("CUDA error: device-side assert")
         scores = [expected_scores(p) for p in prepared]
-        return SimpleNamespace(scores=scores, seconds=0.001, prefix_cache=[{"enabled": False} for _ in prepared])
+        return SimpleNamespace(scores=scores, seconds=0.001, prefix_cache=[{"enabled": False} for _ in prepared],
+                               path="fast" if fast else "reference")  # like score_prepared's ScoreResult
 
 
 def run(coro):
@@ -154,7 +155,7 @@ def test_failure_fails_the_whole_group_and_the_worker_survives():
 
 def test_scorer_returning_the_wrong_number_of_results_is_an_inference_error():
     def bad(model, prepared, *, fast):
-        return SimpleNamespace(scores=[], seconds=0.0, prefix_cache=[])
+        return SimpleNamespace(scores=[], seconds=0.0, prefix_cache=[], path="reference")
 
     batcher = Batcher(object(), max_wait_ms=0, score_fn=bad)
     with pytest.raises(InferenceError):

@@ -97,3 +97,14 @@ def test_a_malformed_sweep_is_refused_before_any_work(tmp_path, sweep):
     with pytest.raises(SystemExit):
         bench.main(["--shape", "tiny", "--arms", "C", "--sweep", sweep, "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--fast-options", '{"min_shared": 64}'), ("--patch-options", '{"graphs": false}'),
+                                         ("--sweep", '[{"share_tail": true}]'), ("--fast-options", '{"max_tokens": 0}')])
+def test_unknown_or_bad_fast_path_options_are_refused_before_any_work(tmp_path, capsys, flag, value):
+    bench = load_recipe("bench_jevbench")
+    with pytest.raises(SystemExit):
+        bench.main(["--shape", "tiny", "--arms", "C", flag, value, "--out", str(tmp_path / "o")])
+    error = capsys.readouterr().err
+    assert "unknown fast-path option" in error or "max_tokens must be a positive integer" in error
+    assert not (tmp_path / "o").exists()

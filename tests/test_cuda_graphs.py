@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hf_openjev import load_export
-from hf_openjev.patches import apply_patches, patch_record, revert_patches
+from hf_openjev.fast_options import FastPathOptions
+from hf_openjev.patches import apply_patches, patch_record, read_options, revert_patches
 from hf_openjev.patches.pack_context import DENSE_ATTENTION_TOKENS, SegmentState, build_pack_context, move_inputs
 from hf_openjev.patches.record import text_model_of
 from hf_openjev.planner import Pack, plan_requests
@@ -107,18 +108,18 @@ def test_dense_attention_is_for_long_single_sequences_without_a_prefix():
     apart = plan_requests([[[[7] * 70]], [[[8] * 80]]])  # two roots in one level
 
     def dense(plan, threshold, pad=False):
-        return [level.dense for level in build_pack_context(plan, plan.packs[0], {}, "cpu", pad=pad,
-                                                            dense_attention_tokens=threshold).levels]
+        options = FastPathOptions(dense_attention_tokens=threshold)
+        return [level.dense for level in build_pack_context(plan, plan.packs[0], {}, "cpu", options, pad=pad).levels]
 
     assert dense(one, 64) == dense(one, 100) == dense(one, 64, pad=True) == [True]
     assert dense(one, 101) == dense(one, 0) == [False]
     assert dense(shared, 64) == [True, False] and dense(shared, 65) == [False, False]
     assert dense(apart, 16) == [False]
-    keys = {build_pack_context(one, one.packs[0], {}, "cpu", pad=True, dense_attention_tokens=t).graph_key
-            for t in (64, 0)}
+    keys = {build_pack_context(one, one.packs[0], {}, "cpu", FastPathOptions(dense_attention_tokens=t),
+                               pad=True).graph_key for t in (64, 0)}
     assert len(keys) == 2  # a graph captured with one attention call never replays the other
     with pytest.raises(ValueError, match="dense_attention_tokens"):
-        build_pack_context(one, one.packs[0], {}, "cpu", dense_attention_tokens=-1)
+        build_pack_context(one, one.packs[0], {}, "cpu", FastPathOptions(dense_attention_tokens=-1))
 
 
 @pytest.mark.parametrize("pad", [False, True])
@@ -134,13 +135,13 @@ def test_dense_attention_gives_the_same_rows(patched_model, pad):
     dense_levels = forced = 0
     for plan in plans:
         for pack in (p for p in plan.packs if not (p.external or p.export)):
-            varlen = build_pack_context(plan, pack, {}, "cpu", pad=pad, dense_attention_tokens=0)
-            dense = build_pack_context(plan, pack, {}, "cpu", pad=pad, dense_attention_tokens=16)
+            varlen = build_pack_context(plan, pack, {}, "cpu", FastPathOptions(dense_attention_tokens=0), pad=pad)
+            dense = build_pack_context(plan, pack, {}, "cpu", FastPathOptions(dense_attention_tokens=16), pad=pad)
             dense_levels += sum(level.dense for level in dense.levels)
             torch.testing.assert_close(text_model(pack=dense), text_model(pack=varlen), rtol=1e-5, atol=1e-5)
             # the last level holds scored rows (the model's attention layer is its last: earlier levels' rows
             # reach no scored row after it)
-            last = build_pack_context(plan, pack, {}, "cpu", dense_attention_tokens=0).levels[-1]  # real sequences
+            last = build_pack_context(plan, pack, {}, "cpu", FastPathOptions(dense_attention_tokens=0)).levels[-1]  # real
             if last.cu_seqlens.shape[0] > 2 and not last.has_parents:
                 varlen.levels[-1].dense = True
                 assert (text_model(pack=varlen) - text_model(pack=dense)).abs().max() > 1e-3
@@ -221,13 +222,14 @@ def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint, dense):
     model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
     rng = random.Random(2)
     batches = [_random_requests(rng, model.config.vocab_size) for _ in range(4)]
-    apply_patches(model, cuda_graphs=False)
-    eager = [score_fast(model, b, dense_attention_tokens=dense)[0] for b in batches]
-    varlen = [score_fast(model, b, dense_attention_tokens=0)[0] for b in batches]
-    apply_patches(model, cuda_graphs=True)
-    first = [score_fast(model, b, dense_attention_tokens=dense)[0] for b in batches]  # captures
+    apply_patches(model, FastPathOptions(cuda_graphs=False))
+    eager = [score_fast(model, b, read_options(model).replace(dense_attention_tokens=dense))[0] for b in batches]
+    varlen = [score_fast(model, b, read_options(model).replace(dense_attention_tokens=0))[0] for b in batches]
+    apply_patches(model, FastPathOptions(cuda_graphs=True))
+    graphed = read_options(model).replace(dense_attention_tokens=dense)
+    first = [score_fast(model, b, graphed)[0] for b in batches]  # captures
     captures = patch_record(model).graphs.captures
-    again = [score_fast(model, b, dense_attention_tokens=dense)[0] for b in batches]  # replays, no new captures
+    again = [score_fast(model, b, graphed)[0] for b in batches]  # replays, no new captures
     assert patch_record(model).graphs.captures == captures and patch_record(model).graphs.replays > 0
     for e, v, f, a in zip(eager, varlen, first, again):
         assert f == a
@@ -246,7 +248,7 @@ def test_warm_up_captures_the_graphs_that_requests_of_its_shapes_replay(heads27_
     from hf_openjev.warmup import warm_up
 
     model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
-    apply_patches(model, cuda_graphs=True)
+    apply_patches(model, FastPathOptions(cuda_graphs=True))
     shapes = [(0, [107]), (38, [43, 37, 40]), (200, [30, 31]), (130, [5, 9, 12, 3, 7])]
     report = warm_up(model, shapes, progress=False)
     captures = report["graphs"]["captures"]
@@ -269,10 +271,10 @@ def test_triton_elementwise_equals_the_plain_code_in_the_fast_path_on_cuda(heads
     model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
     requests = _random_requests(random.Random(5), model.config.vocab_size)
     for options in (dict(share_tails=True, min_shared_tokens=8), dict(max_sequences=2)):  # tails; split packs
-        apply_patches(model, cuda_graphs=False, fused_elementwise=False)
-        plain = score_fast(model, requests, **options)[0]
-        apply_patches(model, cuda_graphs=False, fused_elementwise=True)
-        fused = score_fast(model, requests, **options)[0]
+        apply_patches(model, FastPathOptions(cuda_graphs=False, fused_elementwise=False, **options))
+        plain = score_fast(model, requests)[0]
+        apply_patches(model, FastPathOptions(cuda_graphs=False, fused_elementwise=True, **options))
+        fused = score_fast(model, requests)[0]
         assert plain != [] and plain == fused, options
 
 
@@ -310,18 +312,16 @@ def test_a_bounded_graph_cache_covers_the_jevbench_workload(tails):
 def test_graph_keys_tell_compiled_from_plain_elementwise():
     plan = plan_requests([[[[7] * 70 + [8], [7] * 70 + [9]]]])
     plain = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True)
-    compiled = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True, compile_elementwise=True)
-    assert compiled.compile_elementwise and not plain.compile_elementwise
+    compiled = build_pack_context(plan, plan.packs[0], {}, "cpu", FastPathOptions(compile_elementwise=True), pad=True)
+    assert compiled.options.compile_elementwise and not plain.options.compile_elementwise
     assert compiled.graph_key != plain.graph_key  # a graph captured with one never replays for the other
-    unfused = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True, fused_elementwise=False)
-    assert plain.fused_elementwise and unfused.graph_key not in (plain.graph_key, compiled.graph_key)
+    unfused = build_pack_context(plan, plan.packs[0], {}, "cpu", FastPathOptions(fused_elementwise=False), pad=True)
+    assert plain.options.fused_elementwise and unfused.graph_key not in (plain.graph_key, compiled.graph_key)
 
 
 def test_graph_ready_packs():
     from hf_openjev.patches.cuda_graphs import MAX_GRAPH_TOKENS, graph_ready
-    from hf_openjev.patches.record import PatchOptions
-
-    assert PatchOptions().cuda_graphs  # the fast path replays graphs by default (on CUDA)
+    assert FastPathOptions().cuda_graphs  # the fast path replays graphs by default (on CUDA)
     small = plan_requests([[[[7] * 70 + [8], [7] * 70 + [9]]]])
     assert graph_ready(small, small.packs[0])
     long = plan_requests([[[[7] * (MAX_GRAPH_TOKENS + 1)]]])
@@ -422,7 +422,7 @@ def test_merged_gdn_calls_give_the_rows_of_one_call_per_level_on_cuda(heads27_ch
 
 def _compare_merged_and_per_level(tiny_checkpoint, device, dtype, pad):
     model = load_export(tiny_checkpoint.export, dtype=dtype, device=device)
-    apply_patches(model, cuda_graphs=False)
+    apply_patches(model, FastPathOptions(cuda_graphs=False))
     text_model = text_model_of(model)
     rng = random.Random(7)
     merged_calls = compared = 0

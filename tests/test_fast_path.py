@@ -26,7 +26,8 @@ from transformers import Qwen3_5TextModel
 from hf_openjev.contract import answers_from_scores, parse_request
 from hf_openjev.manifest import ExportManifest
 from hf_openjev.model import JevModel, _make_head
-from hf_openjev.patches import PatchOptions, apply_patches, patch_record
+from hf_openjev.fast_options import FastPathOptions
+from hf_openjev.patches import apply_patches, patch_record, read_options
 from hf_openjev.planner import plan_requests
 from hf_openjev.scoring import PreparedRequest, build_answer, score_prepared, use_fast_path
 from hf_openjev.tiny import tiny_text_config
@@ -197,8 +198,10 @@ def test_workload_covers_the_cases(workload):
     assert any(len(s.tokens) > 1 and s.parent is not None and s.leaf is not None for s in plan.segments)
 
 
-def run_fast(workload, **options):
-    result = score_prepared(workload.model, workload.prepared, fast=True, **options)
+def run_fast(workload, **changes):
+    """The fast path with the options the model is patched with, ``changes`` changed."""
+    options = read_options(workload.model).replace(**changes)
+    result = score_prepared(workload.model, workload.prepared, fast=True, options=options)
     assert all(math.isfinite(x) for p in result.scores for q in p for x in q)
     return result
 
@@ -229,8 +232,8 @@ def test_each_numerics_option_flipped_matches_the_reference(workload, flag, valu
     inside), so the scores equal the default's exactly; what they change on the GPU is measured there."""
     apply_patches(workload.model)
     default = run_fast(workload).scores
-    assert getattr(PatchOptions(), flag) is not value
-    record = apply_patches(workload.model, **{flag: value})
+    assert getattr(FastPathOptions(), flag) is not value
+    record = apply_patches(workload.model, FastPathOptions(**{flag: value}))
     try:
         assert getattr(record.options, flag) is value
         fast = run_fast(workload)
@@ -242,9 +245,9 @@ def test_each_numerics_option_flipped_matches_the_reference(workload, flag, valu
 
 @pytest.mark.parametrize("flag", ["packed_candidates", "shared_prefix", "final_row_mlp"])
 def test_each_patch_switched_off_matches_the_reference(workload, flag):
-    record = apply_patches(workload.model, **{flag: False})
+    record = apply_patches(workload.model, FastPathOptions(**{flag: False}))
     try:
-        assert record.options == dataclasses.replace(PatchOptions(), **{flag: False})
+        assert record.options == dataclasses.replace(FastPathOptions(), **{flag: False})
         fast = run_fast(workload)
         assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
         sharing = flag != "shared_prefix"
@@ -332,7 +335,7 @@ def sensitive():
 @pytest.mark.parametrize("limits", [{}, dict(max_sequences=2), dict(max_sequences=1, max_tokens=64)])
 def test_crafted_edge_cases_match_the_reference(sensitive, limits):
     apply_patches(sensitive.model)
-    fast = score_prepared(sensitive.model, sensitive.prepared, fast=True, **limits)
+    fast = score_prepared(sensitive.model, sensitive.prepared, fast=True, options=FastPathOptions(**limits))
     assert compare(sensitive.prepared, sensitive.reference, fast.scores) <= TOLERANCE
     plan = plan_requests([p.tokens for p in sensitive.prepared])
     assert [c["shared_tokens"] for c in fast.prefix_cache] == plan.shared_tokens
@@ -390,7 +393,7 @@ def test_the_parity_gate_fails_when_a_state_is_not_handed_over(sensitive, monkey
 
     apply_patches(sensitive.model)
     monkeypatch.setattr(fast_path, "build_pack_context", sabotaged)
-    fast = score_prepared(sensitive.model, sensitive.prepared, fast=True, **limits)
+    fast = score_prepared(sensitive.model, sensitive.prepared, fast=True, options=FastPathOptions(**limits))
     assert hit
     worst = max_dp(sensitive.prepared, sensitive.reference, fast.scores)
     print(f"sabotage {kind}: max |dp| = {worst:.3g}")
@@ -420,12 +423,29 @@ def test_usage_and_metadata_fast_vs_reference(sensitive):
         assert a["metadata"]["candidate_sequences"] == b["metadata"]["candidate_sequences"]
 
 
-def test_patches_stay_applied_and_fast_path_applies_defaults(sensitive):
+def test_patches_stay_applied_with_the_default_options(sensitive):
     model = build_model("l4-h64", 3)
     assert patch_record(model) is None
     request = crafted_requests(model.config.vocab_size)[4]
+    apply_patches(model)
     score_prepared(model, [request], fast=True)
-    assert patch_record(model).options == PatchOptions()
+    assert patch_record(model).options == FastPathOptions()
+
+
+def test_the_fast_path_refuses_an_unpatched_model_and_names_the_verb():
+    """Patching is explicit (apply_patches when the model is set up), never a side effect of scoring."""
+    from hf_openjev.fast_path import score_fast
+
+    model = build_model("l4-h64", 3)
+    request = crafted_requests(model.config.vocab_size)[4]
+    with pytest.raises(RuntimeError, match=r"apply_patches\(model, options\)"):
+        score_fast(model, [request.tokens])
+    with pytest.raises(RuntimeError, match="apply_patches"):  # before any work, not an InferenceError
+        score_prepared(model, [request], fast=True)
+    assert patch_record(model) is None  # nothing was patched on the way
+    assert score_prepared(model, [request], fast=False).path == "reference"
+    apply_patches(model)
+    assert score_prepared(model, [request], fast=True).path == "fast"
 
 
 def test_fresh_levels_read_no_state_and_last_levels_write_none(workload, monkeypatch):
@@ -490,3 +510,47 @@ def test_the_conv_reads_qkv_in_place_from_the_stacked_projection(workload, monke
     fast = run_fast(workload)
     assert layouts and all(layout == (False, 1) for layout in layouts)
     assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
+
+
+# --- torch.compile -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["padded tails (graph-ready), inductor", "split packs (states in and out), aot_eager"])
+def test_the_packed_forward_compiles_without_graph_breaks(case):
+    """The plugin's promise to torch.compile: the patched text model's forward over one pack context traces as ONE
+    graph (``fullgraph=True``: the custom ops with their fake implementations, the context's metadata) and gives
+    the eager rows, and the same exported states, within fp32 rounding."""
+    from hf_openjev.patches.pack_context import build_pack_context
+    from hf_openjev.patches.record import text_model_of
+
+    model = build_model("l4-h64", 3)
+    apply_patches(model)
+    text_model = text_model_of(model)
+    rng = random.Random(4)
+    prefix = [rng.randrange(256) for _ in range(140)]
+    requests = [[[prefix + [rng.randrange(256) for _ in range(n)] for n in (3, 5, 1)]]]
+    if case.startswith("padded"):  # prefix level, tail + children in one gathered GDN call, dummies
+        plan, backend = plan_requests(requests, share_tails=True, min_shared_tokens=8), "inductor"
+        contexts = [build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True)]
+        assert any(call.rows is not None for call in contexts[0].gdn_calls)
+    else:  # the prefix exports its states; each candidate continues them from the bank
+        plan, backend = plan_requests(requests, max_sequences=1), "aot_eager"
+        store, contexts = {}, []
+        with torch.no_grad():
+            for pack in plan.packs:
+                contexts.append(build_pack_context(plan, pack, store, "cpu"))
+                text_model(pack=contexts[-1])
+                store.update(contexts[-1].exported)
+        assert contexts[0].exports and all(ctx.n_external for ctx in contexts[1:])
+    with torch.no_grad():
+        for ctx in contexts:
+            ctx.exported.clear()
+            eager = text_model(pack=ctx)
+            exported = {seg: dict(state.gdn) for seg, state in ctx.exported.items()}
+            ctx.exported.clear()
+            torch._dynamo.reset()
+            compiled = torch.compile(lambda: text_model(pack=ctx), fullgraph=True, backend=backend)()
+            assert compiled.shape == eager.shape
+            torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+            for seg, states in exported.items():
+                for layer, state in states.items():
+                    torch.testing.assert_close(ctx.exported[seg].gdn[layer], state, rtol=1e-5, atol=1e-5)

@@ -23,8 +23,7 @@ def _inputs(dtype, t=37, d=48, seed=0, device="cpu"):
     heads, head_dim, rotary = 3, 16, 8  # q/k norm + partial RoPE; the GDN gates over `heads` value heads
     return dict(
         x=r(t, d), residual=r(t, d, scale=4.0), gate=r(t, d), up=r(t, d), weight=r(d, scale=0.3),
-        rows=torch.tensor([t - 1, 0, t // 7, t // 7, t // 2], device=device), head_weight=r(1, d, dt=torch.float32),
-        head_bias=r(1, dt=torch.float32),
+        rows=torch.tensor([t - 1, 0, t // 7, t // 7, t // 2], device=device),
         query=r(t, heads, head_dim), key=r(t, 1, head_dim), q_weight=r(head_dim, scale=0.1),
         k_weight=r(head_dim, scale=0.1), cos=r(t, rotary), sin=r(t, rotary),
         a=r(t, heads), b=r(t, heads), A_log=r(heads, dt=torch.float32), dt_bias=r(heads),
@@ -74,19 +73,6 @@ def test_silu_qkv_is_the_stock_activation_and_split(dtype):
         assert g.is_contiguous() and torch.equal(g, w)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_final_rows_head_is_stock_norm_then_fp32_linear(dtype):
-    a = _inputs(dtype)
-    head = torch.nn.Linear(a["x"].shape[-1], 1)
-    head.weight.data.copy_(a["head_weight"])
-    head.bias.data.copy_(a["head_bias"])
-    expected = head(_norm(a["weight"])(a["x"])[a["rows"]].float()).squeeze(-1)
-    scores = OPS.final_rows_head(a["x"], a["rows"], a["weight"], EPS, a["head_weight"], a["head_bias"])
-    assert scores.shape == (5,) and scores.dtype == torch.float32
-    assert torch.equal(scores, expected)
-    assert scores[2] == scores[3] and scores[0] != scores[1]
-
-
 def _calls(a):
     return {
         "rms_norm": (a["x"], a["weight"], EPS),
@@ -97,7 +83,6 @@ def _calls(a):
         "silu_mul": (a["gate"], a["up"]),
         "sigmoid_gate": (a["x"], a["gate"]),
         "silu_qkv": (a["mixed"], KEY_DIM, VALUE_DIM),
-        "final_rows_head": (a["x"], a["rows"], a["weight"], EPS, a["head_weight"], a["head_bias"]),
     }
 
 
@@ -111,11 +96,11 @@ def test_compiled_plain_code_matches_eager(dtype):
     """What a compiled model forward does: the plain functions, fused by Inductor in one graph."""
     a = _inputs(dtype)
 
-    def block(x, residual, gate, up, weight, rows, head_weight, head_bias, **_):
+    def block(x, residual, gate, up, weight, rows, **_):
         normed, residual = ew.add_rms_norm_reference(x, residual, weight, EPS)
         h = ew.silu_mul_reference(normed, up) + ew.sigmoid_gate_reference(gate, normed)
         h = ew.gated_rms_norm_reference(h, gate, weight, EPS)
-        return h, residual, ew.final_rows_head_reference(h, rows, weight, EPS, head_weight, head_bias)
+        return h, residual, ew.rms_norm_reference(h.index_select(0, rows), weight, EPS)  # the scored rows
 
     compiled = torch.compile(block, fullgraph=True)(**a)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=2e-2)
@@ -126,10 +111,10 @@ def test_compiled_plain_code_matches_eager(dtype):
 def test_ops_compile_fullgraph():
     a = _inputs(torch.float32)
 
-    def f(x, residual, gate, up, weight, rows, head_weight, head_bias, **_):
+    def f(x, residual, gate, up, weight, rows, **_):
         normed, residual = OPS.add_rms_norm(x, residual, weight, EPS)
         h = OPS.gated_rms_norm(OPS.silu_mul(normed, up), OPS.sigmoid_gate(gate, x), weight, EPS)
-        return residual, OPS.final_rows_head(h, rows, weight, EPS, head_weight, head_bias)
+        return residual, OPS.rms_norm(h.index_select(0, rows), weight, EPS)  # the scored rows
 
     torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="aot_eager")(**a), f(**a))
 

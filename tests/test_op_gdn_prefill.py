@@ -9,12 +9,31 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
     torch_recurrent_gated_delta_rule,
 )
 
-from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, random_lengths, split_lengths, to_device
-from hf_openjev.ops.gdn_prefill import gdn_prefill_naive, gdn_prefill_reference
+from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, split_lengths, to_device
+from hf_openjev.ops.gdn_prefill import _per_sequence, gdn_prefill_reference
 from hf_openjev.ops.varlen import prepare_varlen_metadata
+
+from conftest import random_lengths
 
 OP = torch.ops.hf_openjev.gdn_prefill
 HK, HV, DK, DV = 2, 6, 16, 12  # Hv = 3 * Hk, odd-ish head dims
+
+def _recurrent_one(q, k, v, g, beta, state):
+    """One sequence, token by token (the layouts of the reference's chunked ``_chunked_one``: q, k [L, H, Dk];
+    v [L, H, Dv]; g, beta [L, H]; state [H, Dk, Dv], all fp32)."""
+    out = torch.empty_like(v)
+    for t in range(q.shape[0]):
+        state = state * g[t].exp()[:, None, None]
+        delta = (v[t] - (state * k[t][..., None]).sum(-2)) * beta[t][:, None]  # [H, Dv]
+        state = state + k[t][..., None] * delta[:, None, :]
+        out[t] = (state * q[t][..., None]).sum(-2)
+    return out, state
+
+
+def gdn_prefill_naive(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices=None, output_final_state=True):
+    """Token-by-token recurrence; the independent check of the reference."""
+    return _per_sequence(_recurrent_one, q, k, v, g, beta, cu_seqlens, initial_state, output_final_state)
+
 
 # a seeded sample of packings (1..16 sequences of 1..300 tokens), not the cross product
 _rng = random.Random(1234)

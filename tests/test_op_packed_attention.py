@@ -14,10 +14,11 @@ from hf_openjev.ops._checks import (
     capture_replay,
     max_errors,
     prefix_inputs,
-    random_lengths,
     split_lengths,
     to_device,
 )
+
+from conftest import random_lengths
 
 PACKED, PREFIX = torch.ops.hf_openjev.packed_attention, torch.ops.hf_openjev.prefix_attention
 CAUSAL = torch.ops.hf_openjev.causal_attention

@@ -169,29 +169,32 @@ def test_the_bench_judges_every_configuration_and_a_wrong_prefix_fails(oracle_ru
     torch.set_num_threads(1)
     path, _ = oracle_run
     real = fast_path.score_fast
+    sabotage = {"max_tokens": 4095}  # a real option (the bench refuses unknown ones) that marks the wrong-prefix entry
+    wrong_label = json.dumps(sabotage)
 
-    def score_fast(model, requests_tokens, *, wrong_prefix=False, **options):
-        if wrong_prefix:  # each question's candidates read the mirror image of their shared prefix
+    def score_fast(model, requests_tokens, options=None):
+        chosen = options or fast_path.require_patches(model).options
+        if chosen.max_tokens == sabotage["max_tokens"]:  # each question's candidates read their prefix mirrored
             requests_tokens = [[mirror_prefix(q) for q in r] for r in requests_tokens]
-        return real(model, requests_tokens, **options)
+        return real(model, requests_tokens, options)
 
     monkeypatch.setattr(fast_path, "score_fast", score_fast)
     bench = load_recipe("bench_jevbench")
     rc = bench.main(["--shape", "tiny", "--limit", "2", "--arms", "C,B", "--parity-only", "B", "--passes", "1",
                      "--b-passes", "1", "--concurrency", "", "--single", "", "--long-candidate", "0",
-                     "--sweep", '[{"min_shared_tokens": 16}, {"wrong_prefix": true}]', "--oracle", str(path),
+                     "--sweep", f'[{{"min_shared_tokens": 16}}, {wrong_label}]', "--oracle", str(path),
                      "--out", str(tmp_path)])
     assert rc == 0
     report = json.loads((tmp_path / "fidelity_tiny.json").read_text())
     configs = report["configurations"]
-    assert list(configs) == ["C", "B", '{"min_shared_tokens": 16}', '{"wrong_prefix": true}']
+    assert list(configs) == ["C", "B", '{"min_shared_tokens": 16}', wrong_label]
     assert report["oracle_sha256_check"]["match"] and report["requests_compared"] == 2
     assert report["oracle_sha256_check"]["run"] == json.loads((tmp_path / "bench_tiny_bfloat16.json").read_text())[
         "weights_sha256"]
     assert configs["B"]["passes"] is True and configs["B"]["max_abs_dp"] > 0  # bf16 against fp32
     for name in ("C", '{"min_shared_tokens": 16}'):  # measured; bf16 rounding, not another model
         assert configs[name]["passes"] in (True, False) and configs[name]["max_abs_dp"] < 0.05
-    wrong = configs['{"wrong_prefix": true}']
+    wrong = configs[wrong_label]
     assert wrong["passes"] is False and any("max" in r for r in wrong["gate_reasons"])
     assert wrong["max_abs_dp"] > 2 * configs["B"]["max_abs_dp"]
     assert (tmp_path / "fidelity_tiny.png").read_bytes()[:4] == b"\x89PNG"

@@ -13,7 +13,8 @@ from transformers import pipeline
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 
 import hf_openjev
-from hf_openjev.patches import PatchOptions, PatchRecord, apply_patches, patch_record, patched, revert_patches
+from hf_openjev.fast_options import FastPathOptions
+from hf_openjev.patches import PatchRecord, apply_patches, patch_record, patched, revert_patches
 from hf_openjev.patches.final_row_mlp import PackedDecoderLayer, PackedTextModel
 from hf_openjev.patches.packed_candidates import PackedAttention, PackedGatedDeltaNet
 from hf_openjev.patches.record import RECORD_ATTRIBUTE, check_transformers_version, text_model_of
@@ -74,7 +75,7 @@ def test_apply_swaps_classes_and_keeps_every_parameter_object(own_model):
     before_types = module_types(own_model)
     before_params = parameters(own_model)
     record = apply_patches(own_model)
-    assert isinstance(record, PatchRecord) and record.options == PatchOptions()
+    assert isinstance(record, PatchRecord) and record.options == FastPathOptions()
     assert patch_record(own_model) is record
     assert getattr(own_model.backbone, RECORD_ATTRIBUTE) is record
     replaced = []
@@ -105,13 +106,13 @@ def test_apply_twice_is_a_no_op(own_model):
     assert again is record
     assert record.replaced == replaced
     assert module_types(own_model) == types
-    assert record.options == PatchOptions()
+    assert record.options == FastPathOptions()
 
 
 def test_revert_restores_exactly_what_was_replaced(own_model):
     before_types = module_types(own_model)
     before_params = parameters(own_model)
-    apply_patches(own_model, shared_prefix=False)
+    apply_patches(own_model, FastPathOptions(shared_prefix=False))
     assert revert_patches(own_model) is True
     for (module, original), (module_after, type_after) in zip(before_types, module_types(own_model)):
         assert module_after is module
@@ -121,7 +122,7 @@ def test_revert_restores_exactly_what_was_replaced(own_model):
     assert not hasattr(own_model.backbone, RECORD_ATTRIBUTE)
     assert revert_patches(own_model) is False  # nothing left to revert
     record = apply_patches(own_model)  # and it can be patched again from scratch
-    assert record.options == PatchOptions() and len(record.replaced) == sum(
+    assert record.options == FastPathOptions() and len(record.replaced) == sum(
         c in STOCK_TO_PATCHED for _, c in before_types)
 
 
@@ -148,9 +149,9 @@ def test_a_model_without_a_qwen_text_model_is_refused():
 
 def test_context_manager_applies_and_reverts(own_model):
     types = module_types(own_model)
-    with patched(own_model, final_row_mlp=False) as record:
+    with patched(own_model, FastPathOptions(final_row_mlp=False)) as record:
         assert patch_record(own_model) is record
-        assert record.options == PatchOptions(final_row_mlp=False)
+        assert record.options == FastPathOptions(final_row_mlp=False)
         assert type(own_model.backbone) is PackedTextModel
     assert patch_record(own_model) is None
     assert module_types(own_model) == types
@@ -177,10 +178,10 @@ def test_context_manager_restores_the_options_it_changed(own_model):
     # The model was patched with the defaults; a block that asks for other options must not leave them behind
     # ("the context manager reverts only what it applied": here it applied an options change).
     record = apply_patches(own_model)
-    with patched(own_model, shared_prefix=False, final_row_mlp=False) as inner:
-        assert inner.options == PatchOptions(shared_prefix=False, final_row_mlp=False)
+    with patched(own_model, FastPathOptions(shared_prefix=False, final_row_mlp=False)) as inner:
+        assert inner.options == FastPathOptions(shared_prefix=False, final_row_mlp=False)
     assert patch_record(own_model) is record
-    assert record.options == PatchOptions()
+    assert record.options == FastPathOptions()
 
 
 def test_a_patched_model_without_pack_is_bit_identical_to_the_stock_model(own_model):
@@ -230,7 +231,7 @@ def test_apply_on_an_unsupported_transformers_changes_nothing(own_model, monkeyp
 # --- what the pipeline reports --------------------------------------------------------------------------------
 
 def test_pipeline_reports_prefix_sharing_and_the_same_usage(own_model):
-    jev = pipeline("jev-decision", model=own_model, device="cpu", dtype="float32")
+    jev = pipeline("jev-decision", model=own_model, device="cpu", dtype="float32", fast=True)  # patches own_model
     reference = jev(REQUEST, fast=False)
     fast = jev(REQUEST, fast=True)
     prepared = prepare_request(own_model, REQUEST)
@@ -257,6 +258,7 @@ def test_prefix_cache_per_request_and_with_sharing_switched_off(own_model):
     prepared = [prepare_request(own_model, r) for r in (REQUEST, SHORT)]
     expected = plan_requests([p.tokens for p in prepared]).shared_tokens
     assert expected[0] > 0 and expected[1] == 0
+    apply_patches(own_model)
     fast = answer_requests(own_model, [REQUEST, SHORT], fast=True)
     assert [r["metadata"]["prefix_cache"] for r in fast] == [
         {"enabled": True, "mode": "prefix-tree", "shared_tokens": n} for n in expected]
@@ -264,13 +266,13 @@ def test_prefix_cache_per_request_and_with_sharing_switched_off(own_model):
     assert [r["usage"] for r in fast] == [r["usage"] for r in reference]
     assert [r["usage"]["input_tokens"] for r in fast] == [p.input_tokens for p in prepared]
 
-    apply_patches(own_model, shared_prefix=False)
+    apply_patches(own_model, FastPathOptions(shared_prefix=False))
     unshared = answer_requests(own_model, [REQUEST, SHORT], fast=True)
     assert [r["metadata"]["prefix_cache"] for r in unshared] == [
         {"enabled": False, "mode": "none", "shared_tokens": 0}] * 2
     assert [r["usage"] for r in unshared] == [r["usage"] for r in reference]
     # a bigger threshold than the shared prefix: enabled, but nothing shared
     apply_patches(own_model)
-    huge = answer_requests(own_model, [REQUEST], fast=True, min_shared_tokens=10_000)[0]
+    huge = answer_requests(own_model, [REQUEST], fast=True, options=FastPathOptions(min_shared_tokens=10_000))[0]
     assert huge["metadata"]["prefix_cache"] == {"enabled": True, "mode": "prefix-tree", "shared_tokens": 0}
     assert huge["usage"] == reference[0]["usage"]

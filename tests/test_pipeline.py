@@ -46,6 +46,12 @@ def jev(tiny_model):
     return pipeline("jev-decision", model=tiny_model, device="cpu", dtype="float32")
 
 
+@pytest.fixture(scope="module")
+def fast_jev(tiny_model):
+    """A pipeline set up for the fast path on the CPU (constructing it patches the model)."""
+    return pipeline("jev-decision", model=tiny_model, device="cpu", dtype="float32", fast=True)
+
+
 def expected_input_tokens(model, request) -> int:
     return sum(len(model.tokenizer(QWEN_CHAT_PREFIX + p + QWEN_CHAT_SUFFIX, add_special_tokens=False)["input_ids"])
                for prompts in spec_prompts(request).values() for p in prompts)
@@ -204,7 +210,8 @@ def test_batch_size_option_sets_the_reference_batch(jev, tiny_model):
         handle.remove()
 
 
-def test_exact_prefix_sharing_is_a_call_option_of_the_fast_path(jev):
+def test_exact_prefix_sharing_is_a_call_option_of_the_fast_path(fast_jev):
+    jev = fast_jev
     reference = jev(REQUEST, fast=False)
     aligned = jev(REQUEST, fast=True)
     exact = jev(REQUEST, fast=True, share_tails=True, min_shared_tokens=1)
@@ -220,12 +227,14 @@ def test_exact_prefix_sharing_is_a_call_option_of_the_fast_path(jev):
     assert ignored["metadata"]["prefix_cache"]["shared_tokens"] == 0
 
 
-def test_dense_attention_is_a_call_option_of_the_fast_path(jev, monkeypatch):
+def test_dense_attention_is_a_call_option_of_the_fast_path(fast_jev, monkeypatch):
     from hf_openjev import fast_path
 
-    seen = []
+    jev = fast_jev
+    seen = []  # the options each call changed from the defaults
     real = fast_path.score_fast
-    monkeypatch.setattr(fast_path, "score_fast", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    monkeypatch.setattr(fast_path, "score_fast", lambda model, tokens, options: seen.append(
+        options.to_dict(changed_only=True)) or real(model, tokens, options))
     default, dense = jev(REQUEST, fast=True), jev(REQUEST, fast=True, dense_attention_tokens=1)
     assert seen == [{}, {"dense_attention_tokens": 1}]
     for qid, answer in default["answers"].items():  # CPU, fp32: the same answers (reference kernels)
@@ -246,6 +255,23 @@ def test_bad_sharing_options_fail_before_model_work(jev, no_model_work, options,
     with pytest.raises(ValueError, match=message):
         jev(REQUEST, fast=True, **options)
     assert no_model_work == []
+
+
+def test_constructing_for_the_fast_path_patches_the_model_and_a_call_never_does(tiny_checkpoint):
+    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.patches import patch_record
+
+    own = hf_openjev.load_export(tiny_checkpoint.export, dtype=torch.float32)
+    reference = pipeline("jev-decision", model=own, device="cpu", dtype="float32")
+    assert patch_record(own) is None  # CPU default: the reference path, nothing patched
+    with pytest.raises(RuntimeError, match="apply_patches"):
+        reference(REQUEST, fast=True)
+    assert patch_record(own) is None
+    fast = pipeline("jev-decision", model=own, device="cpu", dtype="float32", fast=True, share_tails=True)
+    assert patch_record(own).options == FastPathOptions(share_tails=True)  # at construction, with its options
+    assert fast(REQUEST)["metadata"]["method"] == "fast"  # fast=True at construction is the pipeline's default
+    assert fast(REQUEST, fast=False)["metadata"]["method"] == "reference"
+    assert reference(REQUEST, fast=True)["metadata"]["method"] == "fast"  # the model is patched now
 
 
 def test_unknown_option(jev):

@@ -258,6 +258,27 @@ def _run_async(coro):
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
+def test_the_fast_path_is_set_up_when_the_app_is_created_and_scores_with_its_options(tiny_checkpoint):
+    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.patches import patch_record
+    from hf_openjev.planner import plan_requests
+    from hf_openjev.scoring import prepare_request
+
+    own = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")
+    assert patch_record(own) is None
+    options = FastPathOptions(share_tails=True, min_shared_tokens=16)
+    app = create_app(own, fast=True, options=options)
+    assert patch_record(own).options == options  # patched at creation, before any request
+    request = make_request(2)
+    tokens = prepare_request(own, request).tokens
+    exact = plan_requests([tokens], share_tails=True, min_shared_tokens=16).shared_tokens[0]
+    assert exact != plan_requests([tokens]).shared_tokens[0]  # the options show in the response
+    with TestClient(app) as c:
+        body = c.post("/v1/systemone", json=request, headers=JSON).json()
+    assert body["metadata"]["method"] == "fast"
+    assert body["metadata"]["prefix_cache"] == {"enabled": True, "mode": "prefix-tree", "shared_tokens": exact}
+
+
 def test_model_failure_is_500_for_the_whole_group_and_nothing_partial(model):
     def broken(model, prepared, *, fast):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")

@@ -11,6 +11,7 @@ import torch
 from hf_openjev import load_export, warmup
 from hf_openjev.cli import main as cli_main
 from hf_openjev.errors import InputFileError
+from hf_openjev.fast_options import FastPathOptions
 
 torch.set_num_threads(1)
 
@@ -51,14 +52,14 @@ def test_warm_up_runs_one_request_per_shape_with_its_token_counts(tiny_checkpoin
     seen = []
     real = fast_path.score_fast
 
-    def spy(model, requests_tokens, **options):
-        seen.append((requests_tokens, options))
-        return real(model, requests_tokens, **options)
+    def spy(model, requests_tokens, options):
+        seen.append((requests_tokens, options.to_dict(changed_only=True)))  # what differs from the defaults
+        return real(model, requests_tokens, options)
 
     monkeypatch.setattr(fast_path, "score_fast", spy)
     too_long = model.max_length  # prefix + longest suffix > max_length: skipped, as the server would refuse it
     shapes = [(5, [3, 4]), (0, [7]), (too_long, [1]), (70, [2, 2, 9])]
-    report = warmup.warm_up(model, shapes, progress=False, share_tails=True)
+    report = warmup.warm_up(model, shapes, FastPathOptions(share_tails=True), progress=False)
     assert report["requests"] == 3 and report["skipped_too_long"] == 1 and report["graphs"] is None  # CPU
     assert len(seen) == 3 and all(options == {"share_tails": True} for _, options in seen)
     for (requests_tokens, _), (prefix, suffixes) in zip(seen, [shapes[0], shapes[1], shapes[3]]):
@@ -66,6 +67,17 @@ def test_warm_up_runs_one_request_per_shape_with_its_token_counts(tiny_checkpoin
         assert [len(c) for c in candidates] == [prefix + n for n in suffixes]
         assert all(c[:prefix] == candidates[0][:prefix] for c in candidates)  # one shared prefix per request
         assert all(0 <= t < model.config.vocab_size for c in candidates for t in c)
+
+
+def test_warm_up_sets_the_model_up_for_the_fast_path_with_its_options(tiny_checkpoint):
+    from hf_openjev.patches import patch_record
+
+    model = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")
+    assert patch_record(model) is None
+    report = warmup.warm_up(model, [(3, [2, 4])], FastPathOptions(max_sequences=1), progress=False)
+    assert report["requests"] == 1 and patch_record(model).options == FastPathOptions(max_sequences=1)
+    warmup.warm_up(model, [(3, [2])], progress=False)  # no options: the ones the model is patched with
+    assert patch_record(model).options == FastPathOptions(max_sequences=1)
 
 
 def test_serve_warm_up_file_is_checked_before_the_model_loads(tmp_path, monkeypatch):

@@ -74,20 +74,13 @@ def _default_score_fn(model, prepared, *, fast):
     return score_prepared(model, prepared, fast=fast)
 
 
-def _method(model, fast) -> str:
-    try:
-        from ..scoring import use_fast_path
-
-        return "fast" if use_fast_path(model, fast) else "reference"
-    except Exception:  # noqa: BLE001 - a stand-in model in tests
-        return "fast" if fast else "reference"
-
-
 class Batcher:
     """Groups prepared requests under a token budget and a maximum wait; scores each group on one worker thread.
 
     ``score_fn(model, [prepared, ...], fast=fast)`` must return an object with ``scores`` (per request),
-    ``seconds`` and ``prefix_cache`` (per request), like :func:`hf_openjev.scoring.score_prepared` (the default).
+    ``seconds``, ``prefix_cache`` (per request) and ``path`` (the path that ran, each outcome's ``method``), like
+    :func:`hf_openjev.scoring.score_prepared` (the default: with the options the model was patched with; the server
+    binds its own).
     """
 
     def __init__(self, model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
@@ -105,7 +98,6 @@ class Batcher:
         self.max_batch_tokens = int(max_batch_tokens)
         self.max_wait_s = float(max_wait_ms) / 1000.0
         self.fast = fast
-        self.method = _method(model, fast)
         self._score_fn = score_fn or _default_score_fn
         self._company_hint = company_hint
         self._name = name
@@ -245,6 +237,7 @@ class Batcher:
             caches = list(result.prefix_cache) or [{"enabled": False, "mode": "none", "shared_tokens": 0}] * len(live)
             if len(scores) != len(live) or len(caches) != len(live):
                 raise InferenceError(f"the scorer returned {len(scores)} results for {len(live)} requests")
+            path = result.path  # "fast" or "reference": what ran
         except Exception as exc:  # noqa: BLE001 - contract §2: any failure inside inference is a 500 for the group
             self.failures += 1
             logger.error("scoring a group of %d requests failed: %s", len(live), exc,
@@ -258,7 +251,7 @@ class Batcher:
         tokens = sum(item.tokens for item in live)
         for item, item_scores, cache in zip(live, scores, caches):
             outcome = BatchOutcome(scores=item_scores, seconds=float(result.seconds), prefix_cache=cache,
-                                   method=self.method, batch_requests=len(live), batch_tokens=tokens,
+                                   method=path, batch_requests=len(live), batch_tokens=tokens,
                                    queue_seconds=max(0.0, started - item.enqueued))
             self._resolve(item, outcome=outcome)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
+import functools
 import logging
 import re
 import threading
@@ -79,18 +80,27 @@ class HTTPError(Exception):
     """An error response: status, message, a machine-readable type and the location of the problem."""
 
     def __init__(self, status: int, message: str, *, type: str, loc: list | None = None,
-                 headers: dict | None = None):
+                 headers: dict | None = None, reason: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.loc = loc if loc is not None else ["body"]
         self.headers = headers or {}
+        self.reason = reason
 
 
-def error_body(message: str, *, type: str, loc: list) -> dict:
-    """``{"error": msg, "detail": [{"msg": msg, "type": ..., "loc": [...]}]}`` (contract §7)."""
-    return {"error": message, "detail": [{"msg": message, "type": type, "loc": list(loc)}]}
+def error_body(message: str, *, type: str, loc: list, reason: str | None = None) -> dict:
+    """``{"error": msg, "detail": [{"msg": msg, "type": ..., "loc": [...]}]}`` (contract §7).
+
+    ``reason`` (a :class:`RequestError`'s ``detail``: the question and field at fault, or the served model names)
+    goes into the entry's ``ctx`` as FastAPI does for context, ``{"ctx": {"reason": ...}}``: the contract's
+    ``msg``/``error`` stay exactly as worded.
+    """
+    entry = {"msg": message, "type": type, "loc": list(loc)}
+    if reason:
+        entry["ctx"] = {"reason": reason}
+    return {"error": message, "detail": [entry]}
 
 
 def _json_response(payload, status: int = 200, headers: dict | None = None) -> Response:
@@ -264,6 +274,8 @@ class _ServerState:
         self.idle.set()
         self.release_date = release_date or _release_date(model)
         self.started = time.time()
+        self.preparing = 0  # requests being validated now: company the batcher may wait for
+        self.path = "reference"  # the path the model was set up for (create_app)
 
     # -- CPU work, on the executor -------------------------------------------------------------------------
     def prepare(self, body: bytes):
@@ -277,7 +289,8 @@ class _ServerState:
                 return prepare_request(self.model, obj)
         except RequestError as exc:
             kind = "json_invalid" if exc.message.startswith(MSG_INVALID_JSON) else "value_error"
-            raise HTTPError(exc.status, exc.message, type=kind, loc=_error_loc(exc.message, obj)) from None
+            raise HTTPError(exc.status, exc.message, type=kind, loc=_error_loc(exc.message, obj),
+                            reason=getattr(exc, "detail", None)) from None
         except RecursionError:
             raise HTTPError(422, f"{MSG_INVALID_JSON}: nesting is too deep", type="json_invalid") from None
         except Exception as exc:  # noqa: BLE001 - never a 5xx for input the validator did not foresee
@@ -310,136 +323,178 @@ class _ServerState:
             self.idle.set()
 
 
+async def _read_json_body(request: Request) -> bytes:
+    """The body of a decision request: ``Content-Type`` checked (415), read under the 4 MiB cap (413) and its
+    ``Content-Encoding`` undone (steps 1 and 2 of the module docstring)."""
+    if not _is_json_media_type(request.headers.get("content-type")):
+        await _discard_body(request)
+        raise HTTPError(415, MSG_CONTENT_TYPE, type="unsupported_media_type", loc=["header", "content-type"])
+    return _decode_content(await _read_body(request), request.headers.get("content-encoding"))
+
+
+async def _prepare_off_loop(state: _ServerState, body: bytes):
+    """Strict JSON, validation and tokenization on the executor (step 3); counted in ``state.preparing`` meanwhile,
+    the company the batcher may wait for."""
+    state.preparing += 1
+    try:
+        return await asyncio.get_running_loop().run_in_executor(state.executor, state.prepare, body)
+    finally:
+        state.preparing -= 1
+
+
+async def _submit(state: _ServerState, prepared, *, arrived_draining: bool):
+    """Admission to the batcher and the wait for the request's scores (steps 4 and 5): 503 when the server was
+    draining when the request arrived, when the queue is full or when the batcher is closed."""
+    busy = {"Retry-After": str(state.retry_after_s)}
+    if arrived_draining:
+        raise HTTPError(503, MSG_SHUTTING_DOWN, type="service_unavailable", loc=[], headers=busy)
+    try:
+        return await state.batcher.submit(prepared)
+    except QueueFull:
+        raise HTTPError(503, MSG_BUSY, type="server_busy", loc=[], headers=busy) from None
+    except BatcherClosed:
+        raise HTTPError(503, MSG_SHUTTING_DOWN, type="service_unavailable", loc=[], headers=busy) from None
+
+
+def _log_request(request: Request, request_id: str, status: int, started: float, prepared, info: str) -> None:
+    shape = ""
+    if prepared is not None:
+        shape = (f" questions={len(prepared.parsed.questions)} candidates={prepared.parsed.candidate_count}"
+                 f" input_tokens={prepared.input_tokens}")
+    log = logger.warning if status >= 500 else logger.info
+    log("request_id=%s %s %s -> %d in %.1f ms%s %s", request_id, request.method, request.url.path, status,
+        (time.perf_counter() - started) * 1000.0, shape, info)
+
+
+async def decide(state: _ServerState, request: Request) -> Response:
+    """``POST /v1/systemone`` and ``/v1/inference``: one decision request, through the steps of the module
+    docstring; every failure becomes its error response, and every request is logged."""
+    request_id = _request_id(request)
+    started = time.perf_counter()
+    arrived_draining = state.draining
+    state.enter()
+    status, info, prepared = 500, "", None
+    try:
+        prepared = await _prepare_off_loop(state, await _read_json_body(request))
+        outcome = await _submit(state, prepared, arrived_draining=arrived_draining)
+        payload = await asyncio.get_running_loop().run_in_executor(state.executor, state.finish, prepared, outcome,
+                                                                   request_id)
+        status = 200
+        info = f"batch={outcome.batch_requests} queue_ms={outcome.queue_seconds * 1000:.1f}"
+        return _json_response(payload, 200, _id_headers(request_id))
+    except HTTPError as exc:
+        status, info = exc.status, exc.message
+        return _json_response(error_body(exc.message, type=exc.type, loc=exc.loc, reason=exc.reason), exc.status,
+                              {**_id_headers(request_id), **exc.headers})
+    except InferenceError as exc:
+        status, info = 500, str(exc)
+        return _json_response(error_body(MSG_INFERENCE, type="inference_error", loc=[]), 500,
+                              _id_headers(request_id))
+    except ClientDisconnect:
+        status, info = 499, "client disconnected"
+        return Response(status_code=400)
+    except Exception as exc:  # noqa: BLE001
+        status, info = 500, f"{type(exc).__name__}: {exc}"
+        logger.exception("request_id=%s failed", request_id)
+        return _json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500,
+                              _id_headers(request_id))
+    finally:
+        state.leave()
+        _log_request(request, request_id, status, started, prepared, info)
+
+
+async def list_models(state: _ServerState, request: Request) -> Response:
+    """``GET /v1/models``: the served names, OpenAI style (``data``) and as the TypeSafe SDK reads them
+    (``models``)."""
+    model = state.model
+    names = list(dict.fromkeys(model.served_model_names))
+    created = int(state.started)
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "open-jev", "root": model.model_id,
+             **({"aliases": names[1:]} if i == 0 else {})}
+            for i, name in enumerate(names)]
+    described = [{"name": name, "release_date": state.release_date,
+                  "description": (f"Open-Jev decision model {model.model_id}" if name == model.model_id else
+                                  f"alias of {model.model_id}")}
+                 for name in names]
+    return _json_response({"object": "list", "data": data, "models": described}, 200,
+                          _id_headers(_request_id(request)))
+
+
+async def report_health(state: _ServerState, request: Request) -> Response:
+    """``GET /health``: ``{"status": "ok", ...}``, or 503 ``{"status": "draining", ...}`` during shutdown."""
+    body = {"status": "draining" if state.draining else "ok", "model": state.model.model_id,
+            "active_requests": state.active, "batcher": state.batcher.stats(),
+            "uptime_seconds": round(time.time() - state.started, 3)}
+    return _json_response(body, 503 if state.draining else 200, _id_headers(_request_id(request)))
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    message = exc.detail if isinstance(exc.detail, str) else str(exc.status_code)
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    headers = {**_id_headers(_request_id(request)), **(exc.headers or {})}
+    return _json_response(error_body(message, type=kind, loc=["path"]), exc.status_code, headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    return _json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500)
+
+
+@contextlib.asynccontextmanager
+async def run_lifespan(state: _ServerState, app):
+    """Start the batcher's worker; at shutdown refuse new work, wait for the requests in flight (up to the drain
+    timeout), let the batcher answer every admitted request and stop it."""
+    batcher = state.batcher
+    state.idle = asyncio.Event()  # bind to the serving loop
+    if state.active == 0:
+        state.idle.set()
+    batcher.start()
+    logger.info("serving %s (%s) on %s; max_queue=%d max_batch_tokens=%d max_wait_ms=%g", state.model.model_id,
+                state.path, getattr(state.model, "device", "?"), batcher.max_queue, batcher.max_batch_tokens,
+                batcher.max_wait_s * 1000.0)
+    try:
+        yield
+    finally:
+        state.draining = True
+        logger.info("shutting down: draining %d in-flight requests", state.active)
+        try:
+            await asyncio.wait_for(state.idle.wait(), timeout=state.drain_timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning("drain timeout: %d requests still in flight", state.active)
+        stopped = await batcher.aclose(timeout=state.drain_timeout_s)
+        if not stopped:
+            logger.warning("the batcher worker did not stop within %.0f s", state.drain_timeout_s)
+        state.executor.shutdown(wait=False)
+        logger.info("shutdown complete")
+
+
 def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-               max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
-               retry_after_s: int = 1, prepare_workers: int = 2, score_fn=None,
+               max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, options=None,
+               drain_timeout_s: float = 30.0, retry_after_s: int = 1, prepare_workers: int = 2, score_fn=None,
                release_date: str | None = None) -> Starlette:
     """The Starlette app serving ``model`` (a loaded :class:`~hf_openjev.model.JevModel`).
 
     ``max_queue``: requests waiting for the model before new ones get 503. ``max_batch_tokens``: unpadded input
     tokens per shared forward. ``max_wait_ms``: how long the oldest waiting request may wait for company.
-    ``fast``: None = the fast path on CUDA, the reference path elsewhere. ``score_fn``: replaces
+    ``fast``: None = the fast path on CUDA, the reference path elsewhere; for the fast path the model is patched
+    here (:func:`hf_openjev.scoring.prepare_path`) and every request is scored with ``options`` (a
+    :class:`~hf_openjev.fast_options.FastPathOptions`; default: the defaults). ``score_fn``: replaces
     :func:`hf_openjev.scoring.score_prepared` (tests). The batcher's worker starts with the lifespan (or on the
     first request when the host runs no lifespan) and stops, after draining, at lifespan shutdown.
     """
-    preparing = [0]  # requests being validated now: company the batcher may wait for
+    from ..scoring import prepare_path, score_prepared
+
+    path = prepare_path(model, fast, options)
     batcher = Batcher(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
-                      fast=fast, score_fn=score_fn, company_hint=lambda: preparing[0])
+                      fast=fast, score_fn=score_fn or functools.partial(score_prepared, options=options),
+                      company_hint=lambda: state.preparing)  # ``state`` is bound below, before any request
     state = _ServerState(model, batcher, prepare_workers=prepare_workers, drain_timeout_s=drain_timeout_s,
                          retry_after_s=retry_after_s, release_date=release_date)
-
-    async def decide(request: Request) -> Response:
-        request_id = _request_id(request)
-        started = time.perf_counter()
-        arrived_draining = state.draining
-        state.enter()
-        status, info, prepared = 500, "", None
-        try:
-            if not _is_json_media_type(request.headers.get("content-type")):
-                await _discard_body(request)
-                raise HTTPError(415, MSG_CONTENT_TYPE, type="unsupported_media_type", loc=["header", "content-type"])
-            body = _decode_content(await _read_body(request), request.headers.get("content-encoding"))
-            loop = asyncio.get_running_loop()
-            preparing[0] += 1
-            try:
-                prepared = await loop.run_in_executor(state.executor, state.prepare, body)
-            finally:
-                preparing[0] -= 1
-            busy = {"Retry-After": str(state.retry_after_s)}
-            if arrived_draining:
-                raise HTTPError(503, MSG_SHUTTING_DOWN, type="service_unavailable", loc=[], headers=busy)
-            try:
-                outcome = await batcher.submit(prepared)
-            except QueueFull:
-                raise HTTPError(503, MSG_BUSY, type="server_busy", loc=[], headers=busy) from None
-            except BatcherClosed:
-                raise HTTPError(503, MSG_SHUTTING_DOWN, type="service_unavailable", loc=[], headers=busy) from None
-            payload = await loop.run_in_executor(state.executor, state.finish, prepared, outcome, request_id)
-            status = 200
-            info = f"batch={outcome.batch_requests} queue_ms={outcome.queue_seconds * 1000:.1f}"
-            return _json_response(payload, 200, _id_headers(request_id))
-        except HTTPError as exc:
-            status, info = exc.status, exc.message
-            return _json_response(error_body(exc.message, type=exc.type, loc=exc.loc), exc.status,
-                                  {**_id_headers(request_id), **exc.headers})
-        except InferenceError as exc:
-            status, info = 500, str(exc)
-            return _json_response(error_body(MSG_INFERENCE, type="inference_error", loc=[]), 500,
-                                  _id_headers(request_id))
-        except ClientDisconnect:
-            status, info = 499, "client disconnected"
-            return Response(status_code=400)
-        except Exception as exc:  # noqa: BLE001
-            status, info = 500, f"{type(exc).__name__}: {exc}"
-            logger.exception("request_id=%s failed", request_id)
-            return _json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500,
-                                  _id_headers(request_id))
-        finally:
-            state.leave()
-            shape = ""
-            if prepared is not None:
-                shape = (f" questions={len(prepared.parsed.questions)} candidates={prepared.parsed.candidate_count}"
-                         f" input_tokens={prepared.input_tokens}")
-            log = logger.warning if status >= 500 else logger.info
-            log("request_id=%s %s %s -> %d in %.1f ms%s %s", request_id, request.method, request.url.path, status,
-                (time.perf_counter() - started) * 1000.0, shape, info)
-
-    async def models(request: Request) -> Response:
-        names = list(dict.fromkeys(model.served_model_names))
-        created = int(state.started)
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "open-jev", "root": model.model_id,
-                 **({"aliases": names[1:]} if i == 0 else {})}
-                for i, name in enumerate(names)]
-        described = [{"name": name, "release_date": state.release_date,
-                      "description": (f"Open-Jev decision model {model.model_id}" if name == model.model_id else
-                                      f"alias of {model.model_id}")}
-                     for name in names]
-        return _json_response({"object": "list", "data": data, "models": described}, 200,
-                              _id_headers(_request_id(request)))
-
-    async def health(request: Request) -> Response:
-        body = {"status": "draining" if state.draining else "ok", "model": model.model_id,
-                "active_requests": state.active, "batcher": batcher.stats(),
-                "uptime_seconds": round(time.time() - state.started, 3)}
-        return _json_response(body, 503 if state.draining else 200, _id_headers(_request_id(request)))
-
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        message = exc.detail if isinstance(exc.detail, str) else str(exc.status_code)
-        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        headers = {**_id_headers(_request_id(request)), **(exc.headers or {})}
-        return _json_response(error_body(message, type=kind, loc=["path"]), exc.status_code, headers)
-
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        return _json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        state.idle = asyncio.Event()  # bind to the serving loop
-        if state.active == 0:
-            state.idle.set()
-        batcher.start()
-        logger.info("serving %s (%s) on %s; max_queue=%d max_batch_tokens=%d max_wait_ms=%g", model.model_id,
-                    batcher.method, getattr(model, "device", "?"), batcher.max_queue, batcher.max_batch_tokens,
-                    batcher.max_wait_s * 1000.0)
-        try:
-            yield
-        finally:
-            state.draining = True
-            logger.info("shutting down: draining %d in-flight requests", state.active)
-            try:
-                await asyncio.wait_for(state.idle.wait(), timeout=state.drain_timeout_s)
-            except asyncio.TimeoutError:
-                logger.warning("drain timeout: %d requests still in flight", state.active)
-            stopped = await batcher.aclose(timeout=state.drain_timeout_s)
-            if not stopped:
-                logger.warning("the batcher worker did not stop within %.0f s", state.drain_timeout_s)
-            state.executor.shutdown(wait=False)
-            logger.info("shutdown complete")
-
-    routes = [Route(path, decide, methods=["POST"]) for path in _POST_PATHS]
-    routes += [Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"])]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: internal_error})
+    state.path = path
+    routes = [Route(route, functools.partial(decide, state), methods=["POST"]) for route in _POST_PATHS]
+    routes += [Route("/v1/models", functools.partial(list_models, state), methods=["GET"]),
+               Route("/health", functools.partial(report_health, state), methods=["GET"])]
+    app = Starlette(routes=routes, lifespan=functools.partial(run_lifespan, state),
+                    exception_handlers={HTTPException: _http_error, Exception: _internal_error})
     app.state.jev = state
     return app
 
@@ -450,6 +505,31 @@ def _default_device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Bind ``host:port`` the way uvicorn will (``SO_REUSEADDR``) and close it again; a :class:`UsageError` if that
+    fails, so a busy port is reported before the model spends minutes loading."""
+    import errno
+    import socket
+
+    from ..errors import UsageError
+
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise UsageError(f"--port must be 0..65535, got {port!r}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(f"port {port} on {host} is already in use (another server?); stop it or pass "
+                             "--port N") from None
+        if exc.errno == errno.EACCES:
+            raise UsageError(f"no permission to listen on {host}:{port} (ports below 1024 need privileges); pass "
+                             "--port N with N >= 1024") from None
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host and --port") from None
+
+
 def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, dtype="auto",
           max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
           max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
@@ -457,14 +537,20 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     """Load the export in ``model_dir`` and serve it with uvicorn until SIGINT/SIGTERM (graceful).
 
     ``warm_up_shapes``: a token-shape file (:mod:`hf_openjev.warmup`); before serving, one fast-path forward per
-    shape captures the CUDA graphs the traffic's first requests would otherwise capture."""
+    shape captures the CUDA graphs the traffic's first requests would otherwise capture. Before the model loads,
+    the export directory (:func:`~hf_openjev.manifest.check_export_dir`), the device and the port are checked:
+    a published package, a CUDA device without CUDA or a busy port raises at once (one line from the CLI)."""
     import uvicorn
 
-    from ..model import load_export
+    from ..manifest import check_export_dir
+    from ..model import check_device, load_export
     from ..scoring import use_fast_path
     from ..warmup import load_shapes, warm_up
 
     shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
+    check_export_dir(model_dir)  # a package dir, a CUDA device without CUDA, a busy port: before the model loads
+    check_device(device)
+    check_port_free(host, port)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hf_openjev").setLevel(log_level.upper())

@@ -1,0 +1,109 @@
+"""The fast path's one configuration: :class:`FastPathOptions`, frozen and checked when it is made.
+
+Every option of the fast path lives here, whatever reads it: the patches (``apply_patches``), the planner and the
+pack layout (``score_fast``), the packed forward (``PackContext.options``). The pipeline's call options, the
+server, warm-up and the benchmark's JSON options all build one of these (``from_mapping`` for a mapping of names)
+and pass it along. Pure Python (no torch), so a command line can check options before loading anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, DEFAULT_SHARE_TAILS
+
+# A level of one sequence this long or longer, with no prefix, runs its attention as one dense causal call
+# (ops.packed_attention.causal_attention: cuDNN on CUDA). The H200 measured cuDNN 26% faster than FA2 at 2,048
+# tokens, 47% at 3,400 and slower at <= 1,024 (recipes/RESULTS.md, s7 probe7). 0 turns it off.
+DENSE_ATTENTION_TOKENS = 2048
+
+# the options a packed forward reads (PackContext.options): a captured CUDA graph depends on them (its key holds them)
+FORWARD_FIELDS = ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32")
+_MINIMUM = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0}
+
+
+def check_int(name: str, value, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum``; else a ValueError naming the option."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else "a non-negative integer (0: never)"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """``value`` if it is True or False; else a ValueError naming the option."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class FastPathOptions:
+    """Every fast-path option, with its default; a bad value raises ValueError naming the option."""
+
+    # -- the patches: what the packed forward does ----------------------------------------------------------------
+    packed_candidates: bool = True  # pack several candidates into one varlen forward (False: one per pack)
+    shared_prefix: bool = True  # compute shared prefixes once and hand their states on
+    final_row_mlp: bool = True  # last layer: post-norm + MLP + final norm on the scored rows only
+    # one GEMM for GDN qkv|z|b|a, attention q|k|v, MLP gate|up (no weight copies); read by apply_patches, which
+    # stacks the weights (the layout stays for the model's life)
+    stacked_projections: bool = True
+    # on CUDA, replay packed forwards as CUDA graphs per shape bucket (cuda_graphs.py); apply_patches creates the
+    # graph cache of a CUDA model when this is on; per call, False runs eagerly
+    cuda_graphs: bool = True
+    # on CUDA, norms / SiLU-mul / gates / RoPE through torch.compile: 27B mean 109.5 -> 93.5 ms, but mid-shape parity
+    # against stock 0.0095 -> 0.017 with 1 flip (H200, recipes/RESULTS.md, s3), so opt-in
+    compile_elementwise: bool = False
+    # on CUDA, the elementwise group as Triton kernels that round like the plain code (compiled_elementwise.py);
+    # compile_elementwise wins when both are on
+    fused_elementwise: bool = True
+    gdn_fp32: bool = False  # feed the GDN kernel fp32 q/k/v, for parity with the stock fp32 fallback (not yet measured)
+    # -- the plan and the pack layout (hf_openjev.planner.plan_requests) -------------------------------------------
+    min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS  # the shortest prefix worth sharing (16 best with tails)
+    max_sequences: int = DEFAULT_MAX_SEQUENCES  # candidates per pack
+    max_tokens: int = DEFAULT_MAX_TOKENS  # tokens per pack (a longer sequence runs alone, untruncated)
+    share_tails: bool = DEFAULT_SHARE_TAILS  # share exact common prefixes, not only up to a multiple of 64 tokens
+    # a pack level of one sequence at least this long, with no prefix, runs its attention as one dense causal call
+    # (cuDNN on CUDA); 0: never
+    dense_attention_tokens: int = DENSE_ATTENTION_TOKENS
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _MINIMUM:
+                check_int(f.name, value, _MINIMUM[f.name])
+            else:
+                check_bool(f.name, value)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every option name, in field order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping, *, base: FastPathOptions | None = None) -> FastPathOptions:
+        """``base`` (default: the defaults) with the options of ``mapping`` (name -> value, e.g. parsed JSON)
+        changed; a name that is no option raises ValueError listing the known ones."""
+        if not isinstance(mapping, Mapping):
+            raise ValueError(f"fast-path options must be a mapping of option names to values, got {mapping!r}")
+        unknown = sorted(set(mapping) - set(cls.names()))
+        if unknown:
+            raise ValueError(f"unknown fast-path option(s): {', '.join(map(str, unknown))}; "
+                             f"known: {', '.join(cls.names())}")
+        return dataclasses.replace(base if base is not None else cls(), **mapping)
+
+    def replace(self, **changes) -> FastPathOptions:
+        """A copy with ``changes`` (checked like a new one)."""
+        return self.from_mapping(changes, base=self)
+
+    def to_dict(self, *, changed_only: bool = False) -> dict:
+        """``{name: value}`` of every option, or of those that differ from the defaults (``changed_only``)."""
+        default = FastPathOptions()
+        return {name: getattr(self, name) for name in self.names()
+                if not changed_only or getattr(self, name) != getattr(default, name)}
+
+    def forward_key(self) -> tuple:
+        """The values of :data:`FORWARD_FIELDS`: packed forwards with equal keys run the same code."""
+        return tuple(getattr(self, name) for name in FORWARD_FIELDS)

@@ -1,0 +1,101 @@
+"""hf_openjev.fast_options: the one fast-path configuration: defaults, checks with messages that say what to do,
+building from a mapping (unknown names refused), and no torch import."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from hf_openjev import planner
+from hf_openjev.fast_options import DENSE_ATTENTION_TOKENS, FORWARD_FIELDS, FastPathOptions
+
+INTS = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0}  # name: minimum
+BOOLS = ["packed_candidates", "shared_prefix", "final_row_mlp", "stacked_projections", "cuda_graphs",
+         "compile_elementwise", "fused_elementwise", "gdn_fp32", "share_tails"]
+
+
+def test_every_option_and_its_default():
+    options = FastPathOptions()
+    assert set(FastPathOptions.names()) == set(INTS) | set(BOOLS) and len(FastPathOptions.names()) == 13
+    assert (options.min_shared_tokens, options.max_sequences, options.max_tokens, options.share_tails) == (
+        planner.DEFAULT_MIN_SHARED_TOKENS, planner.DEFAULT_MAX_SEQUENCES, planner.DEFAULT_MAX_TOKENS,
+        planner.DEFAULT_SHARE_TAILS)
+    assert options.dense_attention_tokens == DENSE_ATTENTION_TOKENS == 2048
+    assert [name for name in BOOLS if getattr(options, name)] == [
+        "packed_candidates", "shared_prefix", "final_row_mlp", "stacked_projections", "cuda_graphs",
+        "fused_elementwise"]
+
+
+def test_options_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FastPathOptions().share_tails = True
+
+
+@pytest.mark.parametrize("name", list(INTS))
+@pytest.mark.parametrize("value", [True, 16.0, "16", None, -1])
+def test_a_bad_integer_is_refused_with_what_to_give(name, value):
+    kind = "a positive integer" if INTS[name] == 1 else r"a non-negative integer \(0: never\)"
+    with pytest.raises(ValueError, match=rf"^{name} must be {kind}, got {value!r}$"):
+        FastPathOptions(**{name: value})
+
+
+def test_the_smallest_integers_are_accepted_and_one_below_is_not():
+    assert FastPathOptions(dense_attention_tokens=0, min_shared_tokens=1, max_sequences=1, max_tokens=1)
+    for name, minimum in INTS.items():
+        with pytest.raises(ValueError, match=name):
+            FastPathOptions(**{name: minimum - 1})
+
+
+@pytest.mark.parametrize("name", BOOLS)
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+def test_a_flag_must_be_a_bool(name, value):
+    with pytest.raises(ValueError, match=rf"^{name} must be True or False, got {value!r}$"):
+        FastPathOptions(**{name: value})
+
+
+def test_a_mapping_changes_its_base_and_unknown_names_are_refused():
+    options = FastPathOptions.from_mapping({"share_tails": True, "min_shared_tokens": 16})
+    assert options == FastPathOptions(share_tails=True, min_shared_tokens=16)
+    both = FastPathOptions.from_mapping({"gdn_fp32": True}, base=options)
+    assert both == FastPathOptions(share_tails=True, min_shared_tokens=16, gdn_fp32=True)
+    with pytest.raises(ValueError, match=r"unknown fast-path option\(s\): min_shared, tails; known: packed_candidates"):
+        FastPathOptions.from_mapping({"tails": True, "min_shared": 3, "gdn_fp32": True})
+    with pytest.raises(ValueError, match="must be a mapping"):
+        FastPathOptions.from_mapping([("share_tails", True)])
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer, got 0"):  # values checked too
+        FastPathOptions.from_mapping({"max_tokens": 0})
+
+
+def test_replace_checks_like_a_new_one():
+    options = FastPathOptions().replace(max_sequences=3)
+    assert options.max_sequences == 3 and FastPathOptions().max_sequences == 16
+    with pytest.raises(ValueError, match="max_sequences must be a positive integer"):
+        options.replace(max_sequences=0)
+    with pytest.raises(ValueError, match="unknown fast-path option"):
+        options.replace(max_seq=3)
+
+
+def test_to_dict_all_or_the_changes():
+    options = FastPathOptions(share_tails=True, cuda_graphs=False)
+    assert options.to_dict(changed_only=True) == {"cuda_graphs": False, "share_tails": True}
+    assert list(options.to_dict()) == list(FastPathOptions.names()) and options.to_dict()["max_tokens"] == 4096
+    assert FastPathOptions.from_mapping(options.to_dict()) == options
+    assert FastPathOptions().to_dict(changed_only=True) == {}
+
+
+def test_the_forward_key_holds_the_options_the_forward_reads():
+    key = FastPathOptions().forward_key()
+    for name in FastPathOptions.names():
+        value = getattr(FastPathOptions(), name)
+        changed = FastPathOptions().replace(**{name: (not value) if isinstance(value, bool) else value + 1})
+        assert (changed.forward_key() != key) == (name in FORWARD_FIELDS), name
+    assert FORWARD_FIELDS == ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32")
+
+
+def test_importing_the_options_loads_no_torch():
+    code = "import sys, hf_openjev.fast_options; assert 'torch' not in sys.modules, 'torch was imported'"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
