@@ -40,18 +40,26 @@ def run(args) -> int:
     from ..errors import UsageError
     from .evaluate import evaluate
     from .report import DIAGRAM_NAME, REPORT_NAME, SUMMARY_NAME, _fmt
+    from .sharding import close_processes, current_processes
     from .tasks import EvalInputError
 
+    processes = current_processes()
+    main = processes.is_main  # under a launcher, rank 0 alone prints (every rank returns the same code)
     try:
         summary = evaluate(model=args.model, data=args.data, out_dir=args.out, batch_size=args.batch_size,
                            fast=args.fast, device=args.device, dtype=args.dtype, resume=args.resume,
                            progress=args.progress)
     except (EvalInputError, UsageError) as exc:
-        print(f"hf-openjev eval: error: {exc}", file=sys.stderr)
+        if main:
+            print(f"hf-openjev eval: error: {exc}", file=sys.stderr)
         return 2
+    close_processes(processes)  # every rank has passed evaluate's last barrier
     if not summary["counts"]["scored"]:
-        print(f"hf-openjev eval: error: {_nothing_scored(summary, Path(args.out))}", file=sys.stderr)
+        if main:
+            print(f"hf-openjev eval: error: {_nothing_scored(summary, Path(args.out))}", file=sys.stderr)
         return 2
+    if not main:
+        return 0
     o, c = summary["overall"], summary["counts"]
     print(f"{c['scored']} tasks scored ({c['invalid']} invalid): accuracy {_fmt(o['accuracy'])}, "
           f"Brier {_fmt(o['brier'])}, ECE {_fmt(o['ece'])}, log loss {_fmt(o['log_loss'])}")

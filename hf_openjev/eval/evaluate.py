@@ -38,16 +38,36 @@ Task -> request (contract §1)
 Running
     Pending tasks go through :func:`~hf_openjev.scoring.prepare_request` one by one, then through
     :func:`~hf_openjev.scoring.score_prepared` ``batch_size`` tasks at a time (one forward plan per batch), with a
-    tqdm progress bar. **Latency** of a task = the wall time of its batch (tokenization + forward + answers)
-    divided by the number of valid tasks in that batch.
+    tqdm progress bar over all the tasks of the inputs that advances per task (on the reference path, as each
+    task's last candidate is scored; the fast path finishes a batch's tasks together). **Latency** of a task =
+    the wall time of its batch (tokenization + forward + answers) divided by the number of valid tasks in that
+    batch.
 
 Resume
     ``<out_dir>/results.jsonl`` gets one line per scored task, flushed and fsync'ed after every batch, so a
     keyboard interrupt (or a crash) loses only the batch in flight. A re-run with ``resume=True`` skips the
-    (tier, id) pairs already there with the same labels and expected answer; a model is not even loaded when
-    nothing is pending. Tasks the contract rejected are not stored, so a re-run loads the model to check them
-    again (no forward). ``<out_dir>/run.json`` fingerprints the model (its export manifest: head, temperature,
-    chat halves, ids); resuming with another model is an error. ``resume=False`` starts the results afresh.
+    (tier, id) pairs already there with the same labels and expected answer, says so on stderr (``resuming: N of
+    M tasks done``) and starts the bar at N of M; a model is not even loaded when nothing is pending. Tasks the
+    contract rejected are not stored, so a re-run loads the model to check them again (no forward).
+    ``<out_dir>/run.json`` fingerprints the model (its export manifest: head, temperature, chat halves, ids);
+    resuming with another model is an error. ``resume=False`` starts the results afresh.
+
+Several processes (``accelerate launch --num_processes N -m hf_openjev eval ...``, ``torchrun``, multi-node)
+    Every rank reads the inputs and the finished records, then validates and tokenizes *every* pending task with
+    the export's tokenizer alone (no weights: the same result on every rank, so the shards need no communication;
+    the cost is one extra tokenization of the other ranks' tasks, small beside a forward) and keeps its shard of
+    :func:`~hf_openjev.eval.sharding.shard_by_tokens`: greedy longest-first by tokens the backbone runs
+    (``input_tokens`` on the reference path, shared prefixes once on the fast path), so the ranks' token totals
+    differ by at most the largest task's. A rank loads the model on ``cuda:<local_rank>`` (CPU without CUDA) only
+    when its shard is not empty, and appends its records to ``results.rank<k>.jsonl``, flushed and fsync'ed per
+    batch (one writer per file: nothing interleaves, even on a network file system). Rank 0 alone reports invalid
+    tasks, shows a bar (over its own shard) and, after a barrier every rank reaches whatever its shard, folds the
+    per-rank files into ``results.jsonl`` (in task order, as one process writes it; temporary file + rename) and
+    writes the summary, report and diagram; the other ranks return the same summary. Torch.distributed is used for
+    barriers only, all outside any loop. Resume after the crash of any rank (the launcher stops the others): a
+    re-run, with any number of processes, counts as done the records of ``results.jsonl`` and of every
+    ``results.rank*.jsonl`` present, re-shards the rest, and merges everything at the end. One process (no
+    launcher) runs as before, and merges per-rank files that a crashed run over several processes left.
 
 Outputs (``out_dir``)
     ``results.jsonl``, ``run.json``, ``summary.json`` (metrics overall and by tier, family and kind, counts, the
@@ -55,12 +75,15 @@ Outputs (``out_dir``)
     current inputs only, whichever run scored them.
 
 Files: :mod:`hf_openjev.eval.tasks` (inputs -> tasks), this module (the run, resume, CLI),
+:mod:`hf_openjev.eval.sharding` (processes, shards, per-rank files),
 :mod:`hf_openjev.eval.report` (summary, report, diagram), :mod:`hf_openjev.eval.metrics` (the metrics).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -69,12 +92,13 @@ from pathlib import Path
 
 from . import metrics as M
 from .report import DIAGRAM_NAME, REPORT_NAME, SUMMARY_NAME, _count_structural, _fmt, build_summary, write_outputs
+from .sharding import (RESULTS_NAME, Processes, current_processes, merge_results, rank_device, rank_results_path,
+                       results_files, shard_by_tokens, task_cost)
 from .tasks import EvalInputError, Task, _warn, load_tasks, resolve_inputs
 from ..errors import RequestError
-from ..model import JevModel, load_export
-from ..scoring import build_answer, prepare_request, score_prepared, use_fast_path
+from ..model import JevModel, check_device, load_export
+from ..scoring import PreparedRequest, build_answer, prepare_path, prepare_request, score_prepared
 
-RESULTS_NAME = "results.jsonl"
 RUN_NAME = "run.json"
 
 
@@ -100,27 +124,53 @@ def read_results(path: Path) -> dict[tuple[str, str], dict]:
     return records
 
 
-def _prepare_out_dir(out_dir: Path, fingerprint: dict, resume: bool) -> dict[tuple[str, str], dict]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results, run_file = out_dir / RESULTS_NAME, out_dir / RUN_NAME
-    if resume and results.is_file():
-        if run_file.is_file():
-            try:
-                previous = json.loads(run_file.read_text(encoding="utf-8"))
-            except json.JSONDecodeError:
-                previous = {}
-            if previous.get("fingerprint") not in (None, fingerprint["fingerprint"]):
-                raise EvalInputError(
-                    f"{out_dir} holds results of another model ({previous.get('model_id')}, fingerprint "
-                    f"{previous.get('fingerprint')}); use another output directory or resume=False (--no-resume)"
-                )
-        done = read_results(results)
-        _terminate_last_line(results)
-    else:
-        if results.exists():
-            results.unlink()
-        done = {}
-    run_file.write_text(json.dumps(fingerprint, indent=1), encoding="utf-8")
+def read_done(out_dir: Path) -> dict[tuple[str, str], dict]:
+    """The records of ``results.jsonl`` and of every per-rank ``results.rank<k>.jsonl``, by (tier, id)."""
+    records: dict[tuple[str, str], dict] = {}
+    for path in results_files(out_dir):
+        records.update(read_results(path))
+    return records
+
+
+def _check_previous_run(out_dir: Path, fingerprint: dict) -> None:
+    """Refuse to resume results of another model (read only: every rank checks, before anything is written)."""
+    run_file = out_dir / RUN_NAME
+    if not run_file.is_file() or not any(p.is_file() for p in results_files(out_dir)):
+        return
+    try:
+        previous = json.loads(run_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        previous = {}
+    if previous.get("fingerprint") not in (None, fingerprint["fingerprint"]):
+        raise EvalInputError(
+            f"{out_dir} holds results of another model ({previous.get('model_id')}, fingerprint "
+            f"{previous.get('fingerprint')}); use another output directory or resume=False (--no-resume)"
+        )
+
+
+def _prepare_out_dir(out_dir: Path, fingerprint: dict, resume: bool,
+                     processes: Processes | None = None) -> dict[tuple[str, str], dict]:
+    """Check, set up (rank 0) and read the output directory; every rank returns the same finished records.
+
+    Three barriers (none with one process): after the read-only check, after rank 0's changes, and after every
+    rank has read (so that no rank appends a record another one has not read yet)."""
+    processes = processes or Processes()
+    if resume:
+        _check_previous_run(out_dir, fingerprint)
+    processes.wait()
+    if processes.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        results = out_dir / RESULTS_NAME
+        if not resume:
+            for path in results_files(out_dir):
+                if path.exists():
+                    path.unlink()
+        elif results.is_file():
+            _terminate_last_line(results)
+        (out_dir / RUN_NAME).write_text(json.dumps(fingerprint, indent=1), encoding="utf-8")
+    processes.wait()
+    done = read_done(out_dir)
+    processes.wait()
     return done
 
 
@@ -153,13 +203,50 @@ def _record(task: Task, answer: dict, latency: float, candidates: int) -> dict:
     return record
 
 
+class _TaskProgress:
+    """Advances the bar as each task of a batch is scored, not once per batch.
+
+    On the reference path the backbone runs the batch's candidates in request order, a few dozen sequences per
+    forward; a forward hook counts the sequences done and ticks every task whose last candidate is among them.
+    (The fast path runs a batch as one packed plan: its tasks finish together.)
+    """
+
+    def __init__(self, bar, backbone):
+        self.bar, self.ends, self.seen, self.ticked = bar, [], 0, 0
+        self.handle = backbone.register_forward_hook(self._hook, with_kwargs=True)
+
+    def start(self, candidates: list[int]) -> None:
+        self.ends, self.seen, self.ticked = list(itertools.accumulate(candidates)), 0, 0
+
+    def _hook(self, _module, args, kwargs, _output) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            return
+        self.seen += int(ids.shape[0])
+        done = bisect.bisect_right(self.ends, self.seen)
+        if done > self.ticked:
+            self.bar.update(done - self.ticked)
+            self.ticked = done
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
 def _run_batches(model, pending: list[Task], *, out_path: Path, batch_size: int, fast, progress: bool,
-                 invalid: list[dict], warn) -> int:
+                 invalid: list[dict], warn, done: int = 0, total: int | None = None,
+                 prepared_by_key: dict | None = None, desc: str = "hf-openjev eval") -> int:
+    """Score ``pending`` batch by batch; the bar counts all ``total`` tasks and starts at the ``done`` ones.
+
+    ``prepared_by_key``: (tier, id) -> (PreparedRequest, seconds it took) of tasks tokenized beforehand (the
+    sharded run); their tokenization time counts in their batch's latency as if it had happened in the batch."""
     from tqdm.auto import tqdm
 
-    method = "fast" if use_fast_path(model, fast) else "reference"
+    method = prepare_path(model, fast)  # "fast" or "reference"; the fast path patches the model here, once
+    prepared_by_key = prepared_by_key or {}
     scored = 0
-    bar = tqdm(total=len(pending), desc="hf-openjev eval", unit="task", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=total if total is not None else len(pending), initial=done, desc=desc,
+               unit="task", disable=not progress, file=sys.stderr)
+    ticker = _TaskProgress(bar, model.backbone) if progress and method == "reference" else None
     if progress:  # keep the bar intact when a task is reported
         warn = lambda message: bar.write(f"hf-openjev eval: {message}", file=sys.stderr)  # noqa: E731
     try:
@@ -169,16 +256,26 @@ def _run_batches(model, pending: list[Task], *, out_path: Path, batch_size: int,
                 t0 = time.perf_counter()
                 ok, prepared = [], []
                 for task in batch:
+                    if task.key in prepared_by_key:
+                        request, seconds = prepared_by_key[task.key]
+                        prepared.append(request)
+                        ok.append(task)
+                        t0 -= seconds
+                        continue
                     try:
                         prepared.append(prepare_request(model, task.request))
                         ok.append(task)
                     except RequestError as exc:
+                        reason = f"request rejected: {exc}" + (f" ({exc.detail})" if exc.detail else "")
                         invalid.append({"file": task.file, "line": task.line, "tier": task.tier, "id": task.id,
-                                        "stage": "request", "error": f"request rejected: {exc}"})
-                        warn(f"{task.file}:{task.line}: invalid task: request rejected: {exc}")
+                                        "stage": "request", "error": reason})
+                        warn(f"{task.file}:{task.line}: invalid task: {reason}")
                 if prepared:
+                    if ticker is not None:
+                        ticker.start([p.parsed.candidate_count for p in prepared])
                     result = score_prepared(model, prepared, fast=fast)
-                    responses = [build_answer(model, p, s, seconds=result.seconds, prefix_cache=c, method=method)
+                    responses = [build_answer(model, p, s, seconds=result.seconds, prefix_cache=c,
+                                              method=result.path)
                                  for p, s, c in zip(prepared, result.scores, result.prefix_cache)]
                     latency = (time.perf_counter() - t0) / len(prepared)
                     lines = []
@@ -189,23 +286,123 @@ def _run_batches(model, pending: list[Task], *, out_path: Path, batch_size: int,
                     fh.flush()
                     os.fsync(fh.fileno())
                     scored += len(prepared)
-                bar.update(len(batch))
+                bar.update(len(batch) - (ticker.ticked if ticker is not None and prepared else 0))
     except KeyboardInterrupt:
         bar.close()
         warn(f"interrupted: {scored} task(s) scored in this run are kept in {out_path}; re-run to continue")
         raise
+    finally:
+        if ticker is not None:
+            ticker.close()
     bar.close()
     return scored
+
+
+# -- several processes -----------------------------------------------------------------------------------------------
+
+def _requests_model(model, model_path: Path | None) -> JevModel:
+    """What :func:`~hf_openjev.scoring.prepare_request` reads of a model (tokenizer, manifest), without loading
+    weights for an export directory: a rank tokenizes before it knows whether it has anything to score."""
+    if model_path is None:
+        return model
+    import torch
+
+    from ..checkpoint_io import load_tokenizer
+    from ..manifest import read_manifest
+
+    return JevModel(torch.nn.Module(), torch.nn.Linear(1, 1), load_tokenizer(model_path), read_manifest(model_path),
+                    method="merged")
+
+
+def prepare_tasks(model, tasks: list[Task], *, invalid: list[dict] | None = None,
+                  warn=None) -> tuple[list[Task], dict[tuple[str, str], tuple[PreparedRequest, float]]]:
+    """Validate and tokenize every task up front: (the valid tasks in input order, (tier, id) -> (PreparedRequest,
+    seconds its ``prepare_request`` took)). A rejected task (``RequestError``) is appended to ``invalid`` (when
+    given) as an entry of stage "request" and passed to ``warn`` (when given)."""
+    valid, prepared = [], {}
+    for task in tasks:
+        t0 = time.perf_counter()
+        try:
+            request = prepare_request(model, task.request)
+        except RequestError as exc:
+            reason = f"request rejected: {exc}" + (f" ({exc.detail})" if exc.detail else "")
+            if invalid is not None:
+                invalid.append({"file": task.file, "line": task.line, "tier": task.tier, "id": task.id,
+                                "stage": "request", "error": reason})
+            if warn is not None:
+                warn(f"{task.file}:{task.line}: invalid task: {reason}")
+            continue
+        prepared[task.key] = (request, time.perf_counter() - t0)
+        valid.append(task)
+    return valid, prepared
+
+
+def select_shard(tasks: list[Task], prepared: dict, processes: Processes, *, path: str,
+                 warn=None) -> list[Task]:
+    """This rank's part of ``tasks`` (all in ``prepared``, as :func:`prepare_tasks` returns them): the
+    :func:`~hf_openjev.eval.sharding.shard_by_tokens` shard of index ``processes.rank``, costs by
+    :func:`~hf_openjev.eval.sharding.task_cost` on ``path`` ("fast" or "reference"). Every rank computes the same
+    shards from the same tasks; no communication. ``warn`` (when given) gets one line describing all the shards."""
+    costs = [task_cost(prepared[t.key][0], path) for t in tasks]
+    shards = shard_by_tokens(costs, processes.world)
+    if warn is not None:
+        loads = "; ".join(f"rank {k}: {len(s)} tasks, {sum(costs[i] for i in s)} tokens" for k, s in enumerate(shards))
+        warn(f"{len(tasks)} pending tasks over {processes.world} processes, balanced by tokens ({path} path): "
+             f"{loads}")
+    return [tasks[i] for i in shards[processes.rank]]
+
+
+def _score_sharded(model, pending: list[Task], *, model_path, processes: Processes, out_dir: Path, device,
+                   dtype, batch_size: int, fast, progress: bool, invalid: list[dict]) -> None:
+    """One rank of a run over several processes: tokenize every pending task (same result on every rank; the
+    rejected ones are reported by rank 0 only), take this rank's token-balanced shard, load the model only when
+    the shard is not empty and append its records to ``results.rank<k>.jsonl``. No collective call."""
+    import torch
+
+    main = processes.is_main
+    requester = _requests_model(model, model_path)
+    valid, prepared = prepare_tasks(requester, pending, invalid=invalid if main else None,
+                                    warn=_warn if main else None)
+    if model_path is not None:
+        fast_path = fast if fast is not None else torch.device(device).type == "cuda"
+    else:
+        from ..scoring import use_fast_path
+
+        fast_path = use_fast_path(model, fast)
+    mine = select_shard(valid, prepared, processes, path="fast" if fast_path else "reference",
+                        warn=_warn if main else None)
+    own = rank_results_path(out_dir, processes.rank)
+    if own.is_file():
+        _terminate_last_line(own)
+    if not mine:
+        return
+    if model_path is not None:
+        model = load_export(model_path, dtype=dtype, device=device)
+    score_shard(model, mine, prepared, out_path=own, batch_size=batch_size, fast=fast, progress=progress and main,
+                desc=f"hf-openjev eval (rank 0 of {processes.world})")
+
+
+def score_shard(model, tasks: list[Task], prepared: dict, *, out_path: Path, batch_size: int = 16, fast=None,
+                progress: bool = False, desc: str = "hf-openjev eval") -> int:
+    """Score ``tasks`` (each one's (PreparedRequest, tokenize seconds) in ``prepared``, by (tier, id)) ``batch_size``
+    at a time, appending one record per task to ``out_path`` (fsync'ed per batch); returns the number scored.
+    The scoring loop of a run over several processes (``evaluate``'s own loop, without tokenization)."""
+    own = {t.key: prepared[t.key] for t in tasks}
+    return _run_batches(model, tasks, out_path=Path(out_path), batch_size=batch_size, fast=fast, progress=progress,
+                        invalid=[], warn=_warn, total=len(tasks), prepared_by_key=own, desc=desc)
 
 
 def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = None, device=None,
              dtype="auto", resume: bool = True, progress: bool = True) -> dict:
     """Evaluate ``model`` on the tasks in ``data``; write the outputs to ``out_dir``; return the summary.
 
-    See the module docstring for inputs, resume and outputs, and :mod:`hf_openjev.eval.metrics` for metrics.
+    See the module docstring for inputs, resume, outputs and several processes, and :mod:`hf_openjev.eval.metrics`
+    for metrics. Under a launcher (``accelerate launch``, ``torchrun``) every rank calls this and returns the same
+    summary; rank 0 writes it.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    check_device(device)  # a CUDA device without CUDA: UsageError before any task is read
     started = time.perf_counter()
     sources = resolve_inputs(data)
     out_dir = Path(out_dir)
@@ -217,11 +414,20 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
         model_path = Path(model)
         manifest = read_manifest(model_path)  # CheckpointError for a bad export, before reading any task
     fingerprint = model_fingerprint(manifest)
-    tasks, invalid = load_tasks(sources, progress=progress)
-    done = _prepare_out_dir(out_dir, fingerprint, resume)
+    processes = current_processes()
+    main = processes.is_main
+    tasks, invalid = load_tasks(sources, progress=progress and main, warn=None if main else (lambda _m: None))
+    done = _prepare_out_dir(out_dir, fingerprint, resume, processes)
     pending = [t for t in tasks if not _is_done(t, done.get(t.key))]
+    if main and len(pending) < len(tasks):
+        _warn(f"resuming: {len(tasks) - len(pending)} of {len(tasks)} tasks done (in {out_dir / RESULTS_NAME}; "
+              "--no-resume starts afresh)")
     scored = 0
-    if pending:
+    if pending and processes.world > 1:
+        _score_sharded(model, pending, model_path=model_path, processes=processes, out_dir=out_dir,
+                       device=rank_device(device, processes), dtype=dtype, batch_size=batch_size, fast=fast,
+                       progress=progress, invalid=invalid)
+    elif pending:
         if model_path is not None:
             import torch
 
@@ -229,15 +435,21 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
                 device = "cuda" if torch.cuda.is_available() else "cpu"
             model = load_export(model_path, dtype=dtype, device=device)
         scored = _run_batches(model, pending, out_path=out_dir / RESULTS_NAME, batch_size=batch_size, fast=fast,
-                              progress=progress, invalid=invalid, warn=_warn)
+                              progress=progress, invalid=invalid, warn=_warn, done=len(tasks) - len(pending),
+                              total=len(tasks))
+    processes.wait()  # every rank gets here, whatever its shard (empty included)
+    if not main:
+        processes.wait()  # rank 0 has merged the results and written the summary
+        return json.loads((out_dir / SUMMARY_NAME).read_text(encoding="utf-8"))
+    merge_results(out_dir, read_results, [t.key for t in tasks])  # per-rank files of this or an earlier run
     all_records = read_results(out_dir / RESULTS_NAME)
     records = [all_records[t.key] for t in tasks if _is_done(t, all_records.get(t.key))]
+    if processes.world > 1:
+        scored = sum(1 for t in tasks if _is_done(t, all_records.get(t.key)) and not _is_done(t, done.get(t.key)))
     invalid.sort(key=lambda e: (e["file"], e["line"]))
     summary = build_summary(records, invalid=invalid, sources=sources, fingerprint=fingerprint,
                             total=len(tasks) + _count_structural(invalid), scored_now=scored,
                             resumed=len(records) - scored, seconds=time.perf_counter() - started)
     write_outputs(summary, out_dir)
+    processes.wait()
     return summary
-
-
-
