@@ -2,13 +2,17 @@
 # GPU runs on the H200 device machine, one stage per call, each inside the device's 10-minute command limit.
 #
 # Here (a machine with pip and network), once: `bash recipes/device_wheels.sh` downloads the fla-core wheel the
-# device lacks into .whl/ (git-ignored). Then, on the device, from the repo root, with carry [".whl"]:
+# device lacks into .whl/ (git-ignored), and `cp -r ../shared shared` puts the JevBench sample that several test
+# files read at collection inside the checkout (add `/shared/` to .git/info/exclude). Then, on the device, from the
+# repo root, with carry [".whl", "shared"]:
 #
 #   bash recipes/gpu_campaign.sh pytest [EXPR [TEST FILES...]]   # e.g. pytest "warm_up" tests/test_cuda_graphs.py
 #                                        # the -m gpu tests (all of tests/ by default; -k EXPR selects); 560 s at most
 #   bash recipes/gpu_campaign.sh bench   # 27B alone: the default (warm-up + one measured pass), singles of 107 and
 #                                        # 3,400 tokens, exact prefix sharing (share_tails, threshold 16) as a sweep
 #                                        # entry, closed loop at 1 and 8 in flight, the 16,384-token candidate
+#   bash recipes/gpu_campaign.sh fidelity SHAPE  # mid or 27b: B (one pass, for the gate), the default and exact
+#                                        # sharing against recipes/data/oracle_SHAPE.json: fidelity_SHAPE.{json,md,png}
 #   bash recipes/gpu_campaign.sh profile # 27B kernel profiles with graphs: a 107- and a 3,400-token candidate and
 #                                        # JevBench requests 0, 129, 204, the default and with exact sharing
 #
@@ -17,9 +21,9 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stage=${1:?stage: pytest | bench | profile}
+stage=${1:?stage: pytest | bench | fidelity | profile}
 shift
-case "$stage" in pytest|bench|profile) ;; *) echo "unknown stage $stage (pytest | bench | profile)"; exit 2 ;; esac
+case "$stage" in pytest|bench|fidelity|profile) ;; *) echo "unknown stage $stage (pytest | bench | fidelity | profile)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -35,8 +39,9 @@ quiet() { grep --line-buffered -v "Loading\|falling back"; }
 gpu_pytest() {  # $1 = time limit (s), $2 = log file under $out, $3 = -k expression ("" = all), then the test files
   local limit=$1 log="$out/$2" expr=$3
   shift 3
+  # test_fp8_compressed_tensors.py has no GPU test and needs compressed-tensors, which the device lacks
   timeout "$limit" python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$@" -m gpu -k "$expr" -v -s \
-    -p no:cacheprovider >"$log" 2>&1
+    --ignore "$REPO/tests/test_fp8_compressed_tensors.py" -p no:cacheprovider >"$log" 2>&1
   echo "pytest rc=$?" | tee -a "$log"
   grep -cE " PASSED" "$log"
   grep -E "FAILED|ERROR|passed|failed" "$log" | tail -n 12
@@ -56,6 +61,11 @@ case "$stage" in
     timeout 570 $bench --shape 27b --arms C --passes 1 --concurrency 1,8 --single 107,3400 --long-candidate 16384 \
       --sweep '[{"share_tails": true, "min_shared_tokens": 16}]' \
       --out "$out/bench27" 2>&1 | quiet | tail -n 16 ;;
+  fidelity)
+    shape=${1:?fidelity SHAPE: mid or 27b}
+    timeout 570 $bench --shape "$shape" --arms B,C --parity-only B --passes 1 --b-passes 1 --concurrency "" \
+      --single "" --long-candidate 0 --sweep '[{"share_tails": true, "min_shared_tokens": 16}]' \
+      --oracle "$REPO/recipes/data/oracle_$shape.json" --out "$out/$shape" 2>&1 | quiet | grep -E "^arm|fidelity|rror" ;;
   profile)
     timeout $((575 - (SECONDS - start))) python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 \
       --requests 0,129,204 --fast-options '{}' '{"share_tails": true, "min_shared_tokens": 16}' \

@@ -1,10 +1,11 @@
-"""Where the project's shared data lies (``shared/`` beside the checkout, CI's layout, else /work/shared), and the
-recipes loaded as modules."""
+"""Where the project's shared data lies (a ``shared/`` copy inside the checkout, which device runs carry; else
+``shared/`` beside the checkout, CI's layout; else /work/shared), and the recipes loaded as modules."""
 
 import importlib.util
 from pathlib import Path
 
-_CANDIDATES = (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared"))
+_CANDIDATES = (Path(__file__).resolve().parents[1] / "shared", Path(__file__).resolve().parents[2] / "shared",
+               Path("/work/shared"))
 
 
 def shared_path(relative: str) -> Path:
