@@ -322,7 +322,8 @@ def _softmax(scores: Sequence[float], temperature: float) -> list[float]:
     return [e / total for e in exps]
 
 
-def _first_argmax(values: Sequence[float]) -> int:
+def first_argmax(values: Sequence[float]) -> int:
+    """The first index of the largest value: the contract's decision for choice and score questions."""
     best = 0
     for i in range(1, len(values)):
         if values[i] > values[best]:
@@ -332,7 +333,7 @@ def _first_argmax(values: Sequence[float]) -> int:
 
 def _choice_answer(question: Question, scores: list[float], temperature: float) -> dict:
     p = _softmax(scores, temperature)
-    best = _first_argmax(p)
+    best = first_argmax(p)
     n = len(p)
     confidence = 1.0 if n == 1 else (p[best] - 1.0 / n) / (1.0 - 1.0 / n)
     return {
@@ -349,7 +350,7 @@ def _score_answer(question: Question, scores: list[float], temperature: float) -
     expected = 0.0
     for i, pi in enumerate(p):
         expected += i * pi
-    mode = _first_argmax(p)
+    mode = first_argmax(p)
     centre = (n - 1) / 2.0
     spread = 0.0
     for i in range(n):

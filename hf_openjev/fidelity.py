@@ -32,6 +32,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .contract import first_argmax
+
 GATE_MAX_RATIO = 1.25  # max |Δp| <= 1.25 x B's
 GATE_MEAN_RATIO = 1.10  # mean |Δp| <= 1.10 x B's
 NEAR_TIE_MARGIN = 0.02  # choice / score: the oracle's top-two probability margin below this is a near-tie
@@ -185,14 +187,6 @@ def _check_pair(oracle: Mapping, config: Mapping, position: int) -> None:
                 raise ValueError(f"request {rid!r} question {qid!r}: {p!r} is not a probability")
 
 
-def _first_argmax(values: Sequence[float]) -> int:
-    best = 0
-    for i in range(1, len(values)):
-        if values[i] > values[best]:
-            best = i
-    return best
-
-
 def find_flip(kind: str, oracle_p: Sequence[float], config_p: Sequence[float]) -> dict | None:
     """The flip of one question, or None: ``{"oracle", "config"`` (arg-max index, or "yes"/"no" for noul),
     ``"oracle_margin"`` (top-two margin; noul: |p - 0.5|), ``"near_tie"}``."""
@@ -203,7 +197,7 @@ def find_flip(kind: str, oracle_p: Sequence[float], config_p: Sequence[float]) -
         margin = abs(oracle_p[0] - 0.5)
         return {"oracle": "yes" if side_o else "no", "config": "yes" if side_c else "no",
                 "oracle_margin": margin, "near_tie": margin < NOUL_NEAR_TIE}
-    io, ic = _first_argmax(oracle_p), _first_argmax(config_p)
+    io, ic = first_argmax(oracle_p), first_argmax(config_p)
     if io == ic:
         return None
     top = sorted(oracle_p, reverse=True)

@@ -37,6 +37,7 @@ from ..errors import CheckpointError
 from ..fp8_scheme import (ALL_TARGETS, FP8_EXPORT_FORMAT, SOURCE_FORMAT, manifest_block, manifest_format,
                           quantization_config, resolve_targets, target_of)
 from ..manifest import MANIFEST_NAME, read_json_object, read_manifest
+from .out_dir import read_umask
 from .safetensors_stream import ITEMSIZE, TORCH_DTYPE, TensorFileReader, TensorFileWriter, tensor_nbytes
 
 _CHUNK_BYTES = 64 * 1024**2  # fp32 work per block of rows; bytes per piece of a copied tensor
@@ -287,20 +288,6 @@ def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
         shutil.rmtree(backup, ignore_errors=True)
 
 
-def _umask() -> int:
-    """The process umask, read from /proc where Linux has it (setting it to read it races with other threads)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARGETS, overwrite: bool = False,
                     progress: bool = True, log: Callable[[str], None] | None = None) -> Fp8ExportReport:
     """Quantize the merged bf16 export ``src_dir`` into an FP8 export at ``out_dir`` (see the module docstring).
@@ -323,7 +310,7 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0o700; the export is an ordinary directory
+        os.chmod(tmp, 0o777 & ~read_umask())  # mkdtemp makes it 0o700; the export is an ordinary directory
         from tqdm import tqdm
 
         say(f"fp8: quantizing {', '.join(plan.modules)} in {len(plan.shards)} shard(s) into {tmp}")

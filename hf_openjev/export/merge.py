@@ -62,6 +62,7 @@ from ..checkpoint_io import (FLOAT_DTYPES, base_weight_files, expected_backbone_
                             read_safetensors_headers, text_key)
 from ..errors import CheckpointError
 from .identity import BaseIdentity, check_base_identity
+from .out_dir import read_umask
 from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
 from ..manifest import ExportManifest, check_max_length, write_manifest
 from ..package import read_base_text_config, read_lora_pairs, read_package
@@ -614,20 +615,6 @@ def _check_tokenizer(plan: _Plan, tmp: Path) -> None:
         raise CheckpointError("verification failed: the exported tokenizer renders different chat halves than the base")
 
 
-def _umask() -> int:
-    """The process umask, read without changing it where Linux allows (``/proc/self/status``)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)  # elsewhere: set and restore (the only portable way to read it)
-    os.umask(mask)
-    return mask
-
-
 def _missing_parents(path: Path) -> list[Path]:
     """The ancestors of ``path`` that do not exist yet, deepest first."""
     out = []
@@ -675,7 +662,7 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0o700; the export is an ordinary directory
+        os.chmod(tmp, 0o777 & ~read_umask())  # mkdtemp makes it 0o700; the export is an ordinary directory
         writer = _ShardWriter(tmp, plan.shards)
         check = report.tensor_check
         by_file: dict[Path, list[_Item]] = {}
