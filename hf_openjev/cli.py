@@ -1,6 +1,6 @@
 """``hf-openjev``: a thin command line over keyword-only functions.
 
-Subcommands: ``demo``, ``export``, ``eval``, ``serve``. Each lives in its own module, which exposes
+Subcommands: ``demo``, ``export``, ``quantize``, ``eval``, ``serve``. Each lives in its own module, which exposes
 ``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them up.
 """
 
@@ -15,6 +15,7 @@ from .errors import CheckpointError, InputFileError, RequestError, UsageError
 COMMANDS = {
     "demo": ("hf_openjev.demo", "answer a few requests with a tiny random checkpoint the package builds itself"),
     "export": ("hf_openjev.export.cli", "merge the LoRA adapter into a merged checkpoint"),
+    "quantize": ("hf_openjev.export.quantize_cli", "quantize a merged export's projections to FP8 (opt-in)"),
     "eval": ("hf_openjev.eval.cli", "evaluate a merged export on JevBench-style tasks"),
     "serve": ("hf_openjev.serve.cli", "serve a merged export over HTTP (Jev-compatible API)"),
 }

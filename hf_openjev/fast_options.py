@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .fp8_scheme import FP8_MODES
 from .planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, DEFAULT_SHARE_TAILS
 
 # A level of one sequence this long or longer, with no prefix, runs its attention as one dense causal call
@@ -22,6 +23,7 @@ DENSE_ATTENTION_TOKENS = 2048
 # the options a packed forward reads (PackContext.options): a captured CUDA graph depends on them (its key holds them)
 FORWARD_FIELDS = ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32")
 _MINIMUM = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0}
+_CHOICES = {"fp8": tuple(FP8_MODES)}  # options that take one of a few names
 
 
 def check_int(name: str, value, minimum: int) -> int:
@@ -36,6 +38,13 @@ def check_bool(name: str, value) -> bool:
     """``value`` if it is True or False; else a ValueError naming the option."""
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``; else a ValueError naming the option and the choices."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
 
 
@@ -60,6 +69,11 @@ class FastPathOptions:
     # compile_elementwise wins when both are on
     fused_elementwise: bool = True
     gdn_fp32: bool = False  # feed the GDN kernel fp32 q/k/v, for parity with the stock fp32 fallback (not yet measured)
+    # FP8 projections (opt-in; fidelity and speed not yet measured on the H200): "all" (MLP, attention and GDN
+    # projections), "no-gdn" (the GDN's in bf16) or "off". Read by apply_patches, which swaps the targeted
+    # nn.Linear modules for Fp8Linear (weights from the FP8 export the model was loaded from, else quantized from
+    # its own weights, in place). One way: an FP8 model cannot go back to bf16 without loading it again
+    fp8: str = "off"
     # -- the plan and the pack layout (hf_openjev.planner.plan_requests) -------------------------------------------
     min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS  # the shortest prefix worth sharing (16 best with tails)
     max_sequences: int = DEFAULT_MAX_SEQUENCES  # candidates per pack
@@ -74,6 +88,8 @@ class FastPathOptions:
             value = getattr(self, f.name)
             if f.name in _MINIMUM:
                 check_int(f.name, value, _MINIMUM[f.name])
+            elif f.name in _CHOICES:
+                check_choice(f.name, value, _CHOICES[f.name])
             else:
                 check_bool(f.name, value)
 

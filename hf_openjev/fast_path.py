@@ -26,11 +26,14 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
     """Score every candidate with the patched backbone.
 
     ``options``: the :class:`~hf_openjev.fast_options.FastPathOptions` of this call (default: the ones the model
-    was patched with). A model that :func:`~hf_openjev.patches.apply_patches` has not set up is refused
-    (RuntimeError). Packs replay CUDA graphs when ``options.cuda_graphs`` is on and the record holds a graph cache
-    (``apply_patches`` creates it on a CUDA model)."""
+    was patched with; its ``fp8`` must be the model's). A model that :func:`~hf_openjev.patches.apply_patches` has
+    not set up is refused (RuntimeError). Packs replay CUDA graphs when ``options.cuda_graphs`` is on and the
+    record holds a graph cache (``apply_patches`` creates it on a CUDA model)."""
     record = require_patches(model)
     options = options if options is not None else record.options
+    if options.fp8 != record.options.fp8:  # the modules are what apply_patches made them; a call cannot change them
+        raise ValueError(f"fp8={options.fp8!r} for one call on a model set up with fp8={record.options.fp8!r}: FP8 is "
+                         "chosen when the model is set up (apply_patches), not per call")
     plan = plan_requests(requests_tokens, shared_prefix=options.shared_prefix,
                          min_shared_tokens=options.min_shared_tokens,
                          max_sequences=options.max_sequences if options.packed_candidates else 1,

@@ -14,7 +14,7 @@ small projections (``in_proj_a``, ``in_proj_b``), conv1d, ``A_log`` and ``dt_bia
 weights, so a reader that does not know FP8 (an older ``read_manifest``, the native server) refuses the directory
 instead of misreading it.
 
-Leaf module (json, re, pathlib): the export writes these blocks, the loaders read them.
+Leaf module (json, re, pathlib; errors and json_files): the export writes these blocks, the loaders read them.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ TARGET_GROUPS: dict[str, tuple[str, ...]] = {
 ALL_TARGETS = ("mlp", "attention", "gdn")  # every projection the scheme allows
 GDN_IN_BF16 = ("mlp", "attention")  # the Gated DeltaNet's projections kept in bf16
 QUANTIZABLE = tuple(s for group in TARGET_GROUPS.values() for s in group)
+# the fast path's ``fp8`` option (FastPathOptions.fp8): which groups its FP8 modules cover; "off": none
+FP8_MODES: dict[str, tuple[str, ...]] = {"off": (), "all": ALL_TARGETS, "no-gdn": GDN_IN_BF16}
 NEVER_QUANTIZED_LINEARS = ("linear_attn.in_proj_a", "linear_attn.in_proj_b")  # Linear modules that stay bf16
 
 _WEIGHT_ARGS = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False,
@@ -70,6 +72,14 @@ def resolve_targets(targets: Iterable[str] | str) -> tuple[str, ...]:
     if not chosen:
         raise CheckpointError("no FP8 targets given; e.g. targets=('mlp', 'attention', 'gdn')")
     return tuple(s for s in QUANTIZABLE if s in chosen)
+
+
+def resolve_fp8_targets(targets: Iterable[str] | str) -> tuple[str, ...]:
+    """Like :func:`resolve_targets`, and a mode of :data:`FP8_MODES` (``"all"``, ``"no-gdn"``) stands for its
+    groups; ``"off"`` -> ``()``."""
+    if isinstance(targets, str) and targets in FP8_MODES:
+        return resolve_targets(FP8_MODES[targets]) if FP8_MODES[targets] else ()
+    return resolve_targets(targets)
 
 
 def target_of(tensor_name: str, modules: Iterable[str]) -> str | None:
@@ -131,7 +141,7 @@ def manifest_format(export_dir: str | Path) -> str | None:
 
 def read_fp8_quantization(export_dir: str | Path) -> Fp8Quantization:
     """Read and cross-check an FP8 export's two blocks. Raises :class:`CheckpointError` saying what is wrong."""
-    from .manifest import read_json_object
+    from .json_files import read_json_object
 
     export_dir = Path(export_dir)
     manifest = read_json_object(export_dir / "open_jev_export.json", "the export manifest")

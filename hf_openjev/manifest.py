@@ -1,4 +1,5 @@
-"""The merged-export manifest ``open_jev_export.json`` (format ``open-jev-text-merged/1``).
+"""The merged-export manifest ``open_jev_export.json``: format ``open-jev-text-merged/1`` (bf16), or
+``open-jev-text-merged-fp8/1`` (an FP8 export, ``hf_openjev.export.fp8``: the same fields plus ``quantization``).
 
 Reading validates every field and raises :class:`CheckpointError` with a message that says what to fix.
 """
@@ -7,10 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import CheckpointError
+from .json_files import read_json_object  # noqa: F401 - re-exported: callers import it from here
 
 MANIFEST_NAME = "open_jev_export.json"
 EXPORT_FORMAT = "open-jev-text-merged/1"
@@ -34,14 +36,19 @@ class ExportManifest:
     # ``sha256-sampled-v1:<hex>``: a fingerprint of the base weights the export was merged from (written by
     # ``hf-openjev export``, see ``hf_openjev.export.identity.base_fingerprint``); "" for exports made before it.
     base_fingerprint: str = ""
+    # an FP8 export's ``quantization`` entry (hf_openjev.fp8_scheme.manifest_block: scheme, layout, modules, ...);
+    # None for a bf16 export
+    quantization: dict | None = field(default=None, hash=False)
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["head_weight"] = list(self.head_weight)
         order = ["format", "model_id", "base_revision", "base_fingerprint", "checkpoint_revision", "temperature",
-                 "max_length", "chat_prefix", "chat_suffix", "head_weight", "head_bias"]
+                 "max_length", "chat_prefix", "chat_suffix", "head_weight", "head_bias", "quantization"]
         if not self.base_fingerprint:  # an older export reads and hashes as it always did
             order.remove("base_fingerprint")
+        if self.quantization is None:  # a bf16 export too
+            order.remove("quantization")
         return {key: data[key] for key in order}
 
 
@@ -79,20 +86,6 @@ def check_head(weight, bias, hidden_size: int | None = None) -> tuple[tuple[floa
     return tuple(float(v) for v in weight), float(bias)
 
 
-def read_json_object(path: Path, what: str | None = None) -> dict:
-    """A JSON file that must hold an object; ``what`` names it in the errors."""
-    suffix = f" ({what})" if what else ""
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing{suffix}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} must hold a JSON object{suffix}")
-    return data
-
-
 def _not_an_export(export_dir: Path) -> str:
     """Why ``export_dir`` (no manifest in it) is not an export, what it looks like instead, and what to do."""
     head = f"{export_dir} is not a complete merged Open-Jev export"
@@ -126,12 +119,20 @@ def check_export_dir(export_dir: str | Path) -> Path:
 
 
 def read_manifest(export_dir: str | Path) -> ExportManifest:
-    """Read and validate ``<export_dir>/open_jev_export.json`` (after :func:`check_export_dir`)."""
+    """Read and validate ``<export_dir>/open_jev_export.json`` (after :func:`check_export_dir`); an FP8 export's
+    ``quantization`` entry is checked against its ``config.json`` and kept in ``.quantization``."""
+    from .fp8_scheme import FP8_EXPORT_FORMAT, read_fp8_quantization
+
     path = check_export_dir(export_dir)
     data = read_json_object(path)
     fmt = data.get("format")
-    if fmt != EXPORT_FORMAT:
-        raise CheckpointError(f"{path}: unknown format {fmt!r}; this version reads {EXPORT_FORMAT!r}")
+    if fmt not in (EXPORT_FORMAT, FP8_EXPORT_FORMAT):
+        raise CheckpointError(f"{path}: unknown format {fmt!r}; this version reads {EXPORT_FORMAT!r} and "
+                              f"{FP8_EXPORT_FORMAT!r}")
+    quantization = None
+    if fmt == FP8_EXPORT_FORMAT:
+        read_fp8_quantization(export_dir)  # the manifest's entry and config.json's quantization_config agree
+        quantization = dict(data["quantization"])
     required = ["model_id", "temperature", "max_length", "chat_prefix", "chat_suffix", "head_weight", "head_bias"]
     missing = [key for key in required if key not in data]
     if missing:
@@ -151,6 +152,8 @@ def read_manifest(export_dir: str | Path) -> ExportManifest:
         chat_suffix=data["chat_suffix"],
         head_weight=weight,
         head_bias=bias,
+        format=fmt,
+        quantization=quantization,
     )
 
 

@@ -2,7 +2,9 @@
 
 Two loaders:
 
-- :func:`load_export` reads a merged export (``open-jev-text-merged/1``), the serving format;
+- :func:`load_export` reads a merged export (``open-jev-text-merged/1``), the serving format, or an FP8 export
+  (``open-jev-text-merged-fp8/1``), dequantized to the model dtype (what the reference path and every comparison
+  read; the fast path's ``fp8`` option then swaps in the export's own e4m3 weights);
 - :func:`load_reference` reads the published package + base directory into the unmerged PEFT model, the
   oracle that export and the fast path are checked against.
 """
@@ -144,6 +146,13 @@ class JevModel(nn.Module):
         return (self.model_id, *SERVED_ALIASES, *self.aliases)
 
     @property
+    def quantization(self) -> dict | None:
+        """The FP8 export's ``quantization`` entry (scheme, layout, modules) when loaded from one, else None. The
+        weights are then the export's dequantized ones until the fast path's ``fp8`` option swaps in FP8 modules
+        (``hf_openjev.patches.fp8_swap.fp8_modules`` says which are)."""
+        return self.manifest.quantization
+
+    @property
     def config(self):
         return self.backbone.config
 
@@ -193,6 +202,36 @@ def _load_backbone(weights_dir: Path, text_config, *, dtype: torch.dtype, device
     return backbone.eval()
 
 
+def _load_fp8_backbone(export_dir: Path, text_config, *, dtype: torch.dtype, device) -> nn.Module:
+    """An FP8 export's backbone with every e4m3 weight dequantized to ``dtype`` (``load_fp8_state_dict``, one
+    tensor at a time, straight to ``device``), assigned without a copy by ``from_pretrained(state_dict=...)``. The
+    model remembers the export (``attach_fp8_source``) so that the fast path's ``fp8`` option reads its e4m3 bits."""
+    from transformers import Qwen3_5TextModel
+
+    from .fp8_scheme import read_fp8_quantization
+    from .fp8_state import load_fp8_state_dict
+    from .patches.fp8_swap import attach_fp8_source
+
+    quiet_flash_linear_attention_advice()
+    _check_weight_shapes(export_dir, text_config)
+    target = device if device is not None and not isinstance(device, dict) else "cpu"
+    state = load_fp8_state_dict(export_dir, dtype=dtype, device=torch.device(target))
+    kwargs = {"config": text_config, "dtype": dtype, "output_loading_info": True, "state_dict": state}
+    if isinstance(device, dict):
+        kwargs["device_map"] = device
+    try:
+        backbone, info = Qwen3_5TextModel.from_pretrained(None, **kwargs)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"{export_dir}: cannot load the FP8 backbone weights: {exc}") from exc
+    missing = [k for k in info.get("missing_keys", []) if not k.endswith("inv_freq")]
+    unexpected = list(info.get("unexpected_keys", []))
+    if missing or unexpected:
+        raise CheckpointError(f"{export_dir}: the FP8 weights do not fit the model: {len(missing)} missing (e.g. "
+                              f"{sorted(missing)[:3]}), {len(unexpected)} unexpected (e.g. {sorted(unexpected)[:3]})")
+    attach_fp8_source(backbone, export_dir, read_fp8_quantization(export_dir).modules)
+    return backbone.eval()
+
+
 def _check_weight_shapes(weights_dir: Path, text_config) -> None:
     """Compare the safetensors headers with the shapes ``config.json`` implies (names say which tensor is off)."""
 
@@ -222,24 +261,29 @@ def _make_head(weight, bias, device) -> nn.Linear:
 def load_export(export_dir: str | Path, *, dtype="auto", device=None) -> JevModel:
     """Load a merged export directory (checkpoints.md) into a :class:`JevModel`.
 
-    ``dtype`` is the backbone's dtype (default bfloat16); the head is always fp32.
+    ``dtype`` is the backbone's dtype (default bfloat16); the head is always fp32. An FP8 export is loaded with
+    its e4m3 weights dequantized to ``dtype`` (``model.quantization`` holds its manifest entry); the fast path
+    runs FP8 projections only with its ``fp8`` option (opt-in).
     """
     check_device(device)
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
-    text_config = _read_export_config(export_dir)
+    text_config = _read_export_config(export_dir, fp8=manifest.quantization is not None)
     if len(manifest.head_weight) != text_config.hidden_size:
         raise CheckpointError(
             f"{export_dir}: the head has {len(manifest.head_weight)} inputs but hidden_size is "
             f"{text_config.hidden_size}; the manifest and the weights come from different models"
         )
     tokenizer = load_tokenizer(export_dir)
-    backbone = _load_backbone(export_dir, text_config, dtype=resolve_dtype(dtype), device=device)
+    load = _load_backbone if manifest.quantization is None else _load_fp8_backbone
+    backbone = load(export_dir, text_config, dtype=resolve_dtype(dtype), device=device)
     head = _make_head(manifest.head_weight, manifest.head_bias, device)
     return JevModel(backbone, head, tokenizer, manifest, method="merged")
 
 
-def _read_export_config(export_dir: Path):
+def _read_export_config(export_dir: Path, *, fp8: bool = False):
+    """The export's text config; an FP8 export's without its ``quantization_config`` (its weights are dequantized
+    here: Transformers must not hand them to compressed-tensors)."""
     from transformers import Qwen3_5TextConfig
 
     path = export_dir / "config.json"
@@ -259,6 +303,11 @@ def _read_export_config(export_dir: Path):
     except Exception as exc:  # noqa: BLE001
         raise CheckpointError(f"{path} is not a valid Qwen3.5 text config: {exc}") from exc
     check_text_config(config, where=str(path))
+    if getattr(config, "quantization_config", None) is not None:
+        if not fp8:
+            raise CheckpointError(f"{path} has a quantization_config but the manifest's format is a bf16 export's; "
+                                  "the export is inconsistent, re-run `hf-openjev export`")
+        del config.quantization_config
     return config
 
 

@@ -31,9 +31,10 @@ class JevDecisionPipeline(Pipeline):
     ``min_shared_tokens`` (the shortest prefix worth sharing; default 64, 16 measured best with ``share_tails``) or
     ``dense_attention_tokens`` (a pack level of one sequence at least this long, with no prefix, runs its attention
     as one dense causal call, cuDNN on CUDA; default 2048, 0: never); names given per call change the pipeline's
-    options for that call. The reference path ignores the fast-path options. Invalid options raise ValueError and
-    invalid requests ``hf_openjev.RequestError``, before any model work; with a list, every request is validated
-    before the first one runs.
+    options for that call, except ``fp8`` (``"all"`` / ``"no-gdn"``: FP8 projections, opt-in, not yet measured on
+    a GPU), which only construction sets: it swaps the model's projections for good. The reference path ignores
+    the fast-path options. Invalid options raise ValueError and invalid requests ``hf_openjev.RequestError``,
+    before any model work; with a list, every request is validated before the first one runs.
 
     Constructing the pipeline for the fast path (on CUDA, or anywhere with ``fast=True``) patches the given model
     in place (:func:`hf_openjev.patches.apply_patches` with the pipeline's options; revertible with
@@ -78,6 +79,9 @@ class JevDecisionPipeline(Pipeline):
             prepare_path(self.model, fast, self._fast_options)  # the fast path patches the model here, never later
         elif fast_options is not None or named:  # a bad value: ValueError naming the option, before model work
             forward["options"] = (fast_options or self._fast_options).replace(**named)
+            if forward["options"].fp8 != self._fast_options.fp8:
+                raise ValueError(f"fp8 is chosen when the pipeline is constructed (it swaps the model's projections "
+                                 f"for good), not per call: this one runs fp8={self._fast_options.fp8!r}")
         batch = reference_batch_size or getattr(self, "_reference_batch_size", None)
         if batch is not None:
             forward["reference_batch_size"] = check_int("batch_size", batch, 1)

@@ -6,6 +6,10 @@ the projections (``options.stacked_projections``) and, on a CUDA model with ``op
 record's graph cache. The modules, their parameters and buffers are untouched, and with no ``pack`` argument every
 patched module behaves exactly as the stock one. ``revert_patches`` puts back the recorded classes. No
 module-level state: a second import of this package cannot duplicate anything.
+
+The one exception is ``options.fp8`` (opt-in): the targeted projections are swapped for ``Fp8Linear`` modules
+(:mod:`.fp8_swap`), which is not revertible: the bf16 weights are gone, ``revert_patches`` keeps the FP8 modules,
+and asking an FP8 model for ``fp8="off"`` (or fewer FP8 modules) is refused.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from hf_openjev.fast_options import FastPathOptions
 
 from .cuda_graphs import PackGraphs
 from .final_row_mlp import PackedDecoderLayer, PackedTextModel
+from .fp8_swap import check_fp8_mode, fp8_mode_of, quantize_model_fp8
 from .packed_candidates import PackedAttention, PackedGatedDeltaNet
 from .stacked_projections import stack_projections
+from .text_model import text_model_of  # noqa: F401 - re-exported: callers import it from here
 
 SUPPORTED_TRANSFORMERS = ((5, 17), (5, 25))  # [min, max) major.minor
 RECORD_ATTRIBUTE = "_hf_openjev_patches"
@@ -57,26 +63,19 @@ def check_transformers_version(version: str | None = None) -> None:
         )
 
 
-def text_model_of(model) -> nn.Module:
-    """The Qwen3.5 text model inside a JevModel, a PEFT wrapper or a bare backbone."""
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
-
-    root = getattr(model, "backbone", model)
-    for module in root.modules():
-        if isinstance(module, Qwen3_5TextModel):
-            return module
-    raise TypeError(f"{type(model).__name__} holds no Qwen3_5TextModel to patch")
-
-
 def patch_record(model) -> PatchRecord | None:
     """The model's record, or None when it is not patched."""
     return getattr(text_model_of(model), RECORD_ATTRIBUTE, None)
 
 
 def read_options(model) -> FastPathOptions:
-    """The options ``model`` is patched with, else the defaults."""
+    """The options ``model`` is patched with, else the defaults (with ``fp8`` the mode of its FP8 modules when
+    :func:`~hf_openjev.patches.fp8_swap.quantize_model_fp8` swapped them before any patch)."""
     record = patch_record(model)
-    return record.options if record is not None else FastPathOptions()
+    if record is not None:
+        return record.options
+    mode = fp8_mode_of(model)
+    return FastPathOptions() if mode is None else FastPathOptions(fp8=mode)
 
 
 def read_graph_stats(model) -> dict | None:
@@ -104,12 +103,17 @@ def apply_patches(model, options: FastPathOptions | None = None) -> PatchRecord:
     others. ``stacked_projections`` re-points the projection weights at slices of one stacked weight per module
     (same Parameter objects, same values, no extra memory); that layout stays after ``revert_patches``. A model
     moved to CUDA after patching gets its graph cache from a second ``apply_patches``.
+
+    ``fp8`` ("all", "no-gdn") swaps the targeted projections for FP8 modules, in place and for good (see
+    :func:`~hf_openjev.patches.fp8_swap.quantize_model_fp8`): an FP8 model cannot be asked for ``fp8="off"`` (a
+    ValueError, before anything changes); load it again for bf16.
     """
     options = options if options is not None else FastPathOptions()
     if not isinstance(options, FastPathOptions):
         raise TypeError(f"apply_patches takes a FastPathOptions, got {type(options).__name__} "
                         "(build one with FastPathOptions(...) or FastPathOptions.from_mapping(...))")
     text_model = text_model_of(model)
+    fp8_targets = check_fp8_mode(text_model, options.fp8)  # refused before anything changes
     record = getattr(text_model, RECORD_ATTRIBUTE, None)
     if record is None:
         check_transformers_version()
@@ -122,6 +126,8 @@ def apply_patches(model, options: FastPathOptions | None = None) -> PatchRecord:
                 module.__class__ = patched_class
         setattr(text_model, RECORD_ATTRIBUTE, record)
     record.options = options
+    if fp8_targets:
+        quantize_model_fp8(text_model, fp8_targets)  # empties a graph cache whose graphs read the old weights
     if options.stacked_projections:
         stack_projections(text_model)
     if options.cuda_graphs and record.graphs is None and _device_of(text_model).type == "cuda":

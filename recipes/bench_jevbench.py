@@ -358,7 +358,7 @@ def start_fidelity(oracle, model, work, *, args, out: Path, results: dict) -> di
         return None
     print(f"weights sha256 {sha} = the oracle's ({time.perf_counter() - t0:.1f} s)", flush=True)
     meta = {"command": results["command"], "versions": results["versions"], "device": results["versions"]["device"],
-            "git_commit": git_commit(), "shape": args.shape, "seed": args.seed, "dtype": args.dtype,
+            "git_commit": git_commit(), "shape": args.shape, "seed": args.seed, "dtype": args.dtype, "fp8": args.fp8,
             "oracle": {"path": str(args.oracle), "complete": oracle.get("complete"), "n_done": len(oracle["requests"]),
                        "git_commit": oracle.get("git_commit"), "device": oracle.get("device")},
             "oracle_sha256_check": {"oracle": oracle["weights_sha256"], "run": sha, "match": True},
@@ -396,7 +396,82 @@ def versions() -> dict:
     return info
 
 
-def main(argv=None) -> int:
+def add_fp8_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fp8", default=None, choices=["all", "no-gdn"],
+                        help="FP8 projections for the fast path (C, E, sweep, closed loop): the reference arms run "
+                             "first on the bf16 weights (and --oracle hashes them), then the model is quantized in "
+                             "place (hf_openjev.patches.fp8_swap.quantize_model_fp8); writes bench_<shape>_fp8-<mode>")
+    parser.add_argument("--memory-cap-gb", type=float, default=None, metavar="GB",
+                        help="with --fp8, on CUDA: torch.cuda.set_per_process_memory_fraction(GB / total) right "
+                             "after quantizing, so every fast-path pass runs under it (GB = 1e9 bytes)")
+
+
+def check_fp8_arguments(parser, args, arms: list[str], c_options, sweep_entries):
+    """--fp8: (arms with the reference ones first, C's options with ``fp8``); a sweep entry may not set fp8 (it
+    would quantize the model for good in the middle of the run) and --memory-cap-gb needs --fp8."""
+    if any("fp8" in entry for entry in sweep_entries):
+        parser.error("--sweep: fp8 cannot be swept (quantizing is for good: the next entries would all be FP8); "
+                     "use --fp8 MODE, one run per mode")
+    if args.memory_cap_gb is not None and (args.fp8 is None or not args.memory_cap_gb > 0):
+        parser.error("--memory-cap-gb needs --fp8 and a positive size")
+    if args.fp8 is None:
+        return arms, c_options
+    reference_first = [a for a in arms if a not in ("C", "E")] + [a for a in arms if a in ("C", "E")]
+    return reference_first, c_options.replace(fp8=args.fp8)
+
+
+def bench_stem(args) -> str:
+    """``bench_<shape>_<dtype>``, or ``bench_<shape>_fp8-<mode>`` with --fp8."""
+    return f"bench_{args.shape}_fp8-{args.fp8}" if args.fp8 else f"bench_{args.shape}_{args.dtype}"
+
+
+def configuration_name(name: str, args) -> str:
+    """The name of an arm or sweep entry in fidelity_<shape>.json: with --fp8 the fast path's are ``fp8-<mode>``
+    (C), ``fp8-<mode>-eager`` (E) and ``fp8-<mode> <sweep entry>``; the reference arms keep theirs (bf16)."""
+    if not args.fp8 or name in ("A", "B", "A1", "B1"):
+        return name
+    return {"C": f"fp8-{args.fp8}", "E": f"fp8-{args.fp8}-eager"}.get(name, f"fp8-{args.fp8} {name}")
+
+
+def weights_gb(model) -> float:
+    """GB (1e9) of the model's parameters and buffers, each storage counted once (stacked views share one)."""
+    storages = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        storage = tensor.untyped_storage()
+        storages[(tensor.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values()) / 1e9
+
+
+def quantize_for_fast_path(model, args, results: dict) -> None:
+    """--fp8: quantize the model in place, once (later calls return at once), and record results["fp8"]: mode,
+    modules, weights GB before and after, seconds; then --memory-cap-gb caps this process's CUDA memory."""
+    if not args.fp8 or "fp8" in results:
+        return
+    from hf_openjev.patches.fp8_swap import fp8_modules, quantize_model_fp8
+
+    sync()
+    start = time.perf_counter()
+    count = quantize_model_fp8(model, args.fp8)
+    sync()
+    info = results["fp8"] = {"mode": args.fp8, "modules": list(fp8_modules(model)), "swapped": count,
+                             "seconds": time.perf_counter() - start, "weights_gb_bf16": results["weights_gb"],
+                             "weights_gb": weights_gb(model), "memory_cap_gb": None}
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the bf16 weights' blocks, cached by the allocator
+        if args.memory_cap_gb is not None:
+            total = torch.cuda.get_device_properties(0).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gb * 1e9 / total))
+            info["memory_cap_gb"] = args.memory_cap_gb
+    elif args.memory_cap_gb is not None:
+        info["memory_cap_note"] = "no CUDA device: the cap was not applied"
+    print(f"fp8 {args.fp8}: {count} projections swapped in {info['seconds']:.1f} s; weights "
+          f"{info['weights_gb_bf16']:.2f} -> {info['weights_gb']:.2f} GB; memory cap {info['memory_cap_gb']}",
+          flush=True)
+
+
+def parse_arguments(argv):
+    """(args, arms, parity_only, sweep entries, --fast-options, --patch-options, C's FastPathOptions, parser),
+    everything checked before any work (a bad value: the parser's usage error)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(parser, shape="27b")
     parser.add_argument("--arms", default="A,B,C")
@@ -424,6 +499,7 @@ def main(argv=None) -> int:
     parser.add_argument("--oracle", default=None,
                         help="an oracle_<shape>.json (recipes/oracle.py): compare every arm and sweep entry with it "
                              "and judge the fidelity gate against B; refused unless the weights are the oracle's")
+    add_fp8_arguments(parser)
     args = parser.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     parity_only = {a.strip() for a in args.parity_only.split(",") if a.strip()}
@@ -448,6 +524,43 @@ def main(argv=None) -> int:
             c_options.replace(**overrides)
     except ValueError as error:
         parser.error(f"--patch-options / --fast-options / --sweep: {error}")
+    arms, c_options = check_fp8_arguments(parser, args, arms, c_options, sweep_entries)
+    return args, arms, parity_only, sweep_entries, base_fast_options, patch_options, c_options, parser
+
+
+def run_sweep(model, work, sweep_entries, c_options, base_fast_options, *, args, arms, results: dict,
+              responses: dict, fidelity, save) -> None:
+    """--sweep: one warm-up and one measured pass of C per entry (its options over C's), compared with the
+    reference arms and the oracle; then C's options again."""
+    from hf_openjev.patches import apply_patches
+
+    quantize_for_fast_path(model, args, results)
+    sweep = results["sweep"] = {}
+    for overrides in sweep_entries:
+        apply_patches(model, c_options.replace(**overrides))  # the entry's options, for its passes and singles
+        label = json.dumps(overrides, sort_keys=True)
+        run_pass(model, work, fast=True)  # warm: new shapes autotune and capture here
+        measured = run_pass(model, work, fast=True)
+        times = [t * 1000 for t, _ in measured]
+        sweep[label] = {**summarize(times), "table": table(work, times), "fast_options": {**base_fast_options, **overrides}}
+        if fidelity:
+            add_fidelity(fidelity, configuration_name(label, args), work, [r for _, r in measured])
+        for ref in ("A", "B"):  # the entry's answers against the reference arms this run has
+            if ref in responses:
+                sweep[label][f"parity_vs_{ref}"] = parity(responses[ref], [r for _, r in measured])
+        if "C" in arms and args.single:  # the singles again on the entry's options, on the same machine
+            sweep[label]["single_candidate"] = {n: time_single(model, int(n), repeats=5)
+                                                for n in args.single.split(",") if n}
+        save()  # after every entry, so a run cut short keeps the entries it finished
+        print(f"sweep {label}: mean {sweep[label]['mean_ms']:.1f} ms"
+              + "".join(f", parity vs {ref} {sweep[label][f'parity_vs_{ref}']}" for ref in ("A", "B")
+                        if f"parity_vs_{ref}" in sweep[label]), flush=True)
+    apply_patches(model, c_options)  # back to the options C ran with
+
+
+def main(argv=None) -> int:
+    args, arms, parity_only, sweep_entries, base_fast_options, patch_options, c_options, parser = \
+        parse_arguments(argv)
     oracle = open_oracle(args, parser)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -456,14 +569,14 @@ def main(argv=None) -> int:
                "arms": {}, "seed": args.seed}
 
     def save():
-        (out / f"bench_{args.shape}_{args.dtype}.json").write_text(json.dumps(results, indent=1))
+        (out / f"{bench_stem(args)}.json").write_text(json.dumps(results, indent=1))
 
     t0 = time.perf_counter()
     model = build_model(args.shape, seed=args.seed, device="cuda" if torch.cuda.is_available() else "cpu",
                         dtype=getattr(torch, args.dtype))
     results["dtype"] = args.dtype
     results["model_build_s"] = time.perf_counter() - t0
-    results["weights_gb"] = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9
+    results["weights_gb"] = weights_gb(model)
     work = build_workload(shapes_file, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
     print(f"model {args.shape} built in {results['model_build_s']:.1f}s, {results['weights_gb']:.1f} GB; "
           f"{len(work)} requests", flush=True)
@@ -481,6 +594,7 @@ def main(argv=None) -> int:
     for arm in arms:
         fast = arm in ("C", "E")
         if fast:
+            quantize_for_fast_path(model, args, results)  # --fp8: once, after the reference arms (bf16)
             record = apply_patches(model, c_options.replace(cuda_graphs=args.cuda_graphs and arm == "C"))
             results.setdefault("effective_patch_options", {})[arm] = record.options.to_dict()  # defaults included
         bind_fla(arm in ("B", "B1"))
@@ -499,7 +613,7 @@ def main(argv=None) -> int:
         per_request = [statistics.fmean(p[i][0] * 1000 for p in passes) for i in range(len(work))]
         responses[arm] = [r for _, r in passes[-1]]
         if fidelity:
-            add_fidelity(fidelity, arm, work, responses[arm])
+            add_fidelity(fidelity, configuration_name(arm, args), work, responses[arm])
         results["arms"][arm] = {**summarize(times), "warmup_s": warmup_s, "passes": len(passes),
                                 "peak_memory_gb": peak_gb(),
                                 "table": table(work, per_request),
@@ -531,27 +645,8 @@ def main(argv=None) -> int:
     if "C" in arms:  # the sweep and the closed loop run arm C as measured (graphs on with --cuda-graphs)
         apply_patches(model, c_options)
     if sweep_entries:
-        sweep = results["sweep"] = {}
-        for overrides in sweep_entries:
-            apply_patches(model, c_options.replace(**overrides))  # the entry's options, for its passes and singles
-            label = json.dumps(overrides, sort_keys=True)
-            run_pass(model, work, fast=True)  # warm: new shapes autotune and capture here
-            measured = run_pass(model, work, fast=True)
-            times = [t * 1000 for t, _ in measured]
-            sweep[label] = {**summarize(times), "table": table(work, times), "fast_options": {**base_fast_options, **overrides}}
-            if fidelity:
-                add_fidelity(fidelity, label, work, [r for _, r in measured])
-            for ref in ("A", "B"):  # the entry's answers against the reference arms this run has
-                if ref in responses:
-                    sweep[label][f"parity_vs_{ref}"] = parity(responses[ref], [r for _, r in measured])
-            if "C" in arms and args.single:  # the singles again on the entry's options, on the same machine
-                sweep[label]["single_candidate"] = {n: time_single(model, int(n), repeats=5)
-                                                    for n in args.single.split(",") if n}
-            save()  # after every entry, so a run cut short keeps the entries it finished
-            print(f"sweep {label}: mean {sweep[label]['mean_ms']:.1f} ms"
-                  + "".join(f", parity vs {ref} {sweep[label][f'parity_vs_{ref}']}" for ref in ("A", "B")
-                            if f"parity_vs_{ref}" in sweep[label]), flush=True)
-        apply_patches(model, c_options)  # back to the options C ran with
+        run_sweep(model, work, sweep_entries, c_options, base_fast_options, args=args, arms=arms, results=results,
+                  responses=responses, fidelity=fidelity, save=save)
     if "C" in arms:
         concurrency = results["closed_loop"] = {}
         for c in [int(x) for x in args.concurrency.split(",") if x]:
@@ -564,7 +659,7 @@ def main(argv=None) -> int:
             results["long_candidate"] = time_single(model, args.long_candidate, repeats=1)
             print(f"long candidate: {results['long_candidate']}", flush=True)
     save()
-    write_markdown(results, out / f"bench_{args.shape}_{args.dtype}.md")
+    write_markdown(results, out / f"{bench_stem(args)}.md")
     return 0
 
 
@@ -580,11 +675,27 @@ def save_table(out: Path, name: str, result: dict, title: str, columns: list[str
     return text
 
 
+def fp8_lines(results: dict) -> list[str]:
+    """The markdown's FP8 paragraph (nothing without --fp8): mode, weights before/after, the cap, the largest peak
+    of the fast path (arms C/E, singles, long candidate)."""
+    info = results.get("fp8")
+    if not info:
+        return []
+    peaks = [r["peak_memory_gb"] for arm, r in results["arms"].items() if arm in ("C", "E")]
+    peaks += [v["peak_memory_gb"] for v in results.get("single_candidate", {}).values()]
+    peaks += [results["long_candidate"]["peak_memory_gb"]] if "long_candidate" in results else []
+    peak = max(peaks, default=float("nan"))
+    return ["", f"FP8 {info['mode']} (arms C/E, sweep, closed loop; A/B ran first on the bf16 weights): "
+                f"{info['swapped']} projections, weights {info['weights_gb_bf16']:.2f} -> {info['weights_gb']:.2f} GB, "
+                f"memory cap {info['memory_cap_gb']} GB, fast-path peak {peak:.2f} GB"]
+
+
 def write_markdown(results: dict, path: Path) -> None:
     lines = [f"# JevBench-231 benchmark, {results['shape']} shape, {results['dtype']}, random weights", "",
              f"Command: `{results['command']}`", "", "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
              "", f"CUDA graphs: {results.get('cuda_graphs')}; patch options: {results.get('patch_options', {})}",
              "", f"Effective patch options (defaults included): {results.get('effective_patch_options', {})}",
+             *fp8_lines(results),
              "", "| arm | n | mean ms | p50 ms | p95 ms | warm-up s | passes | peak GB |", "|---|---|---|---|---|---|---|---|"]
     for arm, r in results["arms"].items():
         if r.get("parity_only"):

@@ -21,7 +21,7 @@ def _stamp(root: Path) -> dict:
 def test_build_parser_knows_every_subcommand():
     parser = cli.build_parser("demo")
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert list(sub.choices) == ["demo", "export", "eval", "serve"]
+    assert list(sub.choices) == ["demo", "export", "quantize", "eval", "serve"]
     args = parser.parse_args(["demo", "--cache-dir", "/x", "--device", "cpu", "--dtype", "bfloat16"])
     assert (args.command, args.cache_dir, args.device, args.dtype) == ("demo", "/x", "cpu", "bfloat16")
     assert parser.parse_args(["demo"]).dtype == "float32"
@@ -71,7 +71,8 @@ def test_demo_reports_a_broken_cache_as_an_error(tmp_path, capsys, tiny_checkpoi
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("hf-openjev demo: error: ")]
     assert len(errors) == 1, err
-    assert errors[0].endswith("unknown format 'something-else/9'; this version reads 'open-jev-text-merged/1'")
+    assert errors[0].endswith("unknown format 'something-else/9'; this version reads 'open-jev-text-merged/1' and "
+                              "'open-jev-text-merged-fp8/1'")
 
 
 def test_console_script_is_installed():

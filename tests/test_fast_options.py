@@ -19,7 +19,8 @@ BOOLS = ["packed_candidates", "shared_prefix", "final_row_mlp", "stacked_project
 
 def test_every_option_and_its_default():
     options = FastPathOptions()
-    assert set(FastPathOptions.names()) == set(INTS) | set(BOOLS) and len(FastPathOptions.names()) == 13
+    assert set(FastPathOptions.names()) == set(INTS) | set(BOOLS) | {"fp8"} and len(FastPathOptions.names()) == 14
+    assert options.fp8 == "off"  # FP8 is opt-in
     assert (options.min_shared_tokens, options.max_sequences, options.max_tokens, options.share_tails) == (
         planner.DEFAULT_MIN_SHARED_TOKENS, planner.DEFAULT_MAX_SEQUENCES, planner.DEFAULT_MAX_TOKENS,
         planner.DEFAULT_SHARE_TAILS)
@@ -56,6 +57,13 @@ def test_a_flag_must_be_a_bool(name, value):
         FastPathOptions(**{name: value})
 
 
+@pytest.mark.parametrize("value", ["on", "ALL", "no_gdn", True, None, ""])
+def test_fp8_is_one_of_its_modes(value):
+    assert [FastPathOptions(fp8=mode).fp8 for mode in ("off", "all", "no-gdn")] == ["off", "all", "no-gdn"]
+    with pytest.raises(ValueError, match=rf"^fp8 must be one of 'off', 'all', 'no-gdn', got {value!r}$"):
+        FastPathOptions(fp8=value)
+
+
 def test_a_mapping_changes_its_base_and_unknown_names_are_refused():
     options = FastPathOptions.from_mapping({"share_tails": True, "min_shared_tokens": 16})
     assert options == FastPathOptions(share_tails=True, min_shared_tokens=16)
@@ -90,8 +98,10 @@ def test_the_forward_key_holds_the_options_the_forward_reads():
     key = FastPathOptions().forward_key()
     for name in FastPathOptions.names():
         value = getattr(FastPathOptions(), name)
-        changed = FastPathOptions().replace(**{name: (not value) if isinstance(value, bool) else value + 1})
+        other = (not value) if isinstance(value, bool) else "all" if isinstance(value, str) else value + 1
+        changed = FastPathOptions().replace(**{name: other})
         assert (changed.forward_key() != key) == (name in FORWARD_FIELDS), name
+    # fp8 is not read by the forward: apply_patches swaps the modules once (score_fast refuses a call's other fp8)
     assert FORWARD_FIELDS == ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32")
 
 

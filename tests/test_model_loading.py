@@ -162,7 +162,7 @@ def test_unknown_format(tiny_checkpoint, tmp_path, fmt):
     export = _copy_export(tiny_checkpoint, tmp_path)
     _edit_manifest(export, format=fmt if fmt is not None else _DELETE)
     assert _load_error(export) == (f"{export / MANIFEST_NAME}: unknown format {fmt!r}; this version reads "
-                                   "'open-jev-text-merged/1'")
+                                   "'open-jev-text-merged/1' and 'open-jev-text-merged-fp8/1'")
 
 
 def test_head_size_differs_from_hidden_size(tiny_checkpoint, tmp_path):

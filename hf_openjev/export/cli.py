@@ -1,9 +1,13 @@
-"""``hf-openjev export --base DIR --package DIR --out DIR [--max-length N] [--overwrite] [--allow-base-mismatch]``.
+"""``hf-openjev export --base DIR --package DIR --out DIR [--max-length N] [--overwrite] [--allow-base-mismatch]
+[--fp8 [all|no-gdn]]``.
 
 Merges the published package's LoRA adapter into the base model and writes a merged export
 (``open-jev-text-merged/1``), then prints what it did and the verification figures (merged tensors against
 PEFT's ``merge_and_unload()``, and max |Δscore| / |Δp| of the export against the unmerged reference on probe
 requests). Bad inputs are refused before anything is written; nothing is left behind on failure or interrupt.
+With ``--fp8`` the merge goes to a temporary directory and ``--out`` is its FP8 export
+(``open-jev-text-merged-fp8/1``, ``hf_openjev.export.fp8``); ``hf-openjev quantize`` (:mod:`.quantize_cli`) makes
+one from an existing merged export.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import re
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3}
@@ -54,15 +59,21 @@ def add_arguments(parser) -> None:
     parser.add_argument("--allow-base-mismatch", action="store_true",
                         help="export even when the package names another base model (repo id, revision or weight "
                              "fingerprint) than --base; the report then warns that the answers may mean nothing")
+    add_fp8_argument(parser, "--fp8", const="all",
+                     help="write an FP8 export instead (e4m3 projections, per-channel scales; the merge goes to a "
+                          "temporary directory first): all (default) or no-gdn (the Gated DeltaNet's projections "
+                          "stay bf16). Opt-in: its fidelity and speed are not yet measured on a GPU")
 
 
-def run(args) -> int:
-    from .merge import merge_lora
+def add_fp8_argument(parser, flag: str, *, const: str | None, help: str) -> None:
+    """The FP8 mode flag: ``all`` or ``no-gdn`` (``hf_openjev.fp8_scheme.FP8_MODES`` other than ``off``)."""
+    parser.add_argument(flag, nargs="?" if const else None, const=const, default=None if const else "all",
+                        choices=["all", "no-gdn"], metavar="MODE", help=help)
 
-    def log(message: str) -> None:
-        print(message, flush=True)
 
-    # SIGTERM (e.g. a job scheduler) unwinds like Ctrl-C, so the temporary directory is removed.
+@contextmanager
+def sigterm_unwinds():
+    """SIGTERM (e.g. a job scheduler) unwinds like Ctrl-C inside the block, so temporary directories are removed."""
     previous = None
     if threading.current_thread() is threading.main_thread():
         def _terminate(signum, frame):
@@ -70,14 +81,35 @@ def run(args) -> int:
 
         previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        report = merge_lora(args.base, args.package, args.out, max_length=args.max_length, overwrite=args.overwrite,
-                            verify=args.verify, probe=args.probe, probe_max_params=args.probe_max_params,
-                            progress=args.progress, max_shard_bytes=args.max_shard_size, log=log,
-                            allow_base_mismatch=args.allow_base_mismatch)
+        yield
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    for line in report.lines():
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def run(args) -> int:
+    from .merge import merge_lora
+
+    options = dict(max_length=args.max_length, overwrite=args.overwrite, verify=args.verify, probe=args.probe,
+                   probe_max_params=args.probe_max_params, progress=args.progress,
+                   max_shard_bytes=args.max_shard_size, log=log, allow_base_mismatch=args.allow_base_mismatch)
+    with sigterm_unwinds():
+        if args.fp8 is None:
+            lines = merge_lora(args.base, args.package, args.out, **options).lines()
+        else:
+            from hf_openjev.fp8_scheme import FP8_MODES
+
+            from .fp8 import merge_and_quantize
+
+            merged, quantized = merge_and_quantize(args.base, args.package, args.out,
+                                                   targets=FP8_MODES[args.fp8], **options)
+            lines = [*merged.lines(), f"export: the merge above was temporary (removed); the FP8 export "
+                     f"(--fp8 {args.fp8}) is {quantized.out_dir}", *quantized.lines()]
+    for line in lines:
         print(line)
     sys.stdout.flush()
     return 0

@@ -15,6 +15,9 @@ scales make rows independent), so the peak memory is about ``_CHUNK_BYTES`` of f
 Each weight's dequantization error (relative, Frobenius) is measured on the way; above 2^-4 (what e4m3 rounding
 can cause) the export fails. The export is built in a temporary directory beside the target and renamed at the
 end; on any failure nothing is left behind.
+
+:func:`merge_and_quantize` (``hf-openjev export --fp8``) merges into a temporary bf16 export first, then quantizes
+it into the target and removes the temporary one.
 """
 
 from __future__ import annotations
@@ -139,7 +142,8 @@ def _check_out_dir(out_dir: Path, src_dir: Path, overwrite: bool) -> None:
         raise CheckpointError(f"--out {out_dir} would overlap the source export {src_dir}; choose another directory")
     if out_dir.exists() or out_dir.is_symlink():
         if not overwrite:
-            raise CheckpointError(f"{out_dir} already exists; pass overwrite=True to replace it (or choose another)")
+            raise CheckpointError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it (or "
+                                  "choose another)")
         if not out_dir.is_dir() or out_dir.is_symlink():
             raise CheckpointError(f"{out_dir} exists and is not a directory; only a directory is replaced")
 
@@ -331,3 +335,46 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
         raise
     report.seconds = time.perf_counter() - start
     return report
+
+
+def merge_and_quantize(base_dir, package_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARGETS,
+                       overwrite: bool = False, progress: bool = True, log: Callable[[str], None] | None = None,
+                       **merge_options):
+    """``hf-openjev export --fp8``: :func:`~hf_openjev.export.merge.merge_lora` into a temporary bf16 export
+    beside ``out_dir`` (its verification, ``merge_options``, runs there: it checks the merge), then
+    :func:`quantize_export` of it into ``out_dir``; the temporary export is removed whatever happens. Both stream
+    (one tensor at a time); the disk holds the bf16 export and the FP8 one at the end. Returns
+    ``(ExportReport, Fp8ExportReport)``. Bad targets and an existing ``out_dir`` (without ``overwrite``) are
+    refused before the merge."""
+    from .merge import merge_lora
+
+    out_dir = Path(out_dir)
+    modules = resolve_targets(targets)
+    if (out_dir.exists() or out_dir.is_symlink()) and not overwrite:
+        raise CheckpointError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it (or choose "
+                              "another)")
+    created, parent = [], out_dir.parent
+    while not parent.exists():
+        created.append(parent)
+        parent = parent.parent
+    work = None
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.bf16-", dir=out_dir.parent))
+        merged = merge_lora(base_dir, package_dir, work / "merged", progress=progress, log=log, **merge_options)
+        quantized = quantize_export(work / "merged", out_dir, targets=modules, overwrite=overwrite,
+                                    progress=progress, log=log)
+    except BaseException:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+            work = None
+        for path in created:  # deepest first; only the ones this call made, only if still empty
+            try:
+                path.rmdir()
+            except OSError:
+                break
+        raise
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+    return merged, quantized
