@@ -5,7 +5,8 @@ so the pipeline, the evaluation command and the HTTP server all share one defini
 
 * :func:`parse_request` -- validation in the contract's order (§2 items 2..6, first error wins) and the
   candidate prompts of every question (§3);
-* :func:`tokenize_candidates` -- the ``max_length`` check of §2 item 7 (nothing is ever truncated);
+* :func:`tokenize_candidates` -- the ``max_length`` check of §2 item 7 (nothing is ever truncated; a huge
+  over-long text is refused from a clean prefix already over the limit);
 * :func:`answers_from_scores` -- the float64 answers of §5;
 * :func:`build_response` -- the response object of §6.
 """
@@ -290,26 +291,61 @@ def tokenize_candidates(
     chat_prefix: str,
     chat_suffix: str,
     max_length: int,
+    clean_cut: Callable[[str, int], int | None] | None = None,
 ) -> list[list[list[int]]]:
     """Tokenize every candidate, question by question, candidate by candidate (contract §2 item 7).
 
     The text sent to ``encode`` is ``chat_prefix + prompt + chat_suffix``; ``encode`` must add no special tokens.
     The first sequence longer than ``max_length`` raises ``RequestError("question <id>: <n> tokens exceeds
     max_length=<m>; no silent truncation")``; nothing is truncated. Returns token ids per question per candidate.
+
+    ``clean_cut(text, start)``: the first position ``c >= start`` where ``encode(text[:c])`` is a prefix of
+    ``encode(text)``, or None (:func:`hf_openjev.prefix_cuts.prove_clean_cuts`). With it, a candidate of more than
+    ``EXACT_COUNT_CHARS * max_length`` characters is first tokenized in growing prefixes ending at such cuts, and
+    rejected as soon as one has more than ``max_length`` tokens: the verdict is the full tokenization's (a clean
+    prefix's count is a lower bound of the whole's), ``<n>`` is then that prefix's count (a lower bound, already over
+    ``max_length``, not the exact count) and the seconds of tokenizing megabytes are saved. Accepted candidates, and
+    every candidate of at most ``EXACT_COUNT_CHARS * max_length`` characters, are tokenized in full (exact ``<n>``).
     """
     result: list[list[list[int]]] = []
     for question in parsed.questions:
         per_question: list[list[int]] = []
         for prompt in question.prompts:
-            ids = list(encode(chat_prefix + prompt + chat_suffix))
-            if len(ids) > max_length:
+            text = chat_prefix + prompt + chat_suffix
+            over = _count_past_max_length(text, encode, max_length, clean_cut)
+            ids = list(encode(text)) if over is None else None
+            if ids is None or len(ids) > max_length:
                 raise RequestError(
-                    f"question {question.id}: {len(ids)} tokens exceeds max_length={max_length}; "
-                    "no silent truncation"
+                    f"question {question.id}: {over if ids is None else len(ids)} tokens exceeds "
+                    f"max_length={max_length}; no silent truncation"
                 )
             per_question.append(ids)
         result.append(per_question)
     return result
+
+
+EXACT_COUNT_CHARS = 16  # candidates of at most this many characters per max_length token are counted in full
+
+
+def _count_past_max_length(text: str, encode: Callable[[str], list[int]], max_length: int,
+                           clean_cut: Callable[[str, int], int | None] | None) -> int | None:
+    """The token count of a clean prefix of ``text`` that is already over ``max_length``, or None when there is no
+    such prefix to find cheaply (short texts, no ``clean_cut``, no cut, or every prefix within the limit).
+
+    Prefixes end at the first cut past 8 * (max_length + 1) characters, then past twice the previous cut, so the
+    characters tokenized add up to less than twice the last prefix."""
+    if clean_cut is None or len(text) <= EXACT_COUNT_CHARS * max_length:
+        return None
+    want = 8 * (max_length + 1)
+    while want < len(text):
+        cut = clean_cut(text, want)
+        if cut is None or cut >= len(text):
+            return None
+        count = len(encode(text[:cut]))
+        if count > max_length:
+            return count
+        want = 2 * cut
+    return None
 
 
 def _softmax(scores: Sequence[float], temperature: float) -> list[float]:

@@ -165,8 +165,9 @@ def run_pass(model, work, *, fast: bool, batch_size: int = 32):
     return out
 
 
-def closed_loop(model, work, in_flight: int, *, max_wait_ms: float = 2.0) -> dict:
-    """``in_flight`` closed-loop clients over the workload through the server's batcher (fast path).
+def closed_loop(model, work, in_flight: int, *, max_wait_ms: float = 2.0, replicas=None) -> dict:
+    """``in_flight`` closed-loop clients over the workload through the server's batcher (fast path); ``replicas``:
+    copies of ``model`` on other GPUs (each patched), the batcher's workers, as ``serve --devices`` runs them.
 
     Each client sends its next request as soon as its previous answer is back; the batcher groups whatever is
     waiting under its token budget into one forward. Decisions = answered questions. One unmeasured run over the
@@ -178,7 +179,8 @@ def closed_loop(model, work, in_flight: int, *, max_wait_ms: float = 2.0) -> dic
     from hf_openjev.scoring import build_answer
 
     async def run():
-        batcher = Batcher(model, max_queue=4 * max(in_flight, 1), max_wait_ms=max_wait_ms, fast=True)
+        batcher = Batcher(model, max_queue=4 * max(in_flight, 1), max_wait_ms=max_wait_ms, fast=True,
+                          replicas=replicas)
         batcher.start()
         pending = iter(range(len(work)))
         latencies, decisions = [], 0
@@ -199,15 +201,15 @@ def closed_loop(model, work, in_flight: int, *, max_wait_ms: float = 2.0) -> dic
         total = time.perf_counter() - start
         await batcher.aclose()
         return {"in_flight": in_flight, "decisions_per_s": decisions / total, "groups": batcher.groups,
-                **summarize(latencies)}
+                "replica_groups": [r["groups"] for r in batcher.stats()["replicas"]], **summarize(latencies)}
 
     warm = asyncio.run(run())  # warm-up: batches of new shapes compile / capture here
-    before = graph_stats(model)
+    before = [graph_stats(m) for m in replicas or [model]]
     result = asyncio.run(run())
     result["warmup_groups"] = warm["groups"]
-    after = graph_stats(model)
-    if after:
-        result["captures_while_measured"] = after["captures"] - before["captures"]
+    after = [graph_stats(m) for m in replicas or [model]]
+    if after[0]:
+        result["captures_while_measured"] = sum(a["captures"] - b["captures"] for a, b in zip(after, before))
     return result
 
 

@@ -3,6 +3,7 @@
     pip install jevcompat            # brings typesafe-sdk, whose parsing is one of the MUST checks
     python recipes/jevcompat_conformance.py                       # tiny random checkpoint on CPU
     python recipes/jevcompat_conformance.py --model /path/to/export --device cuda --dtype auto
+    python recipes/jevcompat_conformance.py --key SECRET    # server with that API key; jevcompat's auth checks run
 
 It starts the server in a subprocess on a free 127.0.0.1 port, waits for ``/health``, runs every jevcompat case
 (the official typesafe-sdk client included), writes ``report.json`` and ``report.md`` to ``--out``, then stops
@@ -61,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--known-deviation", action="append", default=[], metavar="REQ",
                         help="a MUST requirement id allowed to fail (repeatable), e.g. noul.criteria")
     parser.add_argument("--server-arg", action="append", default=[], help="extra argument for hf-openjev serve")
+    parser.add_argument("--key", default=None,
+                        help="start the server with this API key ($HF_OPENJEV_API_KEYS, not on its command line) "
+                             "and pass it to jevcompat (--key), which then also checks missing and wrong keys")
     args = parser.parse_args(argv)
 
     try:
@@ -86,11 +90,12 @@ def main(argv: list[str] | None = None) -> int:
            "--device", args.device, "--dtype", args.dtype, "--log-level", "info", *args.server_arg]
     print("starting:", " ".join(cmd), flush=True)
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        env = {**os.environ, "HF_OPENJEV_API_KEYS": args.key} if args.key else None
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         try:
             wait_healthy(url, proc, timeout=300)
             started = time.perf_counter()
-            rep = runner.run(url, timeout=args.timeout)
+            rep = runner.run(url, key=args.key, timeout=args.timeout)
             seconds = time.perf_counter() - started
         except Exception as exc:  # noqa: BLE001
             print(f"conformance run failed: {exc}", file=sys.stderr)
@@ -124,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "known_deviations": [r for r in failed_musts if r in args.known_deviation],
         "failed_shoulds": sorted(r.id for r in rep.results if r.level == "SHOULD" and r.status == "fail"),
         "untested_musts": rep.untested_musts,
+        "api_key": bool(args.key),
         "server_exit_status": proc.returncode,
         "server_shutdown_graceful": graceful,
         "seconds": round(seconds, 1),

@@ -235,3 +235,166 @@ def test_a_cancelled_request_is_not_scored():
 def test_rejects_bad_settings(kwargs):
     with pytest.raises(ValueError):
         Batcher(object(), **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ replicas (--devices)
+
+class Replica:
+    """A stand-in model copy: its name shows which replica scored a group."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.device = name  # not a torch.device: bind_device leaves the thread alone
+
+
+class ReplicaScorer(Scorer):
+    """Records (replica, request names) per group and the replica threads that were scoring at the same time."""
+
+    def __init__(self, *, broken: set[str] = frozenset(), **kwargs):
+        super().__init__(**kwargs)
+        self.broken = set(broken)
+        self.by_replica: dict[str, list[str]] = {}
+        self.busy = 0
+        self.most_busy = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, model, prepared, *, fast):
+        with self.lock:
+            self.by_replica.setdefault(model.name, []).extend(p.name for p in prepared)
+            self.busy += 1
+            self.most_busy = max(self.most_busy, self.busy)
+        try:
+            if model.name in self.broken:
+                raise RuntimeError(f"CUDA error on {model.name}: an illegal memory access was encountered")
+            return super().__call__(model, prepared, fast=fast)
+        finally:
+            with self.lock:
+                self.busy -= 1
+
+
+def _submit_all(batcher, reqs):
+    async def main():
+        return await asyncio.gather(*(batcher.submit(p) for p in reqs), return_exceptions=True)
+
+    return run(main())
+
+
+def test_replicas_score_groups_at_the_same_time_and_the_wall_time_halves():
+    reqs = [request(f"r{i}", 3) for i in range(12)]
+    timings = {}
+    for n in (1, 2):
+        scorer = ReplicaScorer(delay=0.1)
+        replicas = [Replica(f"gpu{i}") for i in range(n)]
+        batcher = Batcher(replicas[0], replicas=replicas, max_wait_ms=0, max_batch_tokens=3, score_fn=scorer)
+        start = time.monotonic()
+        outcomes = _submit_all(batcher, reqs)
+        timings[n] = time.monotonic() - start
+        batcher.close(timeout=5)
+        assert [o.scores for o in outcomes] == [expected_scores(p) for p in reqs]
+        assert scorer.most_busy == n and set(scorer.by_replica) == {r.name for r in replicas}
+    assert timings[1] >= 1.2 and timings[2] < 0.7 * timings[1], timings  # 12 groups of 0.1 s: 1.2 s vs ~0.6 s
+    assert len(batcher._threads) == 2 and not any(t.is_alive() for t in batcher._threads)
+
+
+def test_a_failing_replica_answers_its_own_requests_with_500_and_the_other_keeps_serving():
+    scorer = ReplicaScorer(broken={"gpu1"}, delay=0.01)
+    replicas = [Replica("gpu0"), Replica("gpu1")]
+    batcher = Batcher(replicas[0], replicas=replicas, max_wait_ms=0, max_batch_tokens=3, score_fn=scorer,
+                      retire_after_failures=None)
+    reqs = [request(f"r{i}", 3) for i in range(40)]
+    results = _submit_all(batcher, reqs)
+    failed = {p.name for p, r in zip(reqs, results) if isinstance(r, InferenceError)}
+    assert failed == set(scorer.by_replica["gpu1"]) and failed  # exactly the broken replica's requests
+    assert all(r.scores == expected_scores(p) for p, r in zip(reqs, results) if p.name not in failed)
+    assert all(str(r).startswith("model inference failed") for r in results if isinstance(r, InferenceError))
+    stats = {r["name"]: r for r in batcher.stats()["replicas"]}
+    assert stats["1:gpu1"]["failures"] == len(failed) and stats["0:gpu0"]["failures"] == 0
+    assert stats["0:gpu0"]["requests"] == 40 - len(failed) == batcher.requests
+    gpu1_before = len(scorer.by_replica["gpu1"])
+    later = _submit_all(batcher, [request(f"later{i}", 3) for i in range(10)])  # both workers still take groups
+    assert sum(isinstance(r, InferenceError) for r in later) == len(scorer.by_replica["gpu1"]) - gpu1_before
+    assert any(not isinstance(r, BaseException) for r in later)
+    batcher.close(timeout=5)
+
+
+def test_a_replica_failing_group_after_group_retires_and_the_last_one_never_does():
+    scorer = ReplicaScorer(broken={"gpu1"}, delay=0.01)
+    replicas = [Replica("gpu0"), Replica("gpu1")]
+    batcher = Batcher(replicas[0], replicas=replicas, max_wait_ms=0, max_batch_tokens=3, score_fn=scorer,
+                      retire_after_failures=2)
+    results = _submit_all(batcher, [request(f"r{i}", 3) for i in range(30)])
+    assert sum(isinstance(r, InferenceError) for r in results) == 2 == len(scorer.by_replica["gpu1"])
+    assert [r["retired"] for r in batcher.stats()["replicas"]] == [False, True]
+    more = _submit_all(batcher, [request(f"m{i}", 3) for i in range(10)])
+    assert not any(isinstance(r, BaseException) for r in more) and len(scorer.by_replica["gpu1"]) == 2
+    batcher.close(timeout=5)
+
+    scorer = ReplicaScorer(broken={"gpu0", "gpu1"})  # every replica broken: the last one keeps answering (500s)
+    batcher = Batcher(replicas[0], replicas=replicas, max_wait_ms=0, max_batch_tokens=3, score_fn=scorer,
+                      retire_after_failures=1)
+    results = _submit_all(batcher, [request(f"r{i}", 3) for i in range(10)])
+    assert all(isinstance(r, InferenceError) for r in results)
+    assert sum(r["retired"] for r in batcher.stats()["replicas"]) == 1
+    batcher.close(timeout=5)
+
+
+def test_replicas_under_concurrent_load_answer_every_request_exactly_once():
+    rng = __import__("random").Random(0)
+
+    class Jittery(ReplicaScorer):
+        def __call__(self, model, prepared, *, fast):
+            time.sleep(rng.random() * 0.004)
+            return super().__call__(model, prepared, fast=fast)
+
+    scorer = Jittery()
+    replicas = [Replica(f"gpu{i}") for i in range(3)]
+    batcher = Batcher(replicas[0], replicas=replicas, max_wait_ms=1, max_batch_tokens=20, max_queue=1000,
+                      score_fn=scorer)
+    reqs = [request(f"r{i}", 1 + i % 7, 2, questions=1 + i % 2) for i in range(300)]
+
+    async def main():
+        async def client(chunk):
+            out = []
+            for p in chunk:
+                out.append(await batcher.submit(p))
+                await asyncio.sleep(0)
+            return out
+
+        chunks = [reqs[k::12] for k in range(12)]
+        answered = await asyncio.gather(*(client(c) for c in chunks))
+        return {p.name: o for c, outs in zip(chunks, answered) for p, o in zip(c, outs)}
+
+    outcomes = run(main())
+    batcher.close(timeout=5)
+    scored = [name for names in scorer.by_replica.values() for name in names]
+    assert sorted(scored) == sorted(p.name for p in reqs)  # each scored once: none lost, none twice
+    assert all(outcomes[p.name].scores == expected_scores(p) for p in reqs)  # each got its own scores
+    assert len(scorer.by_replica) == 3 and batcher.requests == 300 and batcher.waiting == batcher.in_flight == 0
+
+
+def test_rejects_an_empty_replica_list_and_a_zero_retirement():
+    with pytest.raises(ValueError):
+        Batcher(object(), replicas=[])
+    with pytest.raises(ValueError):
+        Batcher(object(), retire_after_failures=0)
+
+
+def test_each_worker_binds_its_replicas_gpu(monkeypatch):
+    """Streams, graph pools and Triton launches use the thread's current device: each worker sets its replica's."""
+    import torch
+
+    from hf_openjev.serve.batcher import use_device
+
+    bound, entered = [], []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: bound.append((threading.current_thread().name,
+                                                                                str(device))))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: __import__("contextlib").nullcontext(
+        entered.append(str(device))))
+    replicas = [SimpleNamespace(device=torch.device("cuda", i), name=f"gpu{i}") for i in (1, 3)]
+    batcher = Batcher(replicas[0], replicas=replicas, max_wait_ms=0, score_fn=ReplicaScorer(), name="w")
+    assert _submit_all(batcher, [request("a", 2)])[0].scores == expected_scores(request("a", 2))
+    batcher.close(timeout=5)
+    assert sorted(bound) == [("w-0", "cuda:1"), ("w-1", "cuda:3")]
+    with use_device(replicas[1]), use_device(object()), use_device(SimpleNamespace(device=torch.device("cpu"))):
+        pass
+    assert entered == ["cuda:3"]

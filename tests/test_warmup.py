@@ -88,6 +88,24 @@ def test_serve_warm_up_file_is_checked_before_the_model_loads(tmp_path, monkeypa
     assert cli_main(["serve", "--model", str(tmp_path), "--warm-up", str(bad)]) == 2
 
 
+def run_lifespan_without_a_socket(server) -> None:
+    """A stand-in for ``uvicorn.Server.run``: the app's lifespan starts (``serve`` loads and warms up the model on
+    its loading thread), then stops once the model is ready or failed; no socket is opened."""
+    import asyncio
+
+    from hf_openjev.serve.lifecycle import _LifespanDriver
+
+    async def start_and_stop():
+        app = server.config.app  # the ops middleware around the loading app
+        driver = _LifespanDriver(app)
+        await driver.start()
+        while app.app.stage not in ("ready", "failed"):
+            await asyncio.sleep(0.01)
+        await driver.stop()
+
+    asyncio.run(start_and_stop())
+
+
 def test_serve_warms_up_on_the_fast_path_only(tiny_checkpoint, tmp_path, monkeypatch, caplog):
     import uvicorn
 
@@ -97,7 +115,7 @@ def test_serve_warms_up_on_the_fast_path_only(tiny_checkpoint, tmp_path, monkeyp
     calls = []
     monkeypatch.setattr(warmup, "warm_up", lambda model, s: calls.append(s) or  # serve imports it when called
                         {"requests": len(s), "skipped_too_long": 0, "seconds": 0.0, "graphs": None})
-    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)
+    monkeypatch.setattr(uvicorn.Server, "run", run_lifespan_without_a_socket)
     with caplog.at_level("INFO", logger="hf_openjev.serve.server"):
         assert server.serve(tiny_checkpoint.export, device="cpu", fast=True, warm_up_shapes=shapes) == 0
         assert calls == [[(4, [3, 5])]] and "warm-up: 1 requests" in caplog.text

@@ -1,4 +1,4 @@
-"""Cross-request batching: concurrent requests share forwards; one worker thread owns the model.
+"""Cross-request batching: concurrent requests share forwards; one worker thread per model replica owns it.
 
 The server validates and tokenizes each request first (:func:`hf_openjev.scoring.prepare_request`), then hands
 the :class:`~hf_openjev.scoring.PreparedRequest` to :meth:`Batcher.submit`. One worker thread (torch is not
@@ -10,9 +10,15 @@ requests are on their way, when the server gives one: a lone request does not wa
 independent sequence, so an answer does not depend on the requests it was batched with (beyond floating-point
 rounding of differently shaped kernels).
 
+Replicas: with ``replicas=[model_0, model_1, ...]`` (one copy of the model per GPU: ``hf-openjev serve --devices``)
+there is one worker thread per replica, each bound to its replica's CUDA device, all taking groups from the one
+queue: a free replica takes the next group, so N replicas score N groups at once.
+
 Failures: if scoring a group raises, every request of that group gets
 :class:`~hf_openjev.errors.InferenceError` (the server answers 500 ``model inference failed``); nothing partial
-is returned. Admission is bounded: when ``max_queue`` requests are waiting, :meth:`submit` raises
+is returned, and the other replicas keep serving. A replica whose last ``retire_after_failures`` groups all failed
+(a broken device fails fast, so it would take the most groups) retires while another replica still serves; the
+last one never does. Admission is bounded: when ``max_queue`` requests are waiting, :meth:`submit` raises
 :class:`QueueFull` at once (the server answers 503 with ``Retry-After``). After :meth:`close` it raises
 :class:`BatcherClosed`; requests already admitted are still answered (drain) before the worker stops.
 """
@@ -21,21 +27,23 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import InferenceError
 
-__all__ = ["BatchOutcome", "Batcher", "BatcherClosed", "QueueFull"]
+__all__ = ["BatchOutcome", "Batcher", "BatcherClosed", "QueueFull", "bind_device", "use_device"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_MAX_BATCH_TOKENS = 4096 * 4
 DEFAULT_MAX_WAIT_MS = 5.0
+DEFAULT_RETIRE_AFTER_FAILURES = 3
 
 
 class QueueFull(RuntimeError):
@@ -74,82 +82,157 @@ def _default_score_fn(model, prepared, *, fast):
     return score_prepared(model, prepared, fast=fast)
 
 
+def bind_device(model) -> None:
+    """Make ``model``'s CUDA device this thread's current device (streams, graph pools and captures of the fast
+    path use the current device); nothing for a CPU model or a stand-in without ``device``."""
+    device = getattr(model, "device", None)
+    if getattr(device, "type", None) == "cuda" and getattr(device, "index", None) is not None:
+        import torch
+
+        torch.cuda.set_device(device)
+
+
+@contextlib.contextmanager
+def use_device(model):
+    """Inside the block, ``model``'s CUDA device is the current one (restored after); a CPU model or a stand-in
+    changes nothing. For setting a replica up from a thread bound to another GPU (Triton launches on the current
+    device)."""
+    device = getattr(model, "device", None)
+    if getattr(device, "type", None) != "cuda" or getattr(device, "index", None) is None:
+        yield
+        return
+    import torch
+
+    with torch.cuda.device(device):
+        yield
+
+
+@dataclass
+class _Replica:
+    """One model copy and its worker's counters."""
+
+    model: object
+    name: str
+    groups: int = 0
+    requests: int = 0
+    failures: int = 0
+    failing: int = 0  # failed groups in a row
+    retired: bool = False
+
+    def stats(self) -> dict:
+        return {"name": self.name, "groups": self.groups, "requests": self.requests, "failures": self.failures,
+                "retired": self.retired}
+
+
 class Batcher:
-    """Groups prepared requests under a token budget and a maximum wait; scores each group on one worker thread.
+    """Groups prepared requests under a token budget and a maximum wait; scores each group on a worker thread
+    (one per replica).
 
     ``score_fn(model, [prepared, ...], fast=fast)`` must return an object with ``scores`` (per request),
     ``seconds``, ``prefix_cache`` (per request) and ``path`` (the path that ran, each outcome's ``method``), like
     :func:`hf_openjev.scoring.score_prepared` (the default: with the options the model was patched with; the server
-    binds its own).
+    binds its own). ``replicas``: the models that score groups, each on its own worker thread (default
+    ``[model]``); ``model`` is the one callers read metadata from. ``retire_after_failures``: failed groups in a
+    row after which a replica stops taking groups while another one serves (None: never).
     """
 
     def __init__(self, model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
                  max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None,
                  score_fn: Callable | None = None, company_hint: Callable[[], int] | None = None,
-                 name: str = "jev-batcher"):
+                 name: str = "jev-batcher", replicas: Sequence | None = None,
+                 retire_after_failures: int | None = DEFAULT_RETIRE_AFTER_FAILURES):
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
         if max_batch_tokens < 1:
             raise ValueError("max_batch_tokens must be at least 1")
         if max_wait_ms < 0:
             raise ValueError("max_wait_ms must be >= 0")
+        if replicas is not None and len(replicas) == 0:
+            raise ValueError("replicas must hold at least one model")
+        if retire_after_failures is not None and retire_after_failures < 1:
+            raise ValueError("retire_after_failures must be at least 1 (or None)")
         self.model = model
+        models = list(replicas) if replicas is not None else [model]
+        self.replicas = [_Replica(m, f"{i}:{getattr(m, 'device', 'model')}") for i, m in enumerate(models)]
         self.max_queue = int(max_queue)
         self.max_batch_tokens = int(max_batch_tokens)
         self.max_wait_s = float(max_wait_ms) / 1000.0
         self.fast = fast
+        self.retire_after_failures = retire_after_failures
         self._score_fn = score_fn or _default_score_fn
         self._company_hint = company_hint
         self._name = name
         self._queue: collections.deque[_Item] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._in_flight = 0  # requests taken by the worker and not yet resolved
-        self._thread: threading.Thread | None = None
-        # counters (read by /health)
-        self.groups = 0
-        self.requests = 0
-        self.failures = 0
+        self._in_flight = 0  # requests taken by the workers and not yet resolved
+        self._threads: list[threading.Thread] = []
 
     # -- state -----------------------------------------------------------------------------------------------
     @property
     def waiting(self) -> int:
-        """Requests admitted and not yet taken by the worker."""
+        """Requests admitted and not yet taken by a worker."""
         return len(self._queue)
 
     @property
     def in_flight(self) -> int:
-        """Requests the worker is scoring now."""
+        """Requests the workers are scoring now."""
         return self._in_flight
 
     @property
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def groups(self) -> int:
+        """Groups scored (all replicas)."""
+        return sum(r.groups for r in self.replicas)
+
+    @property
+    def requests(self) -> int:
+        """Requests answered with scores (all replicas)."""
+        return sum(r.requests for r in self.replicas)
+
+    @property
+    def failures(self) -> int:
+        """Groups whose scoring failed (all replicas)."""
+        return sum(r.failures for r in self.replicas)
+
+    @property
+    def _thread(self) -> threading.Thread | None:
+        """The first worker thread (None before :meth:`start`)."""
+        return self._threads[0] if self._threads else None
+
     def stats(self) -> dict:
         return {"waiting": self.waiting, "in_flight": self.in_flight, "max_queue": self.max_queue,
                 "max_batch_tokens": self.max_batch_tokens, "max_wait_ms": self.max_wait_s * 1000.0,
-                "groups": self.groups, "requests": self.requests, "failures": self.failures}
+                "groups": self.groups, "requests": self.requests, "failures": self.failures,
+                "replicas": [r.stats() for r in self.replicas]}
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> None:
         with self._cond:
-            if self._thread is not None or self._closed:
+            if self._threads or self._closed:
                 return
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._thread.start()
+            for i, replica in enumerate(self.replicas):
+                name = self._name if len(self.replicas) == 1 else f"{self._name}-{i}"
+                thread = threading.Thread(target=self._run, args=(replica,), name=name, daemon=True)
+                self._threads.append(thread)
+                thread.start()
 
     def close(self, *, timeout: float | None = None) -> bool:
-        """Stop admitting; let the worker answer every admitted request; join it. True if it stopped in time."""
+        """Stop admitting; let the workers answer every admitted request; join them. True if they stopped in time."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            thread = self._thread
-        if thread is None:
+            threads = list(self._threads)
+        if not threads:
             self._fail_waiting(BatcherClosed("the server is shutting down"))
             return True
-        thread.join(timeout)
-        return not thread.is_alive()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in threads)
 
     async def aclose(self, *, timeout: float | None = None) -> bool:
         return await asyncio.get_running_loop().run_in_executor(None, lambda: self.close(timeout=timeout))
@@ -173,7 +256,7 @@ class Batcher:
         self.start()
         return await item.future
 
-    # -- worker ----------------------------------------------------------------------------------------------
+    # -- workers ---------------------------------------------------------------------------------------------
     def _fits(self) -> tuple[int, bool]:
         """How many queued requests (FIFO) form the next group, and whether the budget is exhausted."""
         total = 0
@@ -197,12 +280,15 @@ class Batcher:
             return True
 
     def _take_group(self) -> list[_Item] | None:
+        """The next group (under the lock, so two workers never take the same request); None once closed and
+        drained."""
         with self._cond:
-            while not self._queue:
-                if self._closed:
-                    return None
-                self._cond.wait()
             while True:
+                if not self._queue:  # another worker may have taken what this one waited on
+                    if self._closed:
+                        return None
+                    self._cond.wait()
+                    continue
                 count, full = self._fits()
                 if full or self._closed or not self._company_coming():
                     break
@@ -214,46 +300,68 @@ class Batcher:
             self._in_flight += len(group)
             return group
 
-    def _run(self) -> None:
+    def _run(self, replica: _Replica) -> None:
+        bind_device(replica.model)
         while True:
             group = self._take_group()
             if group is None:
                 return
             try:
-                self._score_group(group)
+                ok = self._score_group(replica, group)
             finally:
                 with self._cond:
                     self._in_flight -= len(group)
                     self._cond.notify_all()
+            if not ok and self._retire(replica):
+                return
 
-    def _score_group(self, group: list[_Item]) -> None:
+    def _retire(self, replica: _Replica) -> bool:
+        """Whether ``replica`` stops taking groups: its last ``retire_after_failures`` groups failed and another
+        replica still serves."""
+        with self._cond:
+            if self.retire_after_failures is None or replica.failing < self.retire_after_failures:
+                return False
+            if not any(not r.retired for r in self.replicas if r is not replica):
+                return False
+            replica.retired = True
+        logger.error("replica %s failed %d groups in a row: it takes no more requests; %d replica(s) still serve",
+                     replica.name, replica.failing, sum(not r.retired for r in self.replicas))
+        return True
+
+    def _score_group(self, replica: _Replica, group: list[_Item]) -> bool:
+        """Score ``group`` on ``replica`` and resolve its requests; False when scoring failed."""
         live = [item for item in group if not item.future.cancelled()]
         if not live:
-            return
+            return True
         started = time.monotonic()
         try:
-            result = self._score_fn(self.model, [item.prepared for item in live], fast=self.fast)
+            result = self._score_fn(replica.model, [item.prepared for item in live], fast=self.fast)
             scores = list(result.scores)
             caches = list(result.prefix_cache) or [{"enabled": False, "mode": "none", "shared_tokens": 0}] * len(live)
             if len(scores) != len(live) or len(caches) != len(live):
                 raise InferenceError(f"the scorer returned {len(scores)} results for {len(live)} requests")
             path = result.path  # "fast" or "reference": what ran
         except Exception as exc:  # noqa: BLE001 - contract §2: any failure inside inference is a 500 for the group
-            self.failures += 1
-            logger.error("scoring a group of %d requests failed: %s", len(live), exc,
+            with self._cond:
+                replica.failures += 1
+                replica.failing += 1
+            logger.error("replica %s: scoring a group of %d requests failed: %s", replica.name, len(live), exc,
                          exc_info=not isinstance(exc, InferenceError))
             error = exc if isinstance(exc, InferenceError) else InferenceError(f"model inference failed: {exc}")
             for item in live:
                 self._resolve(item, error=error)
-            return
-        self.groups += 1
-        self.requests += len(live)
+            return False
+        with self._cond:
+            replica.groups += 1
+            replica.requests += len(live)
+            replica.failing = 0
         tokens = sum(item.tokens for item in live)
         for item, item_scores, cache in zip(live, scores, caches):
             outcome = BatchOutcome(scores=item_scores, seconds=float(result.seconds), prefix_cache=cache,
                                    method=path, batch_requests=len(live), batch_tokens=tokens,
                                    queue_seconds=max(0.0, started - item.enqueued))
             self._resolve(item, outcome=outcome)
+        return True
 
     @staticmethod
     def _resolve(item: _Item, *, outcome: BatchOutcome | None = None, error: BaseException | None = None) -> None:
@@ -276,4 +384,3 @@ class Batcher:
             self._queue.clear()
         for item in items:
             self._resolve(item, error=error)
-

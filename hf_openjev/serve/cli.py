@@ -9,7 +9,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="merged export directory (hf-openjev export)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    where.add_argument("--devices", metavar="LIST",
+                       help="one replica of the model per device, e.g. cuda:0,cuda:1: one server, one queue, each "
+                            "batch to whichever replica is free (cpu,cpu for tests)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                         help="backbone dtype (default auto = bfloat16; the head is always float32)")
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
@@ -29,17 +33,23 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warm-up", metavar="SHAPES.json", default=None,
                         help="token-shape file (JevBench manifest format): capture the fast path's CUDA graphs for "
                              "these request shapes before serving (default: capture on first use)")
+    parser.add_argument("--api-key-file", metavar="PATH", default=None,
+                        help="require Authorization: Bearer <key> with one of the keys in PATH (one a line; blank "
+                             "lines and # comments ignored); also read from $HF_OPENJEV_API_KEYS (comma-separated). "
+                             "/health stays open")
+    parser.add_argument("--metrics-auth", action="store_true",
+                        help="/metrics needs a key too (default: open, like /health)")
 
 
 def run(args) -> int:
     import sys
 
-    from ..errors import UsageError
+    from ..errors import InputFileError, UsageError
     from .server import serve
 
     try:
         return _serve(serve, args)
-    except UsageError as exc:  # a CUDA device without CUDA, a port in use: one line, exit 2
+    except (UsageError, InputFileError) as exc:  # a CUDA device without CUDA, a port in use, a bad key file: exit 2
         print(f"hf-openjev serve: error: {exc}", file=sys.stderr)
         return 2
 
@@ -48,4 +58,5 @@ def _serve(serve, args) -> int:
     return serve(args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                  max_queue=args.max_queue, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                  fast=args.fast, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
-                 limit_concurrency=args.limit_concurrency, warm_up_shapes=args.warm_up)
+                 limit_concurrency=args.limit_concurrency, warm_up_shapes=args.warm_up,
+                 api_key_file=args.api_key_file, metrics_auth=args.metrics_auth, devices=args.devices)

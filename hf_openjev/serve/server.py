@@ -6,15 +6,20 @@ Routes (contract §7):
   contract §6, with ``metadata.request_id`` and the batch it shared;
 * ``GET /v1/models``: the served names, both as ``{"object": "list", "data": [{"id", "object", ...}]}``
   (OpenAI style) and as ``{"models": [{"name", "description", "release_date"}]}`` (what the TypeSafe SDK reads);
-* ``GET /health``: ``{"status": "ok", ...}`` (503 ``{"status": "draining"}`` during shutdown).
+* ``GET /health``: readiness, for load balancers: 200 ``{"status": "ok", ...}`` once the lifespan has started the
+  batcher; 503 ``{"status": "starting"}`` before, ``{"status": "draining"}`` from SIGTERM on (``serve`` answers
+  ``"loading"`` / ``"warming_up"`` while the model loads: :mod:`hf_openjev.serve.lifecycle`);
+* ``GET /health/live`` (liveness) and ``GET /metrics`` (Prometheus): :mod:`hf_openjev.serve.ops`, which also checks
+  API keys and writes the JSON access log.
 
 A request goes through, in this order (contract §2; the first error wins):
 
 1. ``Content-Type`` must be ``application/json`` (case-insensitive, parameters ignored) -> 415;
 2. the body is read with a hard 4 MiB cap (a larger ``Content-Length`` is refused before reading) -> 413;
    ``Content-Encoding`` gzip/deflate (and zstd where a decoder is installed) is decoded under the same cap;
-3. strict JSON (:mod:`hf_openjev.serve.strict_json`) and validation + tokenization
-   (:func:`hf_openjev.scoring.prepare_request`), off the event loop -> 422;
+3. strict JSON (:mod:`hf_openjev.serve.strict_json`) and validation, then tokenization
+   (:func:`hf_openjev.scoring.tokenize_request`), off the event loop on thread pools picked by size (small requests
+   never wait behind big ones: :mod:`hf_openjev.serve.preparing`) -> 422;
 4. admission to the :class:`~hf_openjev.serve.batcher.Batcher`: a full queue -> 503 ``server is busy`` with
    ``Retry-After``; during shutdown -> 503 ``server is shutting down``;
 5. scoring, shared with concurrent requests; a failure -> 500 ``model inference failed`` (nothing partial).
@@ -38,23 +43,24 @@ import datetime as _dt
 import functools
 import logging
 import re
-import threading
 import time
 import uuid
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import contract
 from .batcher import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS, Batcher, BatcherClosed,
-                      QueueFull)
+                      QueueFull, use_device)
 from ..errors import InferenceError, RequestError
+from .ops import OpsMiddleware, ServerOps
+from .preparing import PreparePools, measure_tokenize_work
 from .strict_json import MSG_INVALID_JSON, dumps, loads_strict
 
 __all__ = ["MAX_BODY_BYTES", "create_app", "serve"]
@@ -264,11 +270,13 @@ class _ServerState:
                  retry_after_s: int, release_date: str | None):
         self.model = model
         self.batcher = batcher
-        self.executor = ThreadPoolExecutor(max_workers=max(1, prepare_workers), thread_name_prefix="jev-prepare")
-        self.tokenizer_lock = threading.Lock()  # fast tokenizers are not safe to call from two threads at once
+        # small and big work on separate pools (small requests never queue behind 4 MiB bodies); the tokenizer
+        # is called from several threads at once: it releases the GIL, and a call changes no setting of it
+        self.executor = PreparePools(workers=prepare_workers)
         self.drain_timeout_s = float(drain_timeout_s)
         self.retry_after_s = int(retry_after_s)
         self.draining = False
+        self.ready = False  # the lifespan has started the batcher (GET /health: 200)
         self.active = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -280,23 +288,25 @@ class _ServerState:
     # -- CPU work, on the executor -------------------------------------------------------------------------
     def prepare(self, body: bytes):
         """Strict JSON, validation, tokenization (contract §2 items 2..7)."""
-        from ..scoring import prepare_request
+        return self.tokenize(*self.parse(body))
 
+    def parse(self, body: bytes):
+        """Strict JSON and validation (contract §2 items 2..6): ``(decoded body, ParsedRequest)``."""
         obj = None
         try:
             obj = loads_strict(body)
-            with self.tokenizer_lock:
-                return prepare_request(self.model, obj)
-        except RequestError as exc:
-            kind = "json_invalid" if exc.message.startswith(MSG_INVALID_JSON) else "value_error"
-            raise HTTPError(exc.status, exc.message, type=kind, loc=_error_loc(exc.message, obj),
-                            reason=getattr(exc, "detail", None)) from None
-        except RecursionError:
-            raise HTTPError(422, f"{MSG_INVALID_JSON}: nesting is too deep", type="json_invalid") from None
-        except Exception as exc:  # noqa: BLE001 - never a 5xx for input the validator did not foresee
-            logger.exception("validating a request failed unexpectedly")
-            raise HTTPError(422, f"request could not be validated: {type(exc).__name__}",
-                            type="value_error") from None
+            return obj, contract.parse_request(obj, served_models=self.model.served_model_names)
+        except Exception as exc:  # noqa: BLE001 - every failure is a 4xx (_validation_error)
+            raise _validation_error(exc, obj) from None
+
+    def tokenize(self, obj, parsed):
+        """Tokenization and the ``max_length`` check (contract §2 item 7): the PreparedRequest."""
+        from ..scoring import tokenize_request
+
+        try:
+            return tokenize_request(self.model, parsed)
+        except Exception as exc:  # noqa: BLE001
+            raise _validation_error(exc, obj) from None
 
     def finish(self, prepared, outcome, request_id: str) -> bytes:
         from ..scoring import build_answer
@@ -332,12 +342,30 @@ async def _read_json_body(request: Request) -> bytes:
     return _decode_content(await _read_body(request), request.headers.get("content-encoding"))
 
 
+def _validation_error(exc: BaseException, obj) -> HTTPError:
+    """The 4xx answer for a failure while preparing a request (``obj``: the decoded body, or None)."""
+    if isinstance(exc, HTTPError):
+        return exc
+    if isinstance(exc, RequestError):
+        kind = "json_invalid" if exc.message.startswith(MSG_INVALID_JSON) else "value_error"
+        return HTTPError(exc.status, exc.message, type=kind, loc=_error_loc(exc.message, obj),
+                         reason=getattr(exc, "detail", None))
+    if isinstance(exc, RecursionError):
+        return HTTPError(422, f"{MSG_INVALID_JSON}: nesting is too deep", type="json_invalid")
+    logger.error("validating a request failed unexpectedly", exc_info=exc)  # never a 5xx for unforeseen input
+    return HTTPError(422, f"request could not be validated: {type(exc).__name__}", type="value_error")
+
+
 async def _prepare_off_loop(state: _ServerState, body: bytes):
-    """Strict JSON, validation and tokenization on the executor (step 3); counted in ``state.preparing`` meanwhile,
-    the company the batcher may wait for."""
+    """Strict JSON and validation, then tokenization, each on the pool its size picks (step 3,
+    :class:`~hf_openjev.serve.preparing.PreparePools`: body bytes, then candidate characters); counted in
+    ``state.preparing`` meanwhile, the company the batcher may wait for."""
+    loop = asyncio.get_running_loop()
+    pools = state.executor
     state.preparing += 1
     try:
-        return await asyncio.get_running_loop().run_in_executor(state.executor, state.prepare, body)
+        obj, parsed = await loop.run_in_executor(pools.pick(len(body)), state.parse, body)
+        return await loop.run_in_executor(pools.pick(measure_tokenize_work(parsed)), state.tokenize, obj, parsed)
     finally:
         state.preparing -= 1
 
@@ -421,11 +449,13 @@ async def list_models(state: _ServerState, request: Request) -> Response:
 
 
 async def report_health(state: _ServerState, request: Request) -> Response:
-    """``GET /health``: ``{"status": "ok", ...}``, or 503 ``{"status": "draining", ...}`` during shutdown."""
-    body = {"status": "draining" if state.draining else "ok", "model": state.model.model_id,
+    """``GET /health``: readiness. 200 ``{"status": "ok", ...}`` once the lifespan has started; 503 with
+    ``"starting"`` before and ``"draining"`` during shutdown."""
+    status = "draining" if state.draining else "ok" if state.ready else "starting"
+    body = {"status": status, "ready": status == "ok", "model": state.model.model_id,
             "active_requests": state.active, "batcher": state.batcher.stats(),
             "uptime_seconds": round(time.time() - state.started, 3)}
-    return _json_response(body, 503 if state.draining else 200, _id_headers(_request_id(request)))
+    return _json_response(body, 200 if status == "ok" else 503, _id_headers(_request_id(request)))
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -448,6 +478,7 @@ async def run_lifespan(state: _ServerState, app):
     if state.active == 0:
         state.idle.set()
     batcher.start()
+    state.ready = True
     logger.info("serving %s (%s) on %s; max_queue=%d max_batch_tokens=%d max_wait_ms=%g", state.model.model_id,
                 state.path, getattr(state.model, "device", "?"), batcher.max_queue, batcher.max_batch_tokens,
                 batcher.max_wait_s * 1000.0)
@@ -455,6 +486,7 @@ async def run_lifespan(state: _ServerState, app):
         yield
     finally:
         state.draining = True
+        state.ready = False
         logger.info("shutting down: draining %d in-flight requests", state.active)
         try:
             await asyncio.wait_for(state.idle.wait(), timeout=state.drain_timeout_s)
@@ -470,7 +502,8 @@ async def run_lifespan(state: _ServerState, app):
 def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
                max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, options=None,
                drain_timeout_s: float = 30.0, retry_after_s: int = 1, prepare_workers: int = 2, score_fn=None,
-               release_date: str | None = None) -> Starlette:
+               release_date: str | None = None, api_keys=(), metrics_auth: bool = False,
+               ops: ServerOps | None = None, replicas=None) -> Starlette:
     """The Starlette app serving ``model`` (a loaded :class:`~hf_openjev.model.JevModel`).
 
     ``max_queue``: requests waiting for the model before new ones get 503. ``max_batch_tokens``: unpadded input
@@ -480,22 +513,40 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
     :class:`~hf_openjev.fast_options.FastPathOptions`; default: the defaults). ``score_fn``: replaces
     :func:`hf_openjev.scoring.score_prepared` (tests). The batcher's worker starts with the lifespan (or on the
     first request when the host runs no lifespan) and stops, after draining, at lifespan shutdown.
+
+    ``api_keys``: keys for ``Authorization: Bearer`` (none: no key needed); ``metrics_auth``: ``/metrics`` needs
+    one too. ``ops``: a :class:`~hf_openjev.serve.ops.ServerOps` to share (``serve`` does, with its loader);
+    default: a new one from ``api_keys`` and ``metrics_auth``, with its own metrics registry.
+
+    ``replicas``: copies of ``model`` on other devices (``model`` among them, usually first), each set up like
+    ``model`` and scoring groups on its own batcher worker (:mod:`hf_openjev.serve.batcher`); ``model`` answers the
+    metadata and tokenizes. Default: ``[model]``.
     """
     from ..scoring import prepare_path, score_prepared
 
-    path = prepare_path(model, fast, options)
+    ops = ops or ServerOps(api_keys=api_keys, metrics_auth=metrics_auth)
+    with use_device(model):  # patching may launch kernels: on the model's own GPU
+        path = prepare_path(model, fast, options)
+    for replica in replicas or ():
+        if replica is not model:
+            with use_device(replica):
+                prepare_path(replica, fast, options)
+    score_fn = ops.time_scoring(score_fn or functools.partial(score_prepared, options=options))  # batch metrics
     batcher = Batcher(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
-                      fast=fast, score_fn=score_fn or functools.partial(score_prepared, options=options),
+                      fast=fast, score_fn=score_fn, replicas=replicas,
                       company_hint=lambda: state.preparing)  # ``state`` is bound below, before any request
     state = _ServerState(model, batcher, prepare_workers=prepare_workers, drain_timeout_s=drain_timeout_s,
                          retry_after_s=retry_after_s, release_date=release_date)
     state.path = path
+    ops.watch_server(state)
     routes = [Route(route, functools.partial(decide, state), methods=["POST"]) for route in _POST_PATHS]
     routes += [Route("/v1/models", functools.partial(list_models, state), methods=["GET"]),
                Route("/health", functools.partial(report_health, state), methods=["GET"])]
     app = Starlette(routes=routes, lifespan=functools.partial(run_lifespan, state),
-                    exception_handlers={HTTPException: _http_error, Exception: _internal_error})
+                    exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+                    middleware=[Middleware(OpsMiddleware, ops=ops)])
     app.state.jev = state
+    app.state.ops = ops
     return app
 
 
@@ -533,41 +584,79 @@ def check_port_free(host: str, port: int) -> None:
 def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, dtype="auto",
           max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
           max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
-          log_level: str = "info", limit_concurrency: int | None = None, warm_up_shapes=None) -> int:
+          log_level: str = "info", limit_concurrency: int | None = None, warm_up_shapes=None,
+          api_key_file=None, metrics_auth: bool = False, devices=None) -> int:
     """Load the export in ``model_dir`` and serve it with uvicorn until SIGINT/SIGTERM (graceful).
+
+    uvicorn listens at once; ``GET /health`` answers 503 (``loading``, ``warming_up``) until the model is loaded,
+    warmed up and the batcher started, then 200 (:mod:`hf_openjev.serve.lifecycle`). ``api_key_file`` (and
+    ``$HF_OPENJEV_API_KEYS``): keys for ``Authorization: Bearer`` (:mod:`hf_openjev.serve.keys`), read before
+    anything else; ``metrics_auth``: ``/metrics`` needs a key too.
 
     ``warm_up_shapes``: a token-shape file (:mod:`hf_openjev.warmup`); before serving, one fast-path forward per
     shape captures the CUDA graphs the traffic's first requests would otherwise capture. Before the model loads,
     the export directory (:func:`~hf_openjev.manifest.check_export_dir`), the device and the port are checked:
-    a published package, a CUDA device without CUDA or a busy port raises at once (one line from the CLI)."""
+    a published package, a CUDA device without CUDA or a busy port raises at once (one line from the CLI).
+
+    ``devices`` (instead of ``device``): ``"cuda:0,cuda:1"`` or a list: one replica of the model per device
+    (:mod:`hf_openjev.serve.replicas`), every device checked before anything loads; each replica is warmed up
+    before the server takes traffic, and the batcher feeds groups to whichever replica is free."""
     import uvicorn
 
-    from ..manifest import check_export_dir
-    from ..model import check_device, load_export
-    from ..scoring import use_fast_path
-    from ..warmup import load_shapes, warm_up
+    from .keys import read_api_keys
+    from .lifecycle import LoadingApp, build_server
+    from .ops import configure_access_log
 
+    from ..manifest import check_export_dir
+    from ..model import check_device
+    from ..scoring import use_fast_path
+    from ..warmup import load_shapes
+
+    ops = ServerOps(api_keys=read_api_keys(api_key_file), metrics_auth=metrics_auth)  # bad keys: before loading
     shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
     check_export_dir(model_dir)  # a package dir, a CUDA device without CUDA, a busy port: before the model loads
     check_device(device)
+    if devices is not None:
+        from ..errors import UsageError
+        from .replicas import parse_devices
+
+        if device is not None:
+            raise UsageError("give --device or --devices, not both")
+        devices = parse_devices(devices if isinstance(devices, str) else ",".join(map(str, devices)))
     check_port_free(host, port)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("hf_openjev").setLevel(log_level.upper())
-    model = load_export(model_dir, dtype=dtype, device=device or _default_device())
-    if shapes is not None:
-        if use_fast_path(model, fast):
-            report = warm_up(model, shapes)
-            logger.info("warm-up: %d requests in %.1f s (%d longer than max_length skipped); graphs: %s",
-                        report["requests"], report["seconds"], report["skipped_too_long"], report["graphs"])
-        else:
-            logger.warning("warm-up skipped: the reference path captures no graphs")
-    app = create_app(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
-                     fast=fast, drain_timeout_s=drain_timeout_s)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+    configure_access_log()
+
+    def build(report_stage):  # on a thread, while uvicorn already answers /health with 503
+        from .replicas import load_replicas, warm_up_replicas
+
+        models = load_replicas(model_dir, devices or [device or _default_device()], dtype=dtype)
+        model = models[0]
+        if shapes is not None:
+            if use_fast_path(model, fast):
+                report_stage("warming_up")
+                for replica, report in zip(models, warm_up_replicas(models, shapes)):
+                    logger.info("warm-up: %d requests in %.1f s (%d longer than max_length skipped) on %s; "
+                                "graphs: %s", report["requests"], report["seconds"], report["skipped_too_long"],
+                                replica.device, report["graphs"])
+            else:
+                logger.warning("warm-up skipped: the reference path captures no graphs")
+        return create_app(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
+                          fast=fast, drain_timeout_s=drain_timeout_s, ops=ops,
+                          replicas=models if len(models) > 1 else None)
+
+    loading = LoadingApp(build, on_failure=lambda: setattr(server, "should_exit", True))
+    config = uvicorn.Config(OpsMiddleware(loading, ops), host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=max(1, int(drain_timeout_s)),
-                            limit_concurrency=limit_concurrency)
-    uvicorn.Server(config).run()
+                            limit_concurrency=limit_concurrency, access_log=False)  # ours: hf_openjev.serve.access
+    server = build_server(config, on_exit=loading.begin_drain)
+    logger.info("loading %s; GET /health answers 503 until the model is ready%s", model_dir,
+                f"; {len(ops.keys)} API key(s) required" if ops.keys.enabled else "")
+    server.run()
+    if loading.error is not None:
+        raise loading.error
     return 0
 
 

@@ -1,0 +1,139 @@
+"""Clean cuts: where a text can be cut so that tokenizing the part before the cut gives exactly its first tokens.
+
+The ``max_length`` check (contract §2 item 7) must reject a candidate iff its full tokenization is longer than
+``max_length``. A 4 MiB state takes seconds to tokenize in full; a prefix of it that already has more than
+``max_length`` tokens settles the verdict in milliseconds, but only if the prefix's tokens really are the
+text's first tokens: in general they are not (``"hel"`` may tokenize as ``h el`` while ``"hello"`` is one
+token). :func:`prove_clean_cuts` returns, for tokenizers where it can prove it, a function giving positions ``c``
+where ``encode(text[:c])`` is a prefix of ``encode(text)``, so that ``len(encode(text[:c]))`` is a lower bound of
+``len(encode(text))`` (:func:`hf_openjev.contract.tokenize_candidates` uses it; everything else is tokenized in full).
+
+The cut: ``text[c] == " "`` and ``text[c - 1]`` is a printable ASCII character other than the space. Why the
+pipeline of a Hugging Face fast tokenizer (added tokens, normalizer, pre-tokenizer, model per piece) treats the
+part before such a cut exactly as it treats it inside the whole text, under the conditions
+:func:`prove_clean_cuts` checks:
+
+* added tokens are split out first; none of them contains a space, so no added-token match spans the cut, and the
+  matches before it do not depend on what follows (a ``single_word`` token ending at ``c`` sees a space in the
+  text and the end of the string in the prefix: both are word boundaries);
+* the normalizer is none or NFC: the space is a starter that composes with nothing before it and blocks
+  reordering, so NFC(text) = NFC(text[:c]) + NFC(text[c:]) and the two characters at the cut stay as they are;
+* the pre-tokenizer splits with one of the known GPT-2 / Llama-3 / Qwen2 / Qwen3.5 patterns (:data:`KNOWN_PATTERNS`,
+  or byte-level's built-in GPT-2 one). In these, a space occurs in a match only as its first character or inside
+  a whitespace run, so no piece holds "non-space, space" and none spans the cut; and a match attempt that starts
+  before the cut and reads past it must have consumed ``text[c - 1]`` inside a letter, mark, digit, punctuation
+  or contraction run, where the next element cannot take a space: it stops (or fails) on the space exactly as
+  on the end of the prefix. Lookaheads (``\\s+(?!\\S)``) only follow whitespace runs, which end before ``c - 1``.
+  So the pieces before the cut are the same in both, and the last one ends at the cut;
+* the model tokenizes each piece on its own (all Hugging Face models do; BPE dropout, which is random, is
+  refused), and with no special tokens added the post-processor adds nothing.
+
+tests/test_prefix_cuts.py checks the property on random texts for every known pattern, and that cuts inside
+words do break it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import weakref
+from collections.abc import Callable
+
+__all__ = ["GPT2_PATTERN", "KNOWN_PATTERNS", "LLAMA3_PATTERN", "QWEN2_PATTERN", "QWEN35_PATTERN", "explain_unclean",
+           "find_clean_cut", "prove_clean_cuts"]
+
+logger = logging.getLogger(__name__)
+
+GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN35_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+KNOWN_PATTERNS = frozenset({GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, QWEN35_PATTERN})
+
+_CUT = re.compile(r"[!-~] ")
+_finders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def find_clean_cut(text: str, start: int) -> int | None:
+    """The first clean cut ``c >= start`` of ``text`` (``text[c] == " "`` after a printable non-space ASCII
+    character), or None."""
+    match = _CUT.search(text, max(start - 1, 0))
+    return None if match is None else match.start() + 1
+
+
+def _pre_tokenizer_problem(spec) -> str | None:
+    if not isinstance(spec, dict):
+        return "no pre-tokenizer (the model would see whole texts)"
+    kind = spec.get("type")
+    if kind == "Sequence":  # splits, then at most one byte-level step (which maps spaces to letters) at the end
+        members = spec.get("pretokenizers") or []
+        if any(isinstance(m, dict) and m.get("type") == "ByteLevel" for m in members[:-1]):
+            return "a byte-level step before another pre-tokenizer"
+        splitting = [m for m in members if not _is_plain_byte_level(m)]
+        if not splitting:
+            return "no splitting pre-tokenizer"
+        return next((p for p in map(_pre_tokenizer_problem, splitting) if p), None)
+    if kind == "ByteLevel":
+        return None if spec.get("use_regex", True) else "byte-level pre-tokenizer without its regex"
+    if kind == "Split":
+        pattern = (spec.get("pattern") or {}).get("Regex")
+        if pattern not in KNOWN_PATTERNS:
+            return f"split pattern {str(pattern)[:60]!r}... is not a known one"
+        if spec.get("behavior") != "Isolated" or spec.get("invert"):
+            return "split behaviour other than isolated"
+        return None
+    return f"pre-tokenizer {kind}"
+
+
+def _is_plain_byte_level(spec) -> bool:
+    return isinstance(spec, dict) and spec.get("type") == "ByteLevel" and not spec.get("use_regex", True)
+
+
+def _normalizer_problem(spec) -> str | None:
+    if spec is None:
+        return None
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if kind == "NFC":
+        return None
+    if kind == "Sequence":
+        return next((p for p in map(_normalizer_problem, spec.get("normalizers") or []) if p), None)
+    return f"normalizer {kind}"
+
+
+def explain_unclean(tokenizer) -> str | None:
+    """Why :func:`find_clean_cut`'s cuts are not proven clean for ``tokenizer`` (a Transformers fast tokenizer or
+    a ``tokenizers.Tokenizer``), or None when they are."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    try:
+        spec = json.loads(backend.to_str())
+    except Exception as exc:  # noqa: BLE001 - a slow tokenizer, a stand-in
+        return f"not a fast tokenizer ({type(exc).__name__})"
+    model = spec.get("model") or {}
+    if model.get("dropout"):
+        return "BPE dropout (random tokenization)"
+    for token in spec.get("added_tokens") or []:
+        if " " in token.get("content", ""):
+            return f"added token {token.get('content')!r} contains a space"
+    return _normalizer_problem(spec.get("normalizer")) or _pre_tokenizer_problem(spec.get("pre_tokenizer"))
+
+
+def prove_clean_cuts(tokenizer) -> Callable[[str, int], int | None] | None:
+    """:func:`find_clean_cut` when its cuts are clean for ``tokenizer`` (see the module docstring), else None
+    (logged once per tokenizer: over-long candidates are then tokenized in full). Cached per tokenizer."""
+    try:
+        return _finders[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    problem = explain_unclean(tokenizer)
+    finder = None if problem else find_clean_cut
+    if problem:
+        logger.info("over-long candidates are tokenized in full: %s", problem)
+    try:
+        _finders[tokenizer] = finder
+    except TypeError:  # not weak-referenceable
+        pass
+    return finder

@@ -1,0 +1,191 @@
+"""A server's life as a load balancer sees it: listening while the model loads, ready, draining.
+
+:class:`LoadingApp` is the ASGI app ``hf-openjev serve`` runs: uvicorn listens at once, while ``build`` (load the
+export, warm up, :func:`~hf_openjev.serve.server.create_app`) runs on a thread. Meanwhile ``GET /health`` answers
+503 ``{"status": "loading"}`` (then ``"warming_up"``) and every other request 503 ``server is starting`` with
+``Retry-After``; once the built app's lifespan has started, every request goes to it (its ``/health``: 200
+``{"status": "ok"}``). If ``build`` fails, ``on_failure`` is called (``serve`` stops uvicorn) and
+:attr:`LoadingApp.error` holds the exception, which ``serve`` raises once uvicorn has stopped.
+
+:func:`build_server` makes the uvicorn server whose SIGINT/SIGTERM handler first marks the app draining
+(:func:`begin_drain`): from that moment new decision requests get 503 ``server is shutting down`` and ``/health``
+answers 503 ``{"status": "draining"}``, while uvicorn stops listening and waits (up to its
+``timeout_graceful_shutdown``) for the responses in progress, then runs the lifespan shutdown (which drains the
+batcher, bounded by the app's drain timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+
+__all__ = ["LoadingApp", "begin_drain", "build_server"]
+
+logger = logging.getLogger("hf_openjev.serve.server")
+
+MSG_STARTING = "server is starting"
+
+
+def begin_drain(app) -> bool:
+    """Mark the app built by ``create_app`` draining (``app.state.jev``); False when ``app`` is not one."""
+    state = getattr(getattr(app, "state", None), "jev", None)
+    if state is None:
+        return False
+    state.draining = True
+    return True
+
+
+class _LifespanDriver:
+    """Runs an ASGI app's lifespan protocol from the outside (startup now, shutdown later)."""
+
+    def __init__(self, app):
+        self.app = app
+        self._inbox: asyncio.Queue = asyncio.Queue()
+        self._outbox: asyncio.Queue = asyncio.Queue()
+        self._task: asyncio.Future | None = None
+
+    async def _expect(self, wanted: str) -> None:
+        while True:
+            getter = asyncio.ensure_future(self._outbox.get())
+            await asyncio.wait({getter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                self._task.result()  # raises what ended the lifespan
+                raise RuntimeError(f"the app's lifespan ended before {wanted}")
+            message = getter.result()
+            if message["type"] == f"{wanted}.complete":
+                return
+            if message["type"] == f"{wanted}.failed":
+                raise RuntimeError(f"{wanted} failed: {message.get('message', '')}")
+
+    async def start(self) -> None:
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}}
+        self._task = asyncio.ensure_future(self.app(scope, self._inbox.get, self._outbox.put))
+        await self._inbox.put({"type": "lifespan.startup"})
+        await self._expect("lifespan.startup")
+
+    async def stop(self) -> None:
+        await self._inbox.put({"type": "lifespan.shutdown"})
+        await self._expect("lifespan.shutdown")
+        await self._task
+
+
+class LoadingApp:
+    """503 while ``build(report_stage)`` builds the real app on a thread; then the real app. See the module doc."""
+
+    def __init__(self, build, *, on_failure=None, retry_after_s: int = 5):
+        self._build = build
+        self._on_failure = on_failure
+        self._retry_after_s = int(retry_after_s)
+        self._task: asyncio.Future | None = None
+        self._driver: _LifespanDriver | None = None
+        self._started = time.time()
+        self.stage = "loading"  # loading -> warming_up -> ready; failed; draining
+        self.app = None  # the built app, once its lifespan has started
+        self.error: BaseException | None = None
+
+    def report_stage(self, stage: str) -> None:
+        """``build`` says what it is doing (``"loading"``, ``"warming_up"``); shown by ``/health``."""
+        if self.stage not in ("failed", "draining"):
+            self.stage = stage
+
+    def begin_drain(self) -> None:
+        if self.app is None or not begin_drain(self.app):
+            self.stage = "draining"
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            await self._run_lifespan(receive, send)
+        elif self.app is not None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "http":
+            await self._answer_unavailable(scope, send)
+        else:  # a websocket: nothing here speaks it
+            await send({"type": "websocket.close", "code": 1013})
+
+    async def _answer_unavailable(self, scope, send) -> None:
+        if scope["path"] == "/health":
+            payload = {"status": self.stage, "ready": False, "uptime_seconds": round(time.time() - self._started, 3)}
+        else:
+            message = MSG_STARTING if self.stage != "draining" else "server is shutting down"
+            payload = {"error": message, "detail": [{"msg": message, "type": "service_unavailable", "loc": []}]}
+        body = json.dumps(payload).encode()
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"retry-after", str(self._retry_after_s).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _run_lifespan(self, receive, send) -> None:
+        await receive()  # lifespan.startup
+        self._task = asyncio.ensure_future(self._load())
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        await self._stop()
+        await send({"type": "lifespan.shutdown.complete"})
+
+    def _build_on_thread(self) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def settle(result, error) -> None:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(result)
+
+        def work() -> None:
+            try:
+                result, error = self._build(self.report_stage), None
+            except BaseException as exc:  # noqa: BLE001 - handed to the event loop
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped meanwhile
+                loop.call_soon_threadsafe(settle, result, error)
+
+        # a daemon thread: a SIGTERM while loading must not wait for the load to finish
+        threading.Thread(target=work, name="jev-load", daemon=True).start()
+        return future
+
+    async def _load(self) -> None:
+        try:
+            app = await self._build_on_thread()
+            self._driver = _LifespanDriver(app)
+            await self._driver.start()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - reported; serve raises it once uvicorn stopped
+            self.error, self.stage = exc, "failed"
+            expected = isinstance(exc, ValueError)  # CheckpointError, UsageError, ...: one line
+            logger.error("loading the model failed: %s", exc, exc_info=not expected)
+            if self._on_failure is not None:
+                self._on_failure()
+            return
+        self.app = app
+        if self.stage == "draining":  # SIGTERM came while the lifespan started
+            begin_drain(app)
+        else:
+            self.stage = "ready"
+
+    async def _stop(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            if self._driver is None:  # still loading: give up on it
+                logger.warning("stopped while loading the model")
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._driver is not None and self.error is None:
+            await self._driver.stop()
+
+
+def build_server(config, *, on_exit):
+    """A ``uvicorn.Server`` for ``config`` that calls ``on_exit()`` first when SIGINT/SIGTERM arrives."""
+    import uvicorn
+
+    class _DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            on_exit()
+            super().handle_exit(sig, frame)
+
+    return _DrainingServer(config)

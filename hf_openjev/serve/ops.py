@@ -1,0 +1,260 @@
+"""What an operator needs from the server, as one ASGI middleware: API keys, Prometheus metrics, request ids and
+structured access logs.
+
+:class:`ServerOps` holds one app's configuration and its own :class:`prometheus_client.CollectorRegistry` (never
+the global one, so two apps in one process keep separate counts). :class:`OpsMiddleware`, around the app, for each
+HTTP request:
+
+1. makes sure it has a request id: the client's ``X-Request-Id`` when it is sane, else a fresh one written into the
+   request's headers, so that the route handlers, the response and the access log share it;
+2. answers ``GET /health/live`` (200 while the process serves) and ``GET /metrics`` (Prometheus text format) itself;
+3. with keys configured, refuses every route but ``/health`` and ``/health/live`` (and ``/metrics`` unless
+   ``metrics_auth``) without ``Authorization: Bearer <key>``: 401 ``{"error": msg, "detail": {"error_type":
+   "authentication_error", "message": msg}}`` (the shape jevcompat checks), with ``WWW-Authenticate: Bearer``;
+4. counts the request (``hf_openjev_requests_total{route,status}``, ``hf_openjev_request_seconds{route}``,
+   ``hf_openjev_decisions_total{outcome}`` for the decision routes) and writes one JSON line on the logger
+   ``hf_openjev.serve.access``: method, path (no query string), status, duration_ms, request_id, client, bytes_in,
+   bytes_out. Headers are never logged, so neither is a key.
+
+The middleware may wrap an app that is itself wrapped by it (``serve`` wraps its loader and ``create_app`` the app
+it builds, with the same :class:`ServerOps`): the inner one lets a request it has already seen pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..errors import UsageError
+from .keys import KeyChecker
+
+__all__ = ["ACCESS_LOGGER", "OpsMiddleware", "ServerOps", "configure_access_log"]
+
+ACCESS_LOGGER = "hf_openjev.serve.access"
+access_logger = logging.getLogger(ACCESS_LOGGER)
+
+DECISION_PATHS = ("/v1/systemone", "/v1/inference")
+OPEN_PATHS = ("/health", "/health/live")  # never behind a key: a load balancer's health check has none
+METRICS_PATH = "/metrics"
+ROUTES = (*DECISION_PATHS, "/v1/models", *OPEN_PATHS, METRICS_PATH)  # other paths are counted as route="other"
+MSG_KEY_MISSING = "missing API key: send Authorization: Bearer <key>"
+MSG_KEY_INVALID = "invalid API key"
+# The same rule as the server's own (hf_openjev.serve.server._REQUEST_ID_RE); not imported: server imports this.
+_REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+_SEEN = "hf_openjev.ops"  # scope key: this request already went through an OpsMiddleware
+_DISCARD_BYTES = 1024 * 1024  # a refused body is read and dropped up to this, so the client reads the 401
+_DISCARD_SECONDS = 2.0
+_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_TOKEN_BUCKETS = tuple(2 ** k for k in range(6, 18))  # 64 .. 131072
+
+
+def _decision_outcome(status: int) -> str:
+    if status == 200:
+        return "ok"
+    if status in (401, 403):
+        return "unauthorized"
+    if status == 503:
+        return "unavailable"  # busy (queue full), starting or shutting down
+    if status >= 500:
+        return "failed"
+    return "rejected"  # invalid input: 413, 415, 422, ...
+
+
+def _device_name(model) -> str:
+    return str(getattr(model, "device", "unknown"))
+
+
+class ServerOps:
+    """One app's keys, metrics registry and instruments. ``metrics_auth``: ``/metrics`` needs a key too."""
+
+    def __init__(self, *, api_keys=(), metrics_auth: bool = False):
+        if metrics_auth and not api_keys:
+            raise UsageError("--metrics-auth needs API keys (--api-key-file or $HF_OPENJEV_API_KEYS)")
+        self.keys = KeyChecker(api_keys)
+        self.metrics_auth = bool(metrics_auth)
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("hf_openjev_requests", "HTTP requests by route and status", ["route", "status"],
+                                registry=r)
+        self.request_seconds = Histogram("hf_openjev_request_seconds", "HTTP request duration (seconds)", ["route"],
+                                         buckets=_SECONDS_BUCKETS, registry=r)
+        self.decisions = Counter("hf_openjev_decisions", "decision requests by outcome (ok, rejected, unauthorized, "
+                                 "unavailable, failed)", ["outcome"], registry=r)
+        self.queue_depth = Gauge("hf_openjev_queue_depth", "requests admitted and waiting for the model", registry=r)
+        self.in_flight = Gauge("hf_openjev_requests_in_flight", "decision requests the server holds now", registry=r)
+        self.ready = Gauge("hf_openjev_ready", "1 when GET /health answers 200", registry=r)
+        self.batch_requests = Histogram("hf_openjev_batch_requests", "requests per shared forward",
+                                        buckets=_BATCH_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("hf_openjev_batch_tokens", "unpadded input tokens per shared forward",
+                                      buckets=_TOKEN_BUCKETS, registry=r)
+        self.device_busy = Counter("hf_openjev_device_busy_seconds", "seconds each device spent scoring",
+                                   ["device"], registry=r)
+
+    # -- hooks for create_app ------------------------------------------------------------------------------
+    def watch_server(self, state) -> None:
+        """Read the gauges from a server state at scrape time: the batcher's queue, the requests held, readiness."""
+        batcher = state.batcher
+        self.queue_depth.set_function(lambda: getattr(batcher, "waiting", 0))
+        self.in_flight.set_function(lambda: state.active)
+        self.ready.set_function(lambda: float(bool(getattr(state, "ready", False)) and not state.draining))
+
+    def time_scoring(self, score_fn):
+        """``score_fn`` (the batcher's, one call per shared forward) that also records the batch's size and tokens
+        and the seconds its device was busy (the device of the model it is called with)."""
+        def timed(model, prepared, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return score_fn(model, prepared, *args, **kwargs)
+            finally:
+                self.device_busy.labels(device=_device_name(model)).inc(time.perf_counter() - started)
+                self.batch_requests.observe(len(prepared))
+                self.batch_tokens.observe(sum(int(getattr(p, "input_tokens", 0)) for p in prepared))
+
+        return timed
+
+    # -- per request ---------------------------------------------------------------------------------------
+    def record_request(self, path: str, status: int, seconds: float) -> None:
+        route = path if path in ROUTES else "other"
+        self.requests.labels(route=route, status=str(status)).inc()
+        self.request_seconds.labels(route=route).observe(seconds)
+        if path in DECISION_PATHS:
+            self.decisions.labels(outcome=_decision_outcome(status)).inc()
+
+    def render_metrics(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def configure_access_log() -> None:
+    """Access lines as bare JSON on stderr (no time/level prefix), for a log shipper; ``serve`` calls it."""
+    if access_logger.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access_logger.addHandler(handler)
+    access_logger.propagate = False
+
+
+class _Exchange:
+    """One request's receive/send, counting bytes and remembering the status."""
+
+    def __init__(self, receive, send, request_id: str):
+        self._receive, self._send, self.request_id = receive, send, request_id
+        self.status = 500  # until a response starts: an exception escaped
+        self.started = False
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    async def receive(self):
+        message = await self._receive()
+        if message.get("type") == "http.request":
+            self.bytes_in += len(message.get("body", b""))
+        return message
+
+    async def send(self, message):
+        if message["type"] == "http.response.start":
+            self.status, self.started = int(message["status"]), True
+        elif message["type"] == "http.response.body":
+            self.bytes_out += len(message.get("body", b""))
+        await self._send(message)
+
+    async def respond(self, status: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
+        raw = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()),
+               (b"x-request-id", self.request_id.encode()), (b"x-typesafe-request-id", self.request_id.encode())]
+        raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        await self.send({"type": "http.response.start", "status": status, "headers": raw})
+        await self.send({"type": "http.response.body", "body": body})
+
+    async def discard_body(self) -> None:
+        """Read and drop what the client still sends (bounded), so that it gets to read a refusal."""
+        async def drain() -> None:
+            while self.bytes_in <= _DISCARD_BYTES:
+                message = await self.receive()
+                if message.get("type") != "http.request" or not message.get("more_body", False):
+                    return
+
+        try:
+            await asyncio.wait_for(drain(), timeout=_DISCARD_SECONDS)
+        except (asyncio.TimeoutError, OSError, RuntimeError):
+            pass
+
+
+def _with_request_id(scope) -> tuple[dict, str]:
+    """The scope with a sane ``X-Request-Id`` header (the client's, else a fresh one) and that id."""
+    headers = list(scope.get("headers") or [])
+    given = next((v for k, v in headers if k.lower() == b"x-request-id"), None)
+    if given is not None and _REQUEST_ID_RE.fullmatch(given):
+        return {**scope, _SEEN: True}, given.decode("ascii")
+    request_id = uuid.uuid4().hex
+    headers = [(k, v) for k, v in headers if k.lower() != b"x-request-id"] + [(b"x-request-id", request_id.encode())]
+    return {**scope, "headers": headers, _SEEN: True}, request_id
+
+
+def _header(scope, name: bytes) -> bytes | None:
+    return next((v for k, v in scope.get("headers") or [] if k.lower() == name), None)
+
+
+class OpsMiddleware:
+    """Pure ASGI middleware: request ids, keys, ``/metrics``, ``/health/live``, metrics and access logs."""
+
+    def __init__(self, app, ops: ServerOps):
+        self.app = app
+        self.ops = ops
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get(_SEEN):
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        scope, request_id = _with_request_id(scope)
+        exchange = _Exchange(receive, send, request_id)
+        try:
+            await self._dispatch(scope, exchange)
+        finally:
+            seconds = time.perf_counter() - started
+            self.ops.record_request(scope["path"], exchange.status, seconds)
+            self._log(scope, exchange, seconds)
+
+    async def _dispatch(self, scope, exchange: _Exchange) -> None:
+        path, method = scope["path"], scope["method"]
+        if path == "/health/live" and method in ("GET", "HEAD"):
+            await exchange.respond(200, b'{"status": "alive"}', "application/json")
+            return
+        needs_key = self.ops.keys.enabled and path not in OPEN_PATHS
+        if path == METRICS_PATH and method in ("GET", "HEAD"):
+            needs_key = needs_key and self.ops.metrics_auth
+        if needs_key and not await self._authorized(scope, exchange):
+            return
+        if path == METRICS_PATH and method in ("GET", "HEAD"):
+            await exchange.respond(200, self.ops.render_metrics(), CONTENT_TYPE_LATEST)
+            return
+        await self.app(scope, exchange.receive, exchange.send)
+
+    async def _authorized(self, scope, exchange: _Exchange) -> bool:
+        """Whether the request carries a configured key; if not, the 401 is sent."""
+        token = self.ops.keys.bearer_token(_header(scope, b"authorization"))
+        if token is not None and self.ops.keys.matches(token):
+            return True
+        message = MSG_KEY_MISSING if token is None else MSG_KEY_INVALID
+        challenge = "Bearer" if token is None else 'Bearer error="invalid_token"'
+        body = json.dumps({"error": message, "detail": {"error_type": "authentication_error", "message": message}})
+        await exchange.discard_body()
+        await exchange.respond(401, body.encode(), "application/json", {"WWW-Authenticate": challenge})
+        return False
+
+    @staticmethod
+    def _log(scope, exchange: _Exchange, seconds: float) -> None:
+        if not access_logger.isEnabledFor(logging.INFO):
+            return
+        client = scope.get("client")
+        record = {"method": scope.get("method"), "path": scope.get("path"), "status": exchange.status,
+                  "duration_ms": round(seconds * 1000.0, 2), "request_id": exchange.request_id,
+                  "client": client[0] if client else None, "bytes_in": exchange.bytes_in,
+                  "bytes_out": exchange.bytes_out}
+        access_logger.info(json.dumps(record, ensure_ascii=False), extra={"access": record})

@@ -1,0 +1,49 @@
+"""The thread pools that prepare requests off the event loop, sized by the work so that small requests never wait
+behind big ones.
+
+Preparing a request (strict JSON, validation, tokenization) is CPU work that runs on threads: the tokenizer
+releases the GIL, so several requests tokenize at once. It comes in two steps, each sent to a pool by its size:
+parsing by the body's bytes, tokenization by the characters of its candidate texts. Work of at most
+``big_work`` runs on the ``small`` pool, bigger work on the ``big`` one. A client sending 4 MiB bodies (even
+ones that are refused, which cost little since an over-long candidate stops at a clean prefix:
+:mod:`hf_openjev.prefix_cuts`) then only queues behind other big work; a small request finds a free small worker.
+
+:class:`PreparePools` is also an ``Executor`` (its ``submit`` uses the small pool) so that the server hands it
+to ``run_in_executor`` for its other short jobs (building answers) and shuts both pools down with it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor, ThreadPoolExecutor
+
+__all__ = ["DEFAULT_BIG_WORK", "PreparePools", "measure_tokenize_work"]
+
+DEFAULT_BIG_WORK = 256 * 1024  # body bytes, or characters to tokenize: ~0.1 s of tokenization and more is "big"
+
+
+class PreparePools(Executor):
+    """Two thread pools: ``small`` (``workers`` threads) and ``big`` (``big_workers`` threads, for work above
+    ``big_work`` bytes or characters)."""
+
+    def __init__(self, *, workers: int = 2, big_workers: int = 2, big_work: int = DEFAULT_BIG_WORK):
+        if big_work < 1:
+            raise ValueError("big_work must be at least 1")
+        self.big_work = int(big_work)
+        self.small = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="jev-prepare")
+        self.big = ThreadPoolExecutor(max_workers=max(1, big_workers), thread_name_prefix="jev-prepare-big")
+
+    def pick(self, work: int) -> ThreadPoolExecutor:
+        """The pool for a job of ``work`` bytes or characters."""
+        return self.big if work > self.big_work else self.small
+
+    def submit(self, fn, /, *args, **kwargs):
+        return self.small.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.small.shutdown(wait=wait, cancel_futures=cancel_futures)
+        self.big.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def measure_tokenize_work(parsed) -> int:
+    """Characters a validated request sends to the tokenizer (its candidate prompts, without the chat halves)."""
+    return sum(len(prompt) for question in parsed.questions for prompt in question.prompts)

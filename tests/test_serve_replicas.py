@@ -1,0 +1,212 @@
+"""One server over several devices (hf-openjev serve --devices): replicas behind the one batcher queue, with two
+tiny CPU models standing in for two GPUs; the flag, its checks, loading and warming every replica."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+
+from hf_openjev.errors import UsageError
+from hf_openjev.model import load_export
+from hf_openjev.scoring import score_prepared
+from hf_openjev.serve import cli as serve_cli
+from hf_openjev.serve.replicas import load_replicas, parse_devices, warm_up_replicas
+from hf_openjev.serve.server import create_app
+from test_server import COMPANY_TOL, assert_error, assert_same_answers, make_request
+
+
+@pytest.fixture(scope="module")
+def replicas(tiny_checkpoint):
+    return load_replicas(tiny_checkpoint.export, ["cpu", "cpu"], dtype=torch.float32)
+
+
+def _post_all(app, requests):
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
+                                     timeout=60) as c:
+            return await asyncio.gather(*(c.post("/v1/systemone", json=r) for r in requests))
+
+    return asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def _slow(seconds: float, seen: list, broken=None):
+    """score_prepared that takes a while (so both replicas get work) and records which replica scored."""
+    lock = threading.Lock()
+
+    def score(model, prepared, *, fast):
+        with lock:
+            seen.append(id(model))
+        time.sleep(seconds)
+        if model is broken:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return score_prepared(model, prepared, fast=False)
+
+    return score
+
+
+def test_two_replicas_share_the_traffic_and_answer_like_one_model(replicas, tiny_model):
+    from hf_openjev.scoring import answer_requests
+
+    seen = []
+    app = create_app(replicas[0], replicas=replicas, max_wait_ms=0, max_batch_tokens=1, score_fn=_slow(0.05, seen))
+    requests = [make_request(i) for i in range(12)]
+    responses = _post_all(app, requests)
+    assert [r.status_code for r in responses] == [200] * 12
+    reference = answer_requests(tiny_model, requests, fast=False)
+    for response, want in zip(responses, reference):
+        assert_same_answers(response.json(), want, tol=COMPANY_TOL)
+    assert {id(m) for m in replicas} == set(seen) and len(seen) == 12  # one request per group, both replicas
+    stats = app.state.jev.batcher.stats()["replicas"]
+    assert [s["requests"] > 0 for s in stats] == [True, True] and sum(s["requests"] for s in stats) == 12
+
+
+def test_a_failing_replica_answers_500_and_the_other_keeps_answering(replicas):
+    seen = []
+    app = create_app(replicas[0], replicas=replicas, max_wait_ms=0, max_batch_tokens=1,
+                     score_fn=_slow(0.02, seen, broken=replicas[1]))
+    responses = _post_all(app, [make_request(i) for i in range(16)])
+    failed = [r for r in responses if r.status_code != 200]
+    assert 1 <= len(failed) < 16 and all(r.status_code == 200 for r in responses if r not in failed)
+    for r in failed:
+        body = assert_error(r, 500, "model inference failed")
+        assert "CUDA" not in r.text and "answers" not in body
+    stats = app.state.jev.batcher.stats()["replicas"]
+    assert stats[1]["failures"] == len(failed) and stats[0]["failures"] == 0
+    assert stats[1]["retired"] == (len(failed) >= 3)  # 3 failed groups in a row: it takes no more requests
+    if stats[1]["retired"]:
+        assert all(r.status_code == 200 for r in _post_all(app, [make_request(i) for i in range(6)]))
+
+
+def test_create_app_sets_every_replica_up_for_the_fast_path(tiny_checkpoint):
+    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.patches import patch_record
+
+    models = load_replicas(tiny_checkpoint.export, ["cpu", "cpu"], dtype=torch.float32)
+    options = FastPathOptions(share_tails=True)
+    app = create_app(models[0], replicas=models, fast=True, options=options)
+    assert [patch_record(m).options for m in models] == [options, options]
+    responses = _post_all(app, [make_request(i) for i in range(4)])
+    assert all(r.status_code == 200 and r.json()["metadata"]["method"] == "fast" for r in responses)
+
+
+def test_warm_up_runs_on_every_replica(tiny_checkpoint):
+    from hf_openjev.patches import patch_record
+
+    models = load_replicas(tiny_checkpoint.export, ["cpu", "cpu"], dtype=torch.float32)
+    reports = warm_up_replicas(models, [(4, [3, 5]), (2, [6])])
+    assert [r["requests"] for r in reports] == [2, 2]
+    assert all(patch_record(m) is not None for m in models)
+
+
+# ------------------------------------------------------------------------------------------------ the flag
+
+def _parser():
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    return parser
+
+
+def test_devices_flag_reaches_serve_and_excludes_device(monkeypatch, capsys):
+    from hf_openjev.serve import server
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
+    assert serve_cli.run(_parser().parse_args(["--model", "/x", "--devices", "cpu,cpu"])) == 0
+    assert seen["devices"] == "cpu,cpu" and seen["device"] is None
+    serve_cli.run(_parser().parse_args(["--model", "/x"]))
+    assert seen["devices"] is None
+    with pytest.raises(SystemExit) as info:
+        _parser().parse_args(["--model", "/x", "--device", "cpu", "--devices", "cpu,cpu"])
+    assert info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, message", [
+    ("cuda:0,cuda:1", "CUDA is not available on this machine"),
+    ("cpu,,cpu", "comma-separated list"),
+    ("", "comma-separated list"),
+    ("cpu,tpu:0", "unknown device 'tpu:0'"),
+])
+def test_bad_devices_are_refused_before_loading(text, message, tiny_checkpoint, monkeypatch, capsys):
+    if message.startswith("CUDA") and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    import uvicorn
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("loaded (or started) before the device check")
+
+    monkeypatch.setattr("hf_openjev.model.load_export", refuse)
+    monkeypatch.setattr(uvicorn.Server, "run", refuse)
+    args = _parser().parse_args(["--model", str(tiny_checkpoint.export), "--devices", text, "--port", "0"])
+    assert serve_cli.run(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-openjev serve: error: ") and message in err and "\n" not in err
+
+
+def test_parse_devices_rules(monkeypatch, tiny_checkpoint):
+    assert parse_devices("cpu, cpu") == ["cpu", "cpu"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert parse_devices("cuda:0,cuda:3") == ["cuda:0", "cuda:3"]
+    with pytest.raises(UsageError, match="lists cuda:0 twice"):
+        parse_devices("cuda,cuda:0")
+    with pytest.raises(UsageError, match="mixes cpu and cuda"):
+        parse_devices("cuda:1,cpu")
+    with pytest.raises(UsageError, match="this machine has 4 CUDA GPU"):
+        parse_devices("cuda:0,cuda:4")
+    from hf_openjev.serve import server
+
+    with pytest.raises(UsageError, match="--device or --devices, not both"):
+        server.serve(tiny_checkpoint.export, device="cpu", devices="cpu,cpu")
+
+
+@pytest.mark.slow
+def test_cli_serves_with_two_cpu_replicas(tiny_checkpoint, tmp_path):
+    """``hf-openjev serve --devices cpu,cpu`` in a subprocess: both replicas load, concurrent requests are
+    answered, /health shows the two replicas' counters."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "hf_openjev.cli", "serve",
+                                 "--model", str(tiny_checkpoint.export), "--port", str(port), "--devices", "cpu,cpu", "--dtype", "float32", "--reference",
+                                 "--max-batch-tokens", "1", "--max-wait-ms", "0"],
+                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, "the server did not come up"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            responses = list(pool.map(lambda i: httpx.post(url + "/v1/systemone", json=make_request(i), timeout=60),
+                                      range(24)))
+        health = httpx.get(url + "/health", timeout=5).json()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert [r.status_code for r in responses] == [200] * 24
+    replicas = health["batcher"]["replicas"]
+    assert [r["name"] for r in replicas] == ["0:cpu", "1:cpu"] and sum(r["requests"] for r in replicas) == 24
+    assert "Traceback" not in log_path.read_text()
