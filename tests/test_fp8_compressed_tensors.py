@@ -81,9 +81,19 @@ def test_transformers_dequantizes_to_our_dequantized_state(fp8, dtype):
     model = _load(fp8.out_dir, dtype, **_dequantize_kwargs())
     ours = load_fp8_state_dict(fp8.out_dir, dtype=dtype)
     theirs = model.state_dict()
-    assert set(theirs) == set(ours)
-    for name, tensor in theirs.items():
-        assert tensor.dtype == dtype and torch.equal(tensor, ours[name]), name
+    extra = set(theirs) - set(ours)
+    # Transformers 5.17 dequantizes the weights but keeps their (now unused) scales; newer releases drop them
+    assert extra in (set(), {name + "_scale" for name in fp8.quantized}), sorted(extra)[:4]
+    assert set(ours) <= set(theirs)
+    # ... and multiplies by the scale rounded to bf16 in bf16, where ours multiplies in fp32 and rounds once: in bf16
+    # the two may then differ by a bf16 rounding of the scale (2^-8 relative) on that older path only
+    rounded_scale = bool(extra) and dtype == torch.bfloat16
+    for name, tensor in ours.items():
+        assert theirs[name].dtype == dtype, name
+        if rounded_scale:
+            torch.testing.assert_close(theirs[name], tensor, rtol=2**-7, atol=0, msg=name)
+        else:
+            assert torch.equal(theirs[name], tensor), name
 
 
 def test_transformers_compressed_load_holds_our_fp8_bits(fp8):
