@@ -40,7 +40,7 @@ from ..errors import CheckpointError
 from ..fp8_scheme import (ALL_TARGETS, FP8_EXPORT_FORMAT, SOURCE_FORMAT, manifest_block, manifest_format,
                           quantization_config, resolve_targets, target_of)
 from ..manifest import MANIFEST_NAME, read_json_object, read_manifest
-from .out_dir import read_umask
+from .out_dir import check_free_space, missing_parents, read_umask, remove_empty
 from .safetensors_stream import ITEMSIZE, TORCH_DTYPE, TensorFileReader, TensorFileWriter, tensor_nbytes
 
 _CHUNK_BYTES = 64 * 1024**2  # fp32 work per block of rows; bytes per piece of a copied tensor
@@ -186,13 +186,7 @@ def plan_quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL
     other = sorted(p for p in src_dir.iterdir() if p.is_file() and p.name not in skip
                    and not p.name.endswith(".safetensors"))
     need = sum(tensor_nbytes(d, s) for shard in shards for _, d, s in shard.outputs())
-    parent = out_dir.parent
-    while not parent.exists():
-        parent = parent.parent
-    free = shutil.disk_usage(parent).free
-    if free < need * 1.02 + 64 * 1024**2:
-        raise CheckpointError(f"not enough disk space at {parent}: the FP8 export needs about {need / 1e9:.2f} GB, "
-                              f"{free / 1e9:.2f} GB are free")
+    check_free_space(out_dir, need, "the FP8 export")
     return _Plan(src_dir, out_dir, modules, shards, manifest, config, other, (src_dir / _INDEX_NAME).is_file())
 
 
@@ -306,10 +300,7 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
     out_dir = plan.out_dir
     report = Fp8ExportReport(out_dir=out_dir, modules=plan.modules, shards=[], quantized=[], copied=0,
                              source_bytes=sum((plan.src_dir / s.filename).stat().st_size for s in plan.shards))
-    created, parent = [], out_dir.parent
-    while not parent.exists():
-        created.append(parent)
-        parent = parent.parent
+    created = missing_parents(out_dir)
     tmp = None
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -327,11 +318,7 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
     except BaseException:
         if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-        for path in created:  # deepest first; only the ones this call made, only if still empty
-            try:
-                path.rmdir()
-            except OSError:
-                break
+        remove_empty(created)
         raise
     report.seconds = time.perf_counter() - start
     return report
@@ -353,10 +340,7 @@ def merge_and_quantize(base_dir, package_dir, out_dir, *, targets: Iterable[str]
     if (out_dir.exists() or out_dir.is_symlink()) and not overwrite:
         raise CheckpointError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it (or choose "
                               "another)")
-    created, parent = [], out_dir.parent
-    while not parent.exists():
-        created.append(parent)
-        parent = parent.parent
+    created = missing_parents(out_dir)
     work = None
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -368,11 +352,7 @@ def merge_and_quantize(base_dir, package_dir, out_dir, *, targets: Iterable[str]
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)
             work = None
-        for path in created:  # deepest first; only the ones this call made, only if still empty
-            try:
-                path.rmdir()
-            except OSError:
-                break
+        remove_empty(created)
         raise
     finally:
         if work is not None:

@@ -62,7 +62,7 @@ from ..checkpoint_io import (FLOAT_DTYPES, base_weight_files, expected_backbone_
                             read_safetensors_headers, text_key)
 from ..errors import CheckpointError
 from .identity import BaseIdentity, check_base_identity
-from .out_dir import read_umask
+from .out_dir import check_free_space, missing_parents, read_umask, remove_empty
 from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
 from ..manifest import ExportManifest, check_max_length, write_manifest
 from ..package import read_base_text_config, read_lora_pairs, read_package
@@ -361,14 +361,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
             items.append(_Item(path, key, name, shape, dtype, module if module in pairs else None))
     shards = _plan_shards(items, max_shard_bytes)
 
-    total = sum(item.nbytes for item in items)
-    parent = out_dir.parent
-    while not parent.exists():
-        parent = parent.parent
-    free = shutil.disk_usage(parent).free
-    if free < total * 1.02 + 64 * 1024**2:
-        raise CheckpointError(f"not enough disk space at {parent}: the export needs about {total / 1e9:.2f} GB, "
-                              f"{free / 1e9:.2f} GB are free")
+    check_free_space(out_dir, sum(item.nbytes for item in items), "the export")
 
     manifest = ExportManifest(
         model_id=package.model_id,
@@ -615,16 +608,6 @@ def _check_tokenizer(plan: _Plan, tmp: Path) -> None:
         raise CheckpointError("verification failed: the exported tokenizer renders different chat halves than the base")
 
 
-def _missing_parents(path: Path) -> list[Path]:
-    """The ancestors of ``path`` that do not exist yet, deepest first."""
-    out = []
-    parent = path.parent
-    while not parent.exists():
-        out.append(parent)
-        parent = parent.parent
-    return out
-
-
 def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwrite: bool = False,
                verify: bool = True, probe: str = "auto", probe_max_params: int = DEFAULT_PROBE_MAX_PARAMS,
                probe_tolerance: float = DEFAULT_PROBE_TOLERANCE, progress: bool = True,
@@ -654,7 +637,7 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
     if plan.identity.warning():
         say(plan.identity.warning())
 
-    created = _missing_parents(out_dir)
+    created = missing_parents(out_dir)
     tmp = None
     backup = None
     finished = False
@@ -728,11 +711,7 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
                 backup.rename(out_dir)
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-            for parent in created:  # deepest first; only the ones this call made, only if still empty
-                try:
-                    parent.rmdir()
-                except OSError:
-                    break
+            remove_empty(created)
         raise
     finally:
         if finished and backup is not None:
