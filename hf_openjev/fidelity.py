@@ -298,6 +298,9 @@ def render_fidelity_markdown(report: Mapping, *, plot_name: str | None = None) -
             lines += [f"{key.replace('_', ' ').capitalize()}: `{report[key]}`", ""]
     if "versions" in report:
         lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()), ""]
+    for number, run in enumerate(report.get("runs", ()), 1):  # a report joined from several runs (each with its B)
+        lines += [f"Run {number}: `{run['command']}` (commit `{run['git_commit']}`, {run['device']}, fp8 "
+                  f"{run['fp8']}; " + ", ".join(f"{k} {v}" for k, v in run["versions"].items()) + ")", ""]
     if "oracle_sha256_check" in report:
         lines += [f"Oracle weights check: {report['oracle_sha256_check']}", ""]
     lines += [f"Gate (against {gate['reference']}, same run): max |Δp| <= {gate['max_ratio']} x, mean |Δp| <= "
@@ -307,7 +310,8 @@ def render_fidelity_markdown(report: Mapping, *, plot_name: str | None = None) -
               "|---|---|---|---|---|---|---|---|"]
     for name, c in report["configurations"].items():
         verdict = {True: "yes", False: "**no**", None: "-"}[c["passes"]]
-        lines.append(f"| `{name}` | {c['n_requests']} | {c['max_abs_dp']:.4g} | {c['p99_abs_dp']:.4g} | "
+        run = f" (run {c['run'] + 1})" if "run" in c else ""
+        lines.append(f"| `{name}`{run} | {c['n_requests']} | {c['max_abs_dp']:.4g} | {c['p99_abs_dp']:.4g} | "
                      f"{c['mean_abs_dp']:.4g} | {c['flips']} | {c['near_tie_flips']} | {verdict} |")
     for name, c in report["configurations"].items():
         if c["gate_reasons"] and c["passes"] is False:
@@ -339,7 +343,7 @@ def plot_fidelity(report: Mapping, path: str | Path) -> None:
         ax.set_title(f"decision fidelity, {report.get('shape', '?')} shape")
         ax.legend(fontsize="small")
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=72)
     finally:
         plt.close(fig)
 
@@ -347,6 +351,6 @@ def plot_fidelity(report: Mapping, path: str | Path) -> None:
 def write_fidelity_report(out: str | Path, name: str, report: Mapping) -> None:
     """Write ``<name>.json``, ``<name>.md`` and ``<name>.png`` under ``out``."""
     out = Path(out)
-    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
+    (out / f"{name}.json").write_text(json.dumps(report, separators=(",", ":")) + "\n")  # compact: 231 x 5 numbers
     plot_fidelity(report, out / f"{name}.png")
     (out / f"{name}.md").write_text(render_fidelity_markdown(report, plot_name=f"{name}.png"))

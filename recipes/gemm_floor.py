@@ -36,7 +36,7 @@ STREAMING_MS = 13.3  # one forward's weight streaming (performance.md, 107 token
 MS_PER_TOKEN = 293 / 4096  # compute-bound GEMM time per token (performance.md, 4,096 tokens)
 POLICIES = {  # name -> plan_requests options
     "no sharing": dict(shared_prefix=False),
-    "shared at multiples of 64 (default)": dict(),
+    "shared at multiples of 64": dict(share_tails=False, min_shared_tokens=64),
     "exact sharing (share_tails, threshold 32)": dict(share_tails=True, min_shared_tokens=32),
 }
 

@@ -32,6 +32,8 @@ from hf_openjev.planner import plan_requests
 from hf_openjev.scoring import PreparedRequest, build_answer, score_prepared, use_fast_path
 from hf_openjev.tiny import tiny_text_config
 
+from aligned_plans import ALIGNED
+
 torch.set_num_threads(1)
 
 TOLERANCE = 1e-4
@@ -186,7 +188,7 @@ def test_workload_covers_the_cases(workload):
     kinds = [(q.type, len(q.prompts)) for p in prepared for q in p.parsed.questions]
     assert ("choice", 1) in kinds and ("score", 10) in kinds and any(k == "noul" for k, _ in kinds)
     assert any(len(p.parsed.questions) >= 3 for p in prepared)
-    plan = plan_requests([p.tokens for p in prepared])
+    plan = plan_requests([p.tokens for p in prepared], **ALIGNED)  # cases of the aligned layout (tails: below)
     by_len = [len(s.tokens) for s in plan.segments if s.leaf is None]
     assert sum(plan.shared_tokens) > 0 and max(by_len) >= 192
     prefixes = {s.id for s in plan.segments if s.leaf is None}
@@ -270,7 +272,7 @@ def test_shared_tails_match_the_reference(workload, limits):
     assert any(not s.hands_state for s in segments)  # tails ...
     if not limits:  # ... continued by a prefix that hands on a state (trees too large for a pack have no tails)
         assert any(s.hands_state and s.leaf is None and s.start % 64 for s in segments)
-    assert sum(plan.shared_tokens) > sum(plan_requests(tokens, **limits).shared_tokens)
+    assert sum(plan.shared_tokens) > sum(plan_requests(tokens, **ALIGNED, **limits).shared_tokens)
     fast = run_fast(workload, **TAILS, **limits)
     assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
     assert [c["shared_tokens"] for c in fast.prefix_cache] == plan.shared_tokens
@@ -335,12 +337,24 @@ def sensitive():
 @pytest.mark.parametrize("limits", [{}, dict(max_sequences=2), dict(max_sequences=1, max_tokens=64)])
 def test_crafted_edge_cases_match_the_reference(sensitive, limits):
     apply_patches(sensitive.model)
-    fast = score_prepared(sensitive.model, sensitive.prepared, fast=True, options=FastPathOptions(**limits))
+    options = FastPathOptions(**ALIGNED, **limits)  # the aligned layout, whose shared tokens are listed below
+    fast = score_prepared(sensitive.model, sensitive.prepared, fast=True, options=options)
     assert compare(sensitive.prepared, sensitive.reference, fast.scores) <= TOLERANCE
-    plan = plan_requests([p.tokens for p in sensitive.prepared])
+    plan = plan_requests([p.tokens for p in sensitive.prepared], **ALIGNED)
     assert [c["shared_tokens"] for c in fast.prefix_cache] == plan.shared_tokens
     assert plan.shared_tokens[:6] == [0, 0, 0, 0, 64, 0]
     assert plan.shared_tokens[6:10] == [64, 128, 192 * 9, 128 * 12 + 64 + 128 * 9]
+
+
+@pytest.mark.parametrize("limits", [{}, dict(max_sequences=2), dict(max_sequences=1, max_tokens=64)])
+def test_crafted_edge_cases_match_the_reference_with_the_default_exact_sharing(sensitive, limits):
+    apply_patches(sensitive.model)
+    fast = score_prepared(sensitive.model, sensitive.prepared, fast=True, options=FastPathOptions(**limits))
+    assert compare(sensitive.prepared, sensitive.reference, fast.scores) <= TOLERANCE
+    tokens = [p.tokens for p in sensitive.prepared]
+    assert [c["shared_tokens"] for c in fast.prefix_cache] == plan_requests(tokens, **limits).shared_tokens
+    if not limits:  # exact sharing shares more than the aligned layout on these requests
+        assert sum(plan_requests(tokens).shared_tokens) > sum(plan_requests(tokens, **ALIGNED).shared_tokens)
 
 
 def _zero(tensors: dict) -> dict:
@@ -507,7 +521,7 @@ def test_the_conv_reads_qkv_in_place_from_the_stacked_projection(workload, monke
     causal_conv = packed_candidates.causal_conv1d_packed
     monkeypatch.setattr(packed_candidates, "causal_conv1d_packed", recording_conv)
     apply_patches(workload.model)
-    fast = run_fast(workload)
+    fast = run_fast(workload, **ALIGNED)  # levels that re-run a tail's rows gather them (a copy): aligned here
     assert layouts and all(layout == (False, 1) for layout in layouts)
     assert compare(workload.prepared, workload.reference, fast.scores) <= TOLERANCE
 

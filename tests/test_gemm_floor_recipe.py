@@ -18,7 +18,7 @@ def test_one_request_by_hand():
     prefix = list(range(1000, 1200))
     request = [[prefix + [5000 + c] * 30 for c in range(3)]]  # one question: a 200-token prefix, 3 x 30 own tokens
     # no sharing: 3 x 230 tokens in one pack; multiples of 64: 192 shared + 3 x 38; exact: 200 + 3 x 30
-    for options, tokens in [(dict(shared_prefix=False), 690), ({}, 192 + 3 * 38),
+    for options, tokens in [(dict(shared_prefix=False), 690), (dict(share_tails=False, min_shared_tokens=64), 192 + 3 * 38),
                             (dict(share_tails=True, min_shared_tokens=32), 200 + 90)]:
         result = recipe.workload_floor([request], **options)
         assert result["computed_tokens"] == tokens

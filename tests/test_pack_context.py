@@ -16,7 +16,9 @@ import torch
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.patches import pack_context as pc
 from hf_openjev.patches.graph_buckets import bucket_sequences, bucket_tokens, pad_level
-from hf_openjev.planner import Pack, plan_requests
+from hf_openjev.planner import Pack
+
+from aligned_plans import plan_requests  # the aligned layout these plans describe (tails: TAILS)
 
 STATE = list(range(100, 180))  # 80 tokens
 CANDIDATES = [[[STATE + [7, 8, 9], STATE + [5, 6]]]]

@@ -12,19 +12,30 @@ import random
 import pytest
 import torch
 
+from hf_openjev import planner
 from hf_openjev.planner import (
     ALIGN,
     DEFAULT_MAX_SEQUENCES,
     DEFAULT_MAX_TOKENS,
-    DEFAULT_MIN_SHARED_TOKENS,
     Pack,
     Plan,
     Segment,
-    build_tree,
     common_prefix_length,
-    plan_requests,
     shareable_length,
 )
+
+from aligned_plans import ALIGNED, build_tree, plan_requests  # most tests here describe the aligned layout
+
+DEFAULT_MIN_SHARED_TOKENS = ALIGNED["min_shared_tokens"]
+
+
+def test_the_default_plan_shares_exact_prefixes_from_16_tokens():
+    assert (planner.DEFAULT_SHARE_TAILS, planner.DEFAULT_MIN_SHARED_TOKENS) == (True, 16)
+    request = [[list(range(100, 130)) + [1, 2], list(range(100, 130)) + [3]]]  # a 30-token common prefix
+    default = planner.plan_requests([request])
+    assert default == planner.plan_requests([request], share_tails=True, min_shared_tokens=16)
+    assert [len(s.tokens) for s in default.segments] == [30, 2, 1]  # shared exactly, as a tail
+    assert [len(s.tokens) for s in plan_requests([request]).segments] == [32, 31]  # aligned: nothing shared
 
 torch.set_num_threads(1)
 

@@ -59,9 +59,9 @@ def test_warm_up_runs_one_request_per_shape_with_its_token_counts(tiny_checkpoin
     monkeypatch.setattr(fast_path, "score_fast", spy)
     too_long = model.max_length  # prefix + longest suffix > max_length: skipped, as the server would refuse it
     shapes = [(5, [3, 4]), (0, [7]), (too_long, [1]), (70, [2, 2, 9])]
-    report = warmup.warm_up(model, shapes, FastPathOptions(share_tails=True), progress=False)
+    report = warmup.warm_up(model, shapes, FastPathOptions(share_tails=False), progress=False)
     assert report["requests"] == 3 and report["skipped_too_long"] == 1 and report["graphs"] is None  # CPU
-    assert len(seen) == 3 and all(options == {"share_tails": True} for _, options in seen)
+    assert len(seen) == 3 and all(options == {"share_tails": False} for _, options in seen)
     for (requests_tokens, _), (prefix, suffixes) in zip(seen, [shapes[0], shapes[1], shapes[3]]):
         [[candidates]] = requests_tokens
         assert [len(c) for c in candidates] == [prefix + n for n in suffixes]

@@ -1,0 +1,67 @@
+"""recipes/merge_fidelity.py: several runs' fidelity reports of one shape joined into one table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from shared_data import load_recipe
+
+from hf_openjev.fidelity import FidelityStats, build_fidelity_report
+
+ORACLE_CHECK = {"oracle": "ab" * 32, "run": "ab" * 32, "match": True}
+
+
+def stats(max_dp: float, mean_dp: float, flips: int) -> FidelityStats:
+    return FidelityStats(request_ids=("r0", "r1"), n_probabilities=4, max_abs_dp=max_dp, p99_abs_dp=max_dp,
+                         mean_abs_dp=mean_dp, flips=flips, near_tie_flips=0, flipped_requests=(),
+                         per_request_max_abs_dp=(max_dp, mean_dp))
+
+
+def report(configurations: dict, *, fp8=None, b=stats(0.04, 0.01, 1), **changes) -> dict:
+    meta = {"command": f"bench --fp8 {fp8}", "git_commit": "abc1234", "device": "NVIDIA H200",
+            "versions": {"torch": "2.11"}, "shape": "mid", "seed": 0, "dtype": "bfloat16", "fp8": fp8,
+            "oracle": {"path": "oracle_mid.json"}, "oracle_sha256_check": ORACLE_CHECK, "requests_compared": 2,
+            **changes}
+    return json.loads(json.dumps(build_fidelity_report({"B": b, **configurations}, **meta)))
+
+
+def test_runs_join_into_one_table_with_their_own_verdicts(tmp_path):
+    recipe = load_recipe("merge_fidelity")
+    runs = [report({"C": stats(0.045, 0.0105, 1)}), report({"fp8-all": stats(0.3, 0.05, 9)}, fp8="all")]
+    paths = []
+    for i, r in enumerate(runs):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps(r))
+    assert recipe.main([str(tmp_path / "out"), *map(str, paths), "--rename", "1:C=default"]) == 0
+    merged = json.loads((tmp_path / "out" / "fidelity_mid.json").read_text())
+    assert list(merged["configurations"]) == ["B", "default", "fp8-all"]  # B once
+    assert [c["run"] for c in merged["configurations"].values()] == [0, 0, 1]
+    assert [c["passes"] for c in merged["configurations"].values()] == [True, True, False]
+    assert [run["fp8"] for run in merged["runs"]] == [None, "all"]
+    text = (tmp_path / "out" / "fidelity_mid.md").read_text()
+    assert "Run 2: `bench --fp8 all`" in text and "| `fp8-all` (run 2) |" in text
+    assert (tmp_path / "out" / "fidelity_mid.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("second, match", [
+    (dict(b=stats(0.05, 0.01, 1)), "B's statistics differ"),  # another B: the runs did not compare the same thing
+    (dict(shape="27b"), "shape"),
+    (dict(oracle_sha256_check={**ORACLE_CHECK, "oracle": "cd" * 32}), "another oracle"),
+])
+def test_runs_that_cannot_share_a_table_are_refused(second, match):
+    recipe = load_recipe("merge_fidelity")
+    with pytest.raises(ValueError, match=match):
+        recipe.merge_reports([report({"C": stats(0.04, 0.01, 1)}), report({"fp8-all": stats(0.3, 0.05, 9)}, **second)])
+
+
+def test_a_name_twice_or_a_rename_of_nothing_is_refused():
+    recipe = load_recipe("merge_fidelity")
+    runs = [report({"C": stats(0.04, 0.01, 1)}), report({"C": stats(0.04, 0.01, 1)})]
+    with pytest.raises(ValueError, match="appears twice"):
+        recipe.merge_reports(runs)
+    assert list(recipe.merge_reports(runs, {(1, "C"): "C2"})["configurations"]) == ["B", "C", "C2"]
+    with pytest.raises(ValueError, match="no run has"):
+        recipe.merge_reports(runs, {(1, "C"): "C2", (0, "E"): "x"})
+    with pytest.raises(ValueError, match="RUN:OLD=NEW"):
+        recipe.parse_renames(["3:C=x"], 2)
