@@ -266,17 +266,17 @@ def test_the_fast_path_is_set_up_when_the_app_is_created_and_scores_with_its_opt
 
     own = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")
     assert patch_record(own) is None
-    options = FastPathOptions(share_tails=True, min_shared_tokens=16)
+    options = FastPathOptions(share_tails=False, min_shared_tokens=64)  # aligned sharing: not the default
     app = create_app(own, fast=True, options=options)
     assert patch_record(own).options == options  # patched at creation, before any request
     request = make_request(2)
     tokens = prepare_request(own, request).tokens
-    exact = plan_requests([tokens], share_tails=True, min_shared_tokens=16).shared_tokens[0]
-    assert exact != plan_requests([tokens]).shared_tokens[0]  # the options show in the response
+    aligned = plan_requests([tokens], share_tails=False, min_shared_tokens=64).shared_tokens[0]
+    assert aligned != plan_requests([tokens]).shared_tokens[0]  # the options show in the response
     with TestClient(app) as c:
         body = c.post("/v1/systemone", json=request, headers=JSON).json()
     assert body["metadata"]["method"] == "fast"
-    assert body["metadata"]["prefix_cache"] == {"enabled": True, "mode": "prefix-tree", "shared_tokens": exact}
+    assert body["metadata"]["prefix_cache"] == {"enabled": True, "mode": "prefix-tree", "shared_tokens": aligned}
 
 
 def test_model_failure_is_500_for_the_whole_group_and_nothing_partial(model):
