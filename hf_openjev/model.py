@@ -4,7 +4,9 @@ Two loaders:
 
 - :func:`load_export` reads a merged export (``open-jev-text-merged/1``), the serving format, or an FP8 export
   (``open-jev-text-merged-fp8/1``), dequantized to the model dtype (what the reference path and every comparison
-  read; the fast path's ``fp8`` option then swaps in the export's own e4m3 weights);
+  read; the fast path's ``fp8`` option then swaps in the export's own e4m3 weights). With ``fp8="all"`` or
+  ``"no-gdn"`` it sets the fast path's FP8 projections up on the CPU before the model reaches its device, so the
+  device never holds the bf16 weights;
 - :func:`load_reference` reads the published package + base directory into the unmerged PEFT model, the
   oracle that export and the fast path are checked against.
 """
@@ -174,10 +176,12 @@ class JevModel(nn.Module):
         return self
 
     @classmethod
-    def from_pretrained(cls, path, *, dtype="auto", device=None, device_map=None, **_pipeline_kwargs) -> "JevModel":
-        """Entry used by ``transformers.pipeline("jev-decision", model=<export dir>)``."""
+    def from_pretrained(cls, path, *, dtype="auto", device=None, device_map=None, fp8="off",
+                        **_pipeline_kwargs) -> "JevModel":
+        """Entry used by ``transformers.pipeline("jev-decision", model=<export dir>)`` (``fp8`` through its
+        ``model_kwargs``: see :func:`load_export`)."""
         target = device if device is not None else device_map
-        return load_export(path, dtype=dtype, device=target)
+        return load_export(path, dtype=dtype, device=target, fp8=fp8)
 
 
 def _load_backbone(weights_dir: Path, text_config, *, dtype: torch.dtype, device) -> nn.Module:
@@ -258,14 +262,27 @@ def _make_head(weight, bias, device) -> nn.Linear:
 
 
 
-def load_export(export_dir: str | Path, *, dtype="auto", device=None) -> JevModel:
+def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str = "off") -> JevModel:
     """Load a merged export directory (checkpoints.md) into a :class:`JevModel`.
 
     ``dtype`` is the backbone's dtype (default bfloat16); the head is always fp32. An FP8 export is loaded with
     its e4m3 weights dequantized to ``dtype`` (``model.quantization`` holds its manifest entry); the fast path
     runs FP8 projections only with its ``fp8`` option (opt-in).
+
+    ``fp8`` (``"off"``, ``"all"``, ``"no-gdn"``: the fast path's option,
+    :attr:`~hf_openjev.fast_options.FastPathOptions.fp8`) sets the FP8 projections up while loading, so that
+    ``device`` never holds the bf16 weights (27B: 26.9 GB on the GPU instead of 51.2): the model is built on the
+    CPU, its targeted projections are swapped for ``Fp8Linear`` there, module by module
+    (:func:`~hf_openjev.patches.fp8_swap.quantize_model_fp8`: an FP8 export's own e4m3 bits, a bf16 export's
+    weights quantized per channel, the bits ``hf-openjev quantize`` writes), and only then is the model moved to
+    ``device``. The host holds the bf16 weights meanwhile (RAM the size of the bf16 model), and loading takes
+    longer (the CPU dequantizes and checks). Serve it with the same ``fp8`` mode: ``apply_patches`` then swaps
+    nothing more (a narrower mode is refused: the bf16 weights are gone). A ``device_map`` dict is refused with
+    ``fp8``: the model goes to one device. A :class:`UsageError` (a ``ValueError``) for a bad ``fp8``, before
+    anything is read.
     """
     check_device(device)
+    fp8 = _check_load_fp8(fp8, device)
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
     text_config = _read_export_config(export_dir, fp8=manifest.quantization is not None)
@@ -276,9 +293,42 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None) -> JevMode
         )
     tokenizer = load_tokenizer(export_dir)
     load = _load_backbone if manifest.quantization is None else _load_fp8_backbone
-    backbone = load(export_dir, text_config, dtype=resolve_dtype(dtype), device=device)
-    head = _make_head(manifest.head_weight, manifest.head_bias, device)
-    return JevModel(backbone, head, tokenizer, manifest, method="merged")
+    build_on = device if fp8 == "off" else "cpu"  # FP8: the bf16 weights stay on the host
+    backbone = load(export_dir, text_config, dtype=resolve_dtype(dtype), device=build_on)
+    head = _make_head(manifest.head_weight, manifest.head_bias, build_on)
+    model = JevModel(backbone, head, tokenizer, manifest, method="merged")
+    if fp8 != "off":
+        _swap_fp8_then_move(model, fp8, device)
+    return model
+
+
+def _check_load_fp8(fp8, device) -> str:
+    """``fp8`` if it is a mode :func:`load_export` can set up on ``device``; else a one-line :class:`UsageError`."""
+    from .fp8_scheme import FP8_MODES
+
+    if not isinstance(fp8, str) or fp8 not in FP8_MODES:
+        raise UsageError(f"fp8 must be one of {', '.join(map(repr, FP8_MODES))}, got {fp8!r}")
+    if fp8 != "off" and isinstance(device, dict):
+        raise UsageError(f"fp8={fp8!r} loads the model onto one device (built and quantized on the CPU, then moved); "
+                         "pass device='cuda:N' instead of a device_map, or leave fp8 'off'")
+    return fp8
+
+
+def _swap_fp8_then_move(model: JevModel, fp8: str, device) -> None:
+    """On the CPU, swap ``model``'s projections of mode ``fp8`` for ``Fp8Linear`` (each bf16 weight is freed as its
+    FP8 module takes its place), then move the model to ``device`` (None: it stays on the CPU)."""
+    from .patches.fp8_swap import quantize_model_fp8
+
+    quantize_model_fp8(model, fp8)
+    if device is not None:
+        model.to(_torch_device(device))
+
+
+def _torch_device(device) -> torch.device:
+    """What :func:`check_device` accepts (but a dict) as a ``torch.device``: a GPU ordinal is ``cuda:N``, -1 the CPU."""
+    if isinstance(device, int):
+        return torch.device("cpu") if device < 0 else torch.device(f"cuda:{device}")
+    return torch.device(device)
 
 
 def _read_export_config(export_dir: Path, *, fp8: bool = False):

@@ -42,10 +42,13 @@ class _PipelinesHook(importlib.abc.MetaPathFinder):
 
         def exec_then_register(module):
             exec_module(module)
+            check_paths_before_transformers()
+            own = sys.modules.get(f"{__package__}.pipeline")
+            if own is not None and not hasattr(own, "register_pipeline"):
+                return  # ``import hf_openjev.pipeline`` is loading Transformers' pipelines: it registers at its end
             from .pipeline import register_pipeline
 
             register_pipeline()
-            check_paths_before_transformers()
 
         spec.loader.exec_module = exec_then_register
         return spec

@@ -48,8 +48,12 @@ def jev(tiny_model):
 
 @pytest.fixture(scope="module")
 def fast_jev(tiny_model):
-    """A pipeline set up for the fast path on the CPU (constructing it patches the model)."""
-    return pipeline("jev-decision", model=tiny_model, device="cpu", dtype="float32", fast=True)
+    """A pipeline set up for the fast path on the CPU (constructing it patches the model); afterwards the
+    session's model goes back to the classes it was loaded with, for the test files that run later."""
+    from hf_openjev.patches import revert_patches
+
+    yield pipeline("jev-decision", model=tiny_model, device="cpu", dtype="float32", fast=True)
+    revert_patches(tiny_model)
 
 
 def expected_input_tokens(model, request) -> int:
@@ -114,6 +118,19 @@ def test_registered_on_import_in_a_fresh_interpreter():
     hf_openjev.register_pipeline()
     from transformers.pipelines import PIPELINE_REGISTRY
     assert PIPELINE_REGISTRY.supported_tasks["jev-decision"]["impl"] is JevDecisionPipeline
+
+
+def test_importing_the_pipeline_module_first_registers_it_and_checks_paths():
+    # hf_openjev.pipeline imported before anything loaded Transformers' pipelines: the import hook fires while the
+    # module is still importing (it used to fail there with a circular ImportError)
+    code = ("import hf_openjev.pipeline\n"
+            "from transformers.pipelines import PIPELINE_REGISTRY as R\n"
+            "import transformers.pipelines as pipelines\n"
+            "impl = R.supported_tasks['jev-decision']['impl']\n"
+            "print(impl.__name__, pipelines.pipeline._hf_openjev_checks)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "JevDecisionPipeline True"
 
 
 def test_pipeline_from_an_export_dir(tiny_checkpoint, tiny_model, jev):
@@ -213,7 +230,7 @@ def test_batch_size_option_sets_the_reference_batch(jev, tiny_model):
 def test_exact_prefix_sharing_is_a_call_option_of_the_fast_path(fast_jev):
     jev = fast_jev
     reference = jev(REQUEST, fast=False)
-    aligned = jev(REQUEST, fast=True)
+    aligned = jev(REQUEST, fast=True, share_tails=False, min_shared_tokens=64)
     exact = jev(REQUEST, fast=True, share_tails=True, min_shared_tokens=1)
     shared = [r["metadata"]["prefix_cache"]["shared_tokens"] for r in (aligned, exact)]
     assert shared[1] > shared[0] and shared[1] % 64 != 0  # the exact common prefixes, not their multiples of 64

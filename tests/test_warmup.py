@@ -113,8 +113,8 @@ def test_serve_warms_up_on_the_fast_path_only(tiny_checkpoint, tmp_path, monkeyp
 
     shapes = _write(tmp_path, {"requests": [{"prefix_tokens": 4, "suffix_tokens": [3, 5]}]})
     calls = []
-    monkeypatch.setattr(warmup, "warm_up", lambda model, s: calls.append(s) or  # serve imports it when called
-                        {"requests": len(s), "skipped_too_long": 0, "seconds": 0.0, "graphs": None})
+    monkeypatch.setattr(warmup, "warm_up", lambda model, s, options=None, **_: calls.append(s) or  # serve imports
+                        {"requests": len(s), "skipped_too_long": 0, "seconds": 0.0, "graphs": None})  # it when called
     monkeypatch.setattr(uvicorn.Server, "run", run_lifespan_without_a_socket)
     with caplog.at_level("INFO", logger="hf_openjev.serve.server"):
         assert server.serve(tiny_checkpoint.export, device="cpu", fast=True, warm_up_shapes=shapes) == 0

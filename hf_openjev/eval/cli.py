@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..fp8_option import FP8_CHOICES, FP8_HELP, select_fp8_path
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help="merged export directory (from `hf-openjev export`)")
@@ -20,6 +22,8 @@ def add_arguments(parser) -> None:
                         help="backbone dtype (default: auto = bfloat16)")
     parser.add_argument("--fast", action=argparse.BooleanOptionalAction, default=None,
                         help="force the fast path on/off (default: on for CUDA)")
+    parser.add_argument("--fp8", default="off", choices=FP8_CHOICES,
+                        help=FP8_HELP + "; results of another --fp8 mode in --out are not resumed")
     parser.add_argument("--no-resume", dest="resume", action="store_false",
                         help="start afresh instead of skipping tasks already in OUT/results.jsonl")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -46,9 +50,10 @@ def run(args) -> int:
     processes = current_processes()
     main = processes.is_main  # under a launcher, rank 0 alone prints (every rank returns the same code)
     try:
+        fast = select_fp8_path(args.fp8, args.fast, fp8_flag="--fp8", reference_flag="--no-fast")
         summary = evaluate(model=args.model, data=args.data, out_dir=args.out, batch_size=args.batch_size,
-                           fast=args.fast, device=args.device, dtype=args.dtype, resume=args.resume,
-                           progress=args.progress)
+                           fast=fast, device=args.device, dtype=args.dtype, resume=args.resume,
+                           progress=args.progress, fp8=args.fp8)
     except (EvalInputError, UsageError) as exc:
         if main:
             print(f"hf-openjev eval: error: {exc}", file=sys.stderr)

@@ -3,10 +3,14 @@
 Public API::
 
     evaluate(*, model, data, out_dir, batch_size=16, fast=None, device=None, dtype="auto",
-             resume=True, progress=True) -> dict      # the summary, also written to <out_dir>/summary.json
+             resume=True, progress=True, fp8="off") -> dict      # the summary, also written to <out_dir>/summary.json
 
 ``model`` is a merged export directory or a loaded :class:`~hf_openjev.model.JevModel`; ``data`` one path or a
-list of paths. The metric definitions are in :mod:`hf_openjev.eval.metrics`.
+list of paths. The metric definitions are in :mod:`hf_openjev.eval.metrics`. ``fp8`` (``"all"``, ``"no-gdn"``,
+opt-in; an export directory only) runs the fast path with FP8 projections, loaded with ``load_export(...,
+fp8=fp8)`` (quantized on the CPU, so the device never holds the bf16 weights); the mode joins the run's
+fingerprint, so FP8 and bf16 results never mix in one ``out_dir``. It does not pass the fidelity gate against the
+fp32 oracle (:data:`hf_openjev.fp8_option.FP8_HELP`).
 
 Inputs
     - ``*.jsonl``: JevBench task files, read line by line here (exact JSON; errors carry the line number).
@@ -49,8 +53,9 @@ Resume
     (tier, id) pairs already there with the same labels and expected answer, says so on stderr (``resuming: N of
     M tasks done``) and starts the bar at N of M; a model is not even loaded when nothing is pending. Tasks the
     contract rejected are not stored, so a re-run loads the model to check them again (no forward).
-    ``<out_dir>/run.json`` fingerprints the model (its export manifest: head, temperature, chat halves, ids);
-    resuming with another model is an error. ``resume=False`` starts the results afresh.
+    ``<out_dir>/run.json`` fingerprints the model (its export manifest: head, temperature, chat halves, ids; and
+    the ``fp8`` mode when on); resuming with another model or FP8 mode is an error. ``resume=False`` starts the
+    results afresh.
 
 Several processes (``accelerate launch --num_processes N -m hf_openjev eval ...``, ``torchrun``, multi-node)
     Every rank reads the inputs and the finished records, then validates and tokenizes *every* pending task with
@@ -102,11 +107,16 @@ from ..scoring import PreparedRequest, build_answer, prepare_path, prepare_reque
 RUN_NAME = "run.json"
 
 
-def model_fingerprint(manifest) -> dict:
+def model_fingerprint(manifest, fp8: str = "off") -> dict:
+    """What ``run.json`` records of the model: ids, temperature and a digest of the manifest, and of the ``fp8`` mode
+    when it is on (its answers differ: results of another mode are not resumed; ``"off"`` keeps earlier digests)."""
     data = manifest.to_json()
+    if fp8 != "off":
+        data = {**data, "fp8": fp8}
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()[:16]
-    return {"model_id": manifest.model_id, "checkpoint_revision": manifest.checkpoint_revision,
-            "temperature": manifest.temperature, "fingerprint": digest}
+    out = {"model_id": manifest.model_id, "checkpoint_revision": manifest.checkpoint_revision,
+           "temperature": manifest.temperature, "fingerprint": digest}
+    return out if fp8 == "off" else {**out, "fp8": fp8}
 
 
 def read_results(path: Path) -> dict[tuple[str, str], dict]:
@@ -143,8 +153,9 @@ def _check_previous_run(out_dir: Path, fingerprint: dict) -> None:
         previous = {}
     if previous.get("fingerprint") not in (None, fingerprint["fingerprint"]):
         raise EvalInputError(
-            f"{out_dir} holds results of another model ({previous.get('model_id')}, fingerprint "
-            f"{previous.get('fingerprint')}); use another output directory or resume=False (--no-resume)"
+            f"{out_dir} holds results of another model or FP8 mode ({previous.get('model_id')}, fp8 "
+            f"{previous.get('fp8', 'off')}, fingerprint {previous.get('fingerprint')}); use another output directory "
+            "or resume=False (--no-resume)"
         )
 
 
@@ -353,7 +364,7 @@ def select_shard(tasks: list[Task], prepared: dict, processes: Processes, *, pat
 
 
 def _score_sharded(model, pending: list[Task], *, model_path, processes: Processes, out_dir: Path, device,
-                   dtype, batch_size: int, fast, progress: bool, invalid: list[dict]) -> None:
+                   dtype, batch_size: int, fast, progress: bool, invalid: list[dict], fp8: str = "off") -> None:
     """One rank of a run over several processes: tokenize every pending task (same result on every rank; the
     rejected ones are reported by rank 0 only), take this rank's token-balanced shard, load the model only when
     the shard is not empty and append its records to ``results.rank<k>.jsonl``. No collective call."""
@@ -377,7 +388,7 @@ def _score_sharded(model, pending: list[Task], *, model_path, processes: Process
     if not mine:
         return
     if model_path is not None:
-        model = load_export(model_path, dtype=dtype, device=device)
+        model = load_export(model_path, dtype=dtype, device=device, fp8=fp8)
     score_shard(model, mine, prepared, out_path=own, batch_size=batch_size, fast=fast, progress=progress and main,
                 desc=f"hf-openjev eval (rank 0 of {processes.world})")
 
@@ -393,16 +404,24 @@ def score_shard(model, tasks: list[Task], prepared: dict, *, out_path: Path, bat
 
 
 def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = None, device=None,
-             dtype="auto", resume: bool = True, progress: bool = True) -> dict:
+             dtype="auto", resume: bool = True, progress: bool = True, fp8: str = "off") -> dict:
     """Evaluate ``model`` on the tasks in ``data``; write the outputs to ``out_dir``; return the summary.
 
-    See the module docstring for inputs, resume, outputs and several processes, and :mod:`hf_openjev.eval.metrics`
-    for metrics. Under a launcher (``accelerate launch``, ``torchrun``) every rank calls this and returns the same
-    summary; rank 0 writes it.
+    See the module docstring for inputs, resume, outputs, ``fp8`` and several processes, and
+    :mod:`hf_openjev.eval.metrics` for metrics. Under a launcher (``accelerate launch``, ``torchrun``) every rank
+    calls this and returns the same summary; rank 0 writes it.
     """
+    from ..errors import UsageError
+    from ..fp8_option import select_fp8_path
+
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     check_device(device)  # a CUDA device without CUDA: UsageError before any task is read
+    fast = select_fp8_path(fp8, fast)  # FP8 selects the fast path; with fast=False: UsageError
+    if fp8 != "off" and isinstance(model, JevModel):
+        raise UsageError(f"fp8={fp8!r} is set up when evaluate loads an export directory; for a loaded model, set it "
+                         "up first (hf_openjev.patches.apply_patches(model, FastPathOptions(fp8=...))) and leave "
+                         "fp8 'off', or pass the export directory")
     started = time.perf_counter()
     sources = resolve_inputs(data)
     out_dir = Path(out_dir)
@@ -413,7 +432,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
 
         model_path = Path(model)
         manifest = read_manifest(model_path)  # CheckpointError for a bad export, before reading any task
-    fingerprint = model_fingerprint(manifest)
+    fingerprint = model_fingerprint(manifest, fp8)
     processes = current_processes()
     main = processes.is_main
     tasks, invalid = load_tasks(sources, progress=progress and main, warn=None if main else (lambda _m: None))
@@ -426,14 +445,14 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     if pending and processes.world > 1:
         _score_sharded(model, pending, model_path=model_path, processes=processes, out_dir=out_dir,
                        device=rank_device(device, processes), dtype=dtype, batch_size=batch_size, fast=fast,
-                       progress=progress, invalid=invalid)
+                       progress=progress, invalid=invalid, fp8=fp8)
     elif pending:
         if model_path is not None:
             import torch
 
             if device is None:
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-            model = load_export(model_path, dtype=dtype, device=device)
+            model = load_export(model_path, dtype=dtype, device=device, fp8=fp8)
         scored = _run_batches(model, pending, out_path=out_dir / RESULTS_NAME, batch_size=batch_size, fast=fast,
                               progress=progress, invalid=invalid, warn=_warn, done=len(tasks) - len(pending),
                               total=len(tasks))

@@ -87,7 +87,8 @@ def render_report(summary: dict) -> str:
         "# JevBench evaluation",
         "",
         f"Model: `{model['model_id']}` (revision `{model['checkpoint_revision']}`, T = {model['temperature']}, "
-        f"fingerprint `{model['fingerprint']}`)",
+        f"fingerprint `{model['fingerprint']}`" + (f", FP8 projections `{model['fp8']}`" if "fp8" in model else "")
+        + ")",
         "",
         "Data: " + ", ".join(f"`{d['path']}` ({d['tier']})" for d in summary["data"]),
         "",

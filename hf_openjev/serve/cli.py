@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..fp8_option import FP8_CHOICES, FP8_HELP
 from .batcher import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS
 
 
@@ -25,6 +26,8 @@ def add_arguments(parser) -> None:
     fast = parser.add_mutually_exclusive_group()
     fast.add_argument("--fast", dest="fast", action="store_true", default=None, help="force the fast path")
     fast.add_argument("--reference", dest="fast", action="store_false", help="force the reference path")
+    parser.add_argument("--fp8", default="off", choices=FP8_CHOICES,
+                        help=FP8_HELP + "; with --devices, every replica loads this way")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to wait for in-flight requests at shutdown (default 30)")
     parser.add_argument("--limit-concurrency", type=int, default=None,
@@ -59,4 +62,5 @@ def _serve(serve, args) -> int:
                  max_queue=args.max_queue, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                  fast=args.fast, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
                  limit_concurrency=args.limit_concurrency, warm_up_shapes=args.warm_up,
-                 api_key_file=args.api_key_file, metrics_auth=args.metrics_auth, devices=args.devices)
+                 api_key_file=args.api_key_file, metrics_auth=args.metrics_auth, devices=args.devices,
+                 fp8=args.fp8)

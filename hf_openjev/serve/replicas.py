@@ -46,15 +46,25 @@ def parse_devices(text: str) -> list[str]:
     return devices
 
 
-def load_replicas(model_dir, devices: list[str], *, dtype="auto") -> list:
-    """The export loaded once per device, in order (:func:`hf_openjev.model.load_export`)."""
+def load_replicas(model_dir, devices: list[str], *, dtype="auto", fp8: str = "off") -> list:
+    """The export loaded once per device, in order (:func:`hf_openjev.model.load_export`; with ``fp8`` on, each
+    replica is quantized on the CPU before it moves to its device, so no device holds the bf16 weights)."""
     from ..model import load_export
 
     models = []
     for device in devices:
-        models.append(load_export(model_dir, dtype=dtype, device=device))
-        logger.info("replica %d of %d loaded on %s", len(models), len(devices), device)
+        models.append(load_export(model_dir, dtype=dtype, device=device, fp8=fp8))
+        logger.info("replica %d of %d loaded on %s%s", len(models), len(devices), device, _fp8_note(models[-1]))
     return models
+
+
+def _fp8_note(model) -> str:
+    """`` with fp8 all (25 FP8 projections)`` for a model whose projections are FP8, else ``""``."""
+    from ..patches.fp8_linear import Fp8Linear
+    from ..patches.fp8_swap import fp8_mode_of
+
+    count = sum(isinstance(m, Fp8Linear) for m in model.modules())
+    return f" with fp8 {fp8_mode_of(model)} ({count} FP8 projections)" if count else ""
 
 
 def warm_up_replicas(models: list, shapes, options=None) -> list[dict]:
@@ -64,9 +74,7 @@ def warm_up_replicas(models: list, shapes, options=None) -> list[dict]:
 
     def one(model) -> dict:
         bind_device(model)
-        if len(models) == 1 and options is None:
-            return warm_up(model, shapes)  # with its progress bar
-        return warm_up(model, shapes, options, progress=False)
+        return warm_up(model, shapes, options, progress=len(models) == 1)  # one model: with its progress bar
 
     with ThreadPoolExecutor(max_workers=len(models), thread_name_prefix="jev-warm-up") as pool:
         return list(pool.map(one, models))

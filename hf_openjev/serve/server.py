@@ -585,7 +585,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
           max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
           max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
           log_level: str = "info", limit_concurrency: int | None = None, warm_up_shapes=None,
-          api_key_file=None, metrics_auth: bool = False, devices=None) -> int:
+          api_key_file=None, metrics_auth: bool = False, devices=None, fp8: str = "off") -> int:
     """Load the export in ``model_dir`` and serve it with uvicorn until SIGINT/SIGTERM (graceful).
 
     uvicorn listens at once; ``GET /health`` answers 503 (``loading``, ``warming_up``) until the model is loaded,
@@ -600,18 +600,27 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
 
     ``devices`` (instead of ``device``): ``"cuda:0,cuda:1"`` or a list: one replica of the model per device
     (:mod:`hf_openjev.serve.replicas`), every device checked before anything loads; each replica is warmed up
-    before the server takes traffic, and the batcher feeds groups to whichever replica is free."""
+    before the server takes traffic, and the batcher feeds groups to whichever replica is free.
+
+    ``fp8`` (``"all"``, ``"no-gdn"``; default ``"off"``): the fast path's FP8 projections, opt-in; it selects the
+    fast path and is refused with ``fast=False`` (:func:`~hf_openjev.fp8_option.select_fp8_path`), before anything
+    else. Every replica is loaded with ``load_export(..., fp8=fp8)``: quantized on the CPU, then moved, so no device
+    holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8_option.FP8_HELP`)."""
     import uvicorn
 
     from .keys import read_api_keys
     from .lifecycle import LoadingApp, build_server
     from .ops import configure_access_log
 
+    from ..fast_options import FastPathOptions
+    from ..fp8_option import select_fp8_path
     from ..manifest import check_export_dir
     from ..model import check_device
     from ..scoring import use_fast_path
     from ..warmup import load_shapes
 
+    fast = select_fp8_path(fp8, fast, fp8_flag="--fp8", reference_flag="--reference")  # before anything else
+    options = FastPathOptions(fp8=fp8)
     ops = ServerOps(api_keys=read_api_keys(api_key_file), metrics_auth=metrics_auth)  # bad keys: before loading
     shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
     check_export_dir(model_dir)  # a package dir, a CUDA device without CUDA, a busy port: before the model loads
@@ -632,19 +641,19 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     def build(report_stage):  # on a thread, while uvicorn already answers /health with 503
         from .replicas import load_replicas, warm_up_replicas
 
-        models = load_replicas(model_dir, devices or [device or _default_device()], dtype=dtype)
+        models = load_replicas(model_dir, devices or [device or _default_device()], dtype=dtype, fp8=fp8)
         model = models[0]
         if shapes is not None:
             if use_fast_path(model, fast):
                 report_stage("warming_up")
-                for replica, report in zip(models, warm_up_replicas(models, shapes)):
+                for replica, report in zip(models, warm_up_replicas(models, shapes, options)):
                     logger.info("warm-up: %d requests in %.1f s (%d longer than max_length skipped) on %s; "
                                 "graphs: %s", report["requests"], report["seconds"], report["skipped_too_long"],
                                 replica.device, report["graphs"])
             else:
                 logger.warning("warm-up skipped: the reference path captures no graphs")
         return create_app(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
-                          fast=fast, drain_timeout_s=drain_timeout_s, ops=ops,
+                          fast=fast, options=options, drain_timeout_s=drain_timeout_s, ops=ops,
                           replicas=models if len(models) > 1 else None)
 
     loading = LoadingApp(build, on_failure=lambda: setattr(server, "should_exit", True))
@@ -654,6 +663,9 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     server = build_server(config, on_exit=loading.begin_drain)
     logger.info("loading %s; GET /health answers 503 until the model is ready%s", model_dir,
                 f"; {len(ops.keys)} API key(s) required" if ops.keys.enabled else "")
+    if fp8 != "off":
+        logger.warning("fp8 %s: FP8 projections on the fast path; faster and half the weights, but it does not pass "
+                       "the fidelity gate against the fp32 oracle (recipes/RESULTS.md)", fp8)
     server.run()
     if loading.error is not None:
         raise loading.error
