@@ -26,6 +26,27 @@ def tiny_model(tiny_checkpoint) -> hf_openjev.JevModel:
     return model
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For a module of tiny-model tests (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``): the tiny
+    model gains nothing from threads, and on a shared 2-core box OpenMP spinning makes it 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def random_token_requests(model, n: int = 3, seed: int = 0) -> list:
+    """Token ids [request][question][candidate] with shared prefixes: ``n`` requests of 2, 3, ... candidates."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    out = []
+    for r in range(n):
+        prefix = torch.randint(10, vocab, (20 + 30 * r,), generator=g).tolist()
+        out.append([[prefix + torch.randint(10, vocab, (3 + c,), generator=g).tolist() for c in range(2 + r)]])
+    return out
+
+
 def random_lengths(rng, n: int, lo: int = 1, hi: int = 300) -> list[int]:
     """``n`` sequence lengths drawn from [lo, hi] (the op tests' packings)."""
     return [rng.randint(lo, hi) for _ in range(n)]

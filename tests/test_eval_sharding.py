@@ -79,14 +79,7 @@ def test_python_dash_m_runs_the_command_line():
 
 # -- fixtures -----------------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ from shared_data import JEVBENCH_EASY as EASY  # noqa: E402
 TOL = 1e-12
 CPU = {"device": "cpu", "dtype": "float32", "progress": False}
 
-pytestmark = pytest.mark.skipif(not EASY.is_file(), reason="the JevBench sample is not available")
+pytestmark = [pytest.mark.skipif(not EASY.is_file(), reason="the JevBench sample is not available"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 
 def easy_rows() -> list[dict]:
@@ -36,15 +37,6 @@ def read_results(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "results.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model gains nothing from threads, and on a shared 2-core box OpenMP spinning makes it 10x slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

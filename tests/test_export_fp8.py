@@ -18,19 +18,10 @@ from hf_openjev.fp8_scheme import (FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, 
 from hf_openjev.manifest import read_manifest
 from hf_openjev.ops.fp8_linear import dequantize_weight, quantize_weight_per_channel
 
+from export_tensors import bits as _bits, stored_tensors as _tensors
+
 E4M3 = torch.float8_e4m3fn
 NEVER = ("embed_tokens", "norm", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias")
-
-
-def _tensors(export_dir) -> dict:
-    out = {}
-    for path in base_weight_files(export_dir):
-        out.update(load_file(str(path)))
-    return out
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.uint8)
 
 
 @pytest.fixture(scope="module")

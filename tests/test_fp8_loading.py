@@ -22,10 +22,8 @@ import time
 import httpx
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import hf_openjev
-from hf_openjev.checkpoint_io import base_weight_files
 from hf_openjev.errors import CheckpointError, UsageError
 from hf_openjev.export.fp8 import quantize_export
 from hf_openjev.fast_options import FastPathOptions
@@ -40,17 +38,14 @@ from hf_openjev.patches.fp8_swap import fp8_modules, quantize_model_fp8
 from hf_openjev.scoring import answer_requests
 from hf_openjev.serve import cli as serve_cli
 
+from conftest import random_token_requests as _requests
+from export_tensors import bits as _bits, stored_tensors as _tensors
+
 SWAPPED = {"all": 25, "no-gdn": 16}  # Fp8Linear modules of the tiny model per mode
 FP8_EFFECT = 1e-3  # |Δp| that FP8 itself moves at least one probability of the tiny model by (checked below)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model gains nothing from threads, and on a shared 2-core box OpenMP spinning makes it 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -59,30 +54,10 @@ def fp8_export(tiny_checkpoint, tmp_path_factory):
                            progress=False).out_dir
 
 
-def _stored(export_dir) -> dict:
-    out = {}
-    for path in base_weight_files(export_dir):
-        out.update(load_file(str(path)))
-    return out
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.uint8)
-
-
 def _fp8_layers(model) -> dict[str, Fp8Linear]:
     return {name: m for name, m in model.backbone.named_modules() if isinstance(m, Fp8Linear)}
 
 
-def _requests(model, n=3, seed=0) -> list:
-    """Token ids [request][question][candidate] with shared prefixes: 3 requests of 2-4 candidates."""
-    g = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    out = []
-    for r in range(n):
-        prefix = torch.randint(10, vocab, (20 + 30 * r,), generator=g).tolist()
-        out.append([[prefix + torch.randint(10, vocab, (3 + c,), generator=g).tolist() for c in range(2 + r)]])
-    return out
 
 
 def _record_moves(monkeypatch) -> list[tuple[str, int]]:
@@ -126,7 +101,7 @@ def test_fp8_loading_builds_on_the_cpu_and_moves_the_fp8_model(kind, mode, fp8_e
 def test_fp8_loading_serves_the_exports_own_bits_like_patching_a_normal_load(fp8_export, tiny_checkpoint,
                                                                              monkeypatch):
     lean = load_export(fp8_export, dtype="float32", device="cpu", fp8="all")
-    stored = _stored(fp8_export)
+    stored = _tensors(fp8_export)
     layers = _fp8_layers(lean)
     assert len(layers) == SWAPPED["all"]
     for name, layer in layers.items():

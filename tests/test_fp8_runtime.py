@@ -21,12 +21,10 @@ import weakref
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from shared_data import load_recipe
 from torch import nn
 
 import hf_openjev
-from hf_openjev.checkpoint_io import base_weight_files
 from hf_openjev.errors import CheckpointError
 from hf_openjev.export.fp8 import quantize_export
 from hf_openjev.fast_options import FastPathOptions
@@ -41,6 +39,9 @@ from hf_openjev.patches.fp8_swap import fp8_modules, quantize_model_fp8
 from hf_openjev.patches.stacked_projections import GROUPS, STACKED_ATTRIBUTE, projections, stack_projections
 from hf_openjev.reference import score_reference
 
+from conftest import random_token_requests as _requests
+from export_tensors import bits as _bits, stored_tensors as _tensors
+
 torch.set_num_threads(1)
 QDQ_SCORE_TOLERANCE = 0.05  # |Δscore|, fast FP8 vs plain quantize-dequantize, when an e4m3 rounding flips
 FP32_NOISE = 1e-5  # |Δscore| of the same forward in another fp32 order (no flip)
@@ -52,26 +53,6 @@ def _load(path, dtype="float32"):
     return hf_openjev.load_export(path, dtype=dtype, device="cpu")
 
 
-def _tensors(export_dir) -> dict:
-    out = {}
-    for path in base_weight_files(export_dir):
-        out.update(load_file(str(path)))
-    return out
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.uint8)
-
-
-def _requests(model, n=3, seed=0) -> list:
-    """Token ids [request][question][candidate] with shared prefixes: 3 requests of 2-4 candidates."""
-    g = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    out = []
-    for r in range(n):
-        prefix = torch.randint(10, vocab, (20 + 30 * r,), generator=g).tolist()
-        out.append([[prefix + torch.randint(10, vocab, (3 + c,), generator=g).tolist() for c in range(2 + r)]])
-    return out
 
 
 def _fp8_names(model) -> set[str]:
