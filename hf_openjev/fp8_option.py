@@ -10,6 +10,7 @@ weights. Pure Python (no torch): a command line checks its flags before importin
 from __future__ import annotations
 
 from .errors import UsageError
+from .fast_options import check_choice
 from .fp8_scheme import FP8_MODES
 
 FP8_CHOICES = tuple(FP8_MODES)  # "off", "all", "no-gdn"
@@ -24,6 +25,15 @@ FP8_HELP = ("FP8 projections on the fast path, opt-in (default off): all (MLP, a
             "recipes/RESULTS.md")
 
 
+def check_fp8_mode(fp8, name: str = "fp8") -> str:
+    """``fp8`` if it is one of :data:`FP8_CHOICES`; else a one-line :class:`~hf_openjev.errors.UsageError` naming
+    the option as the caller spells it (``fast_options.check_choice``'s message)."""
+    try:
+        return check_choice(name, fp8, FP8_CHOICES)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def select_fp8_path(fp8: str, fast: bool | None, *, fp8_flag: str = "fp8",
                     reference_flag: str = "fast=False") -> bool | None:
     """The ``fast`` to run with: True when ``fp8`` is ``"all"`` or ``"no-gdn"`` (FP8 is a fast-path option, so it
@@ -32,8 +42,7 @@ def select_fp8_path(fp8: str, fast: bool | None, *, fp8_flag: str = "fp8",
     ``fp8_flag`` and ``reference_flag`` name the two options in the error, as the caller spells them
     (``"--fp8"``, ``"--reference"``). A one-line :class:`~hf_openjev.errors.UsageError` for an unknown mode, or for
     FP8 with the reference path (``fast=False``)."""
-    if not isinstance(fp8, str) or fp8 not in FP8_CHOICES:
-        raise UsageError(f"{fp8_flag} must be one of {', '.join(map(repr, FP8_CHOICES))}, got {fp8!r}")
+    check_fp8_mode(fp8, fp8_flag)
     if fp8 == "off":
         return fast
     if fast is False:

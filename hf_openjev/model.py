@@ -304,10 +304,9 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str =
 
 def _check_load_fp8(fp8, device) -> str:
     """``fp8`` if it is a mode :func:`load_export` can set up on ``device``; else a one-line :class:`UsageError`."""
-    from .fp8_scheme import FP8_MODES
+    from .fp8_option import check_fp8_mode
 
-    if not isinstance(fp8, str) or fp8 not in FP8_MODES:
-        raise UsageError(f"fp8 must be one of {', '.join(map(repr, FP8_MODES))}, got {fp8!r}")
+    check_fp8_mode(fp8)
     if fp8 != "off" and isinstance(device, dict):
         raise UsageError(f"fp8={fp8!r} loads the model onto one device (built and quantized on the CPU, then moved); "
                          "pass device='cuda:N' instead of a device_map, or leave fp8 'off'")

@@ -20,12 +20,6 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) in sys.path:  # run from the repository root: import the installed package, not the source folder
-    sys.path.remove(str(ROOT))
-if "" in sys.path:
-    sys.path.remove("")
-
 IDENTITY = ("shape", "seed", "dtype")  # what every run must share, besides the oracle check
 RUN_KEYS = ("command", "git_commit", "device", "versions", "fp8")
 B_STATS = ("n_requests", "n_probabilities", "max_abs_dp", "p99_abs_dp", "mean_abs_dp", "flips", "near_tie_flips",

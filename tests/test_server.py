@@ -25,6 +25,8 @@ from hf_openjev.scoring import answer_requests, score_prepared
 from hf_openjev.serve.server import MAX_BODY_BYTES, create_app
 from hf_openjev.export.tiny import build_tiny_checkpoint
 
+from live_server import serving
+
 JSON = {"content-type": "application/json"}
 MSG_JSON = "request body is not valid JSON: "
 # Scores of one candidate computed in differently shaped forwards (other requests' sequences padded alongside)
@@ -374,19 +376,9 @@ def live_server(app):
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=20)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield server, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        assert not thread.is_alive(), "uvicorn did not stop"
+    with serving(server) as (url, thread):
+        yield server, url
+    assert not thread.is_alive(), "uvicorn did not stop"
 
 
 LIVE_BAD = [(b, h, s) for _, b, h, s, _, _ in BAD_REQUESTS if len(b) < 100_000] + [

@@ -12,7 +12,6 @@ import json
 import logging
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -25,6 +24,8 @@ from hf_openjev.serve.keys import API_KEYS_ENV, KeyChecker, read_api_keys
 from hf_openjev.serve.lifecycle import LoadingApp, begin_drain, build_server
 from hf_openjev.serve.ops import ACCESS_LOGGER, OpsMiddleware, ServerOps
 from hf_openjev.serve.server import create_app
+
+from live_server import serving
 
 NOUL = {"type": "noul", "instructions": "Does the customer want money back?"}
 REQUEST = {"state": "I was charged twice.", "questions": {"refund": NOUL}}
@@ -277,15 +278,8 @@ def test_sigterm_marks_draining_at_once_and_the_request_in_flight_is_answered(ti
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=10)
     server = build_server(config, on_exit=lambda: begin_drain(app))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     try:
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        with serving(server) as (url, thread), ThreadPoolExecutor(max_workers=1) as pool:
             pending = pool.submit(httpx.post, url + "/v1/systemone", json=REQUEST, timeout=60)
             assert entered.wait(20)
             assert not app.state.jev.draining
@@ -303,8 +297,6 @@ def test_sigterm_marks_draining_at_once_and_the_request_in_flight_is_answered(ti
             response = pending.result(timeout=30)
     finally:
         gate.set()
-        server.should_exit = True
-        thread.join(30)
     assert not thread.is_alive()
     assert response.status_code == 200 and response.json()["answers"]["refund"]["type"] == "noul"
 
@@ -484,20 +476,8 @@ def test_jevcompat_auth_checks_pass_against_a_live_server_with_a_key(tiny_model,
 
     config = uvicorn.Config(create_app(tiny_model, api_keys=KEYS[:1]), host="127.0.0.1", port=0, log_level="warning",
                             lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    with caplog.at_level(logging.DEBUG):
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline
-            time.sleep(0.01)
-        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-        try:
-            report = runner.run(url, key=KEYS[0], timeout=60, sdk=False, only={"auth"})
-        finally:
-            server.should_exit = True
-            thread.join(30)
+    with caplog.at_level(logging.DEBUG), serving(uvicorn.Server(config)) as (url, _):
+        report = runner.run(url, key=KEYS[0], timeout=60, sdk=False, only={"auth"})
     assert report.aborted is None, report.aborted
     results = {r.id: r for r in report.results}
     for rid in ("auth.bearer", "auth.missing", "auth.invalid"):

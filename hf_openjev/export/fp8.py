@@ -41,7 +41,7 @@ from ..fp8_scheme import (ALL_TARGETS, FP8_EXPORT_FORMAT, SOURCE_FORMAT, manifes
                           quantization_config, resolve_targets, target_of)
 from ..manifest import MANIFEST_NAME, read_json_object, read_manifest
 from .out_dir import check_free_space, missing_parents, read_umask, remove_empty
-from .safetensors_stream import ITEMSIZE, TORCH_DTYPE, TensorFileReader, TensorFileWriter, tensor_nbytes
+from .safetensors_stream import TORCH_DTYPE, TensorFileReader, TensorFileWriter, tensor_nbytes
 
 _CHUNK_BYTES = 64 * 1024**2  # fp32 work per block of rows; bytes per piece of a copied tensor
 _INDEX_NAME = "model.safetensors.index.json"
@@ -215,10 +215,8 @@ def _quantize_tensor(reader: TensorFileReader, writer: TensorFileWriter, t: _Ten
 
 
 def _copy_tensor(reader: TensorFileReader, writer: TensorFileWriter, t: _Tensor) -> None:
-    total = tensor_nbytes(t.dtype, t.shape)
-    step = max(ITEMSIZE[t.dtype], _CHUNK_BYTES // ITEMSIZE[t.dtype] * ITEMSIZE[t.dtype])
-    for offset in range(0, total, step):
-        writer.write(t.name, reader.read(t.name, offset, min(step, total - offset)))
+    for piece in reader.pieces(t.name, _CHUNK_BYTES):
+        writer.write(t.name, piece)
 
 
 def _write_shard(plan: _Plan, shard: _Shard, tmp: Path, report: Fp8ExportReport) -> None:

@@ -63,6 +63,7 @@ from ..checkpoint_io import (FLOAT_DTYPES, base_weight_files, expected_backbone_
 from ..errors import CheckpointError
 from .identity import BaseIdentity, check_base_identity
 from .out_dir import check_free_space, missing_parents, read_umask, remove_empty
+from .safetensors_stream import TORCH_DTYPE, TensorFileReader
 from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
 from ..manifest import ExportManifest, check_max_length, write_manifest
 from ..package import read_base_text_config, read_lora_pairs, read_package
@@ -464,71 +465,12 @@ class _ShardWriter:
             self.file = None
 
 
-class _TensorReader:
-    """Reads one tensor at a time from a safetensors file with plain reads into a fresh buffer.
-
-    ``safe_open`` memory-maps the whole file, and every page touched while copying stays mapped (and counted in
-    the process's RSS) until the handle closes, which makes the peak about the size of the shard. Plain reads
-    keep it at about one tensor. The headers were already validated with ``safe_open`` in :func:`plan_export`.
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.file = open(path, "rb", buffering=0)  # noqa: SIM115 - closed in close()
-        try:
-            (length,) = struct.unpack("<Q", self.file.read(8))
-            header = json.loads(self.file.read(length))
-        except Exception:
-            self.file.close()
-            raise
-        self.data_start = 8 + length
-        self.entries = {k: v for k, v in header.items() if k != "__metadata__"}
-
-    def _entry(self, key: str) -> tuple[torch.dtype, list[int], int, int]:
-        entry = self.entries[key]
-        dtype = FLOAT_DTYPES[entry["dtype"]]
-        shape = [int(d) for d in entry["shape"]]
-        begin, end = (int(x) for x in entry["data_offsets"])
-        if end - begin != math.prod(shape) * dtype.itemsize:
-            raise CheckpointError(f"{self.path}: tensor {key} has {end - begin} bytes of data for shape {shape} "
-                                  f"{entry['dtype']}; the file is corrupt")
-        return dtype, shape, begin, end
-
-    def _read(self, key: str, offset: int, nbytes: int) -> torch.Tensor:
-        buffer = torch.empty(nbytes, dtype=torch.uint8)
-        view = memoryview(buffer.numpy())
-        self.file.seek(self.data_start + offset)
-        done = 0
-        while done < nbytes:
-            n = self.file.readinto(view[done:])
-            if not n:
-                raise CheckpointError(f"{self.path} ends inside tensor {key}; the file is truncated")
-            done += n
-        return buffer
-
-    def get(self, key: str) -> torch.Tensor:
-        """The whole tensor, in its stored dtype."""
-        dtype, shape, begin, end = self._entry(key)
-        return self._read(key, begin, end - begin).view(dtype).reshape(shape)
-
-    def bf16_chunks(self, key: str, chunk_bytes: int | None = None):
-        """The tensor as flat bf16 pieces of at most ``chunk_bytes`` read at a time (bf16 data is not converted,
-        so it is copied bit for bit; other float dtypes are cast element by element)."""
-        chunk_bytes = chunk_bytes or _COPY_CHUNK_BYTES
-        dtype, _, begin, end = self._entry(key)
-        step = max(1, chunk_bytes // dtype.itemsize) * dtype.itemsize
-        for offset in range(begin, end, step):
-            piece = self._read(key, offset, min(step, end - offset)).view(dtype)
-            yield piece if dtype == torch.bfloat16 else piece.to(torch.bfloat16)
-
-    def close(self) -> None:
-        self.file.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+def _bf16_pieces(reader: TensorFileReader, key: str):
+    """Tensor ``key`` as flat bf16 pieces of at most ``_COPY_CHUNK_BYTES`` read at a time (bf16 data is not
+    converted, so it is copied bit for bit; other float dtypes are cast element by element)."""
+    dtype = TORCH_DTYPE[reader.entries[key][0]]
+    for piece in reader.pieces(key, _COPY_CHUNK_BYTES):
+        yield piece.view(dtype) if dtype == torch.bfloat16 else piece.view(dtype).to(torch.bfloat16)
 
 
 def _stream_file(path: Path, items: list[_Item], plan: _Plan, writer: _ShardWriter,
@@ -540,12 +482,12 @@ def _stream_file(path: Path, items: list[_Item], plan: _Plan, writer: _ShardWrit
     embedding or the shard.
     """
     package = plan.package
-    with _TensorReader(path) as reader:
+    with TensorFileReader(path) as reader:  # plain reads: a memory map would keep every touched page resident
         for item in items:
             if item.module is None:
-                writer.write(item.name, reader.bf16_chunks(item.source_key))
+                writer.write(item.name, _bf16_pieces(reader, item.source_key))
                 continue
-            weight = reader.get(item.source_key)
+            weight = reader.tensor(item.source_key)
             a, b = plan.pairs[item.module]
             merged = merge_weight(weight, a, b, package.lora_scale)
             if not torch.isfinite(merged).all():

@@ -73,6 +73,19 @@ class TensorFileReader:
             done += n
         return buffer
 
+    def tensor(self, name: str) -> torch.Tensor:
+        """The whole tensor, in its stored dtype and shape (a float8/16/32/64 or bf16 one)."""
+        dtype, shape, _, _ = self.entries[name]
+        return self.read(name).view(TORCH_DTYPE[dtype]).reshape(shape)
+
+    def pieces(self, name: str, chunk_bytes: int):
+        """The tensor's bytes as uint8 pieces of at most ``chunk_bytes`` (whole elements, at least one), read one
+        at a time: a copy's peak memory is one piece, not the tensor."""
+        dtype, _, begin, end = self.entries[name]
+        step = max(1, chunk_bytes // ITEMSIZE[dtype]) * ITEMSIZE[dtype]
+        for offset in range(0, end - begin, step):
+            yield self.read(name, offset, min(step, end - begin - offset))
+
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows ``start:stop`` of a 2-D float tensor, in its stored dtype: [stop - start, K]."""
         dtype, shape, _, _ = self.entries[name]

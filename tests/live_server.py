@@ -1,0 +1,25 @@
+"""A uvicorn server running on a thread for tests that need real HTTP (port 0: the OS picks a free one)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+
+@contextlib.contextmanager
+def serving(server):
+    """Run ``server`` (a ``uvicorn.Server``, or ``build_server``'s) on a daemon thread; yield ``(url, thread)`` once
+    it listens (30 s at most); on exit ask it to stop and join the thread (30 s at most)."""
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", thread
+    finally:
+        server.should_exit = True
+        thread.join(30)
