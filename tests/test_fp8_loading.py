@@ -40,6 +40,7 @@ from hf_openjev.serve import cli as serve_cli
 
 from conftest import random_token_requests as _requests
 from export_tensors import bits as _bits, stored_tensors as _tensors
+from serve_cli_args import forbid_loading, serve_parser
 
 SWAPPED = {"all": 25, "no-gdn": 16}  # Fp8Linear modules of the tiny model per mode
 FP8_EFFECT = 1e-3  # |Δp| that FP8 itself moves at least one probability of the tiny model by (checked below)
@@ -173,37 +174,23 @@ def test_a_pipeline_for_the_fast_path_quantizes_a_cpu_model_before_moving_it(opt
 
 # --- hf-openjev serve --fp8 -------------------------------------------------------------------------------------------
 
-def _serve_parser():
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    serve_cli.add_arguments(parser)
-    return parser
-
-
 def test_serve_fp8_flag_reaches_serve(monkeypatch, capsys):
     from hf_openjev.serve import server
 
     seen = {}
     monkeypatch.setattr(server, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
-    assert serve_cli.run(_serve_parser().parse_args(["--model", "/x", "--fp8", "no-gdn", "--devices", "cpu,cpu"])) == 0
+    assert serve_cli.run(serve_parser().parse_args(["--model", "/x", "--fp8", "no-gdn", "--devices", "cpu,cpu"])) == 0
     assert seen["fp8"] == "no-gdn" and seen["devices"] == "cpu,cpu" and seen["fast"] is None
-    serve_cli.run(_serve_parser().parse_args(["--model", "/x"]))
+    serve_cli.run(serve_parser().parse_args(["--model", "/x"]))
     assert seen["fp8"] == "off"
     with pytest.raises(SystemExit) as info:
-        _serve_parser().parse_args(["--model", "/x", "--fp8", "on"])
+        serve_parser().parse_args(["--model", "/x", "--fp8", "on"])
     assert info.value.code == 2 and "invalid choice: 'on'" in capsys.readouterr().err
 
 
 def test_serve_refuses_fp8_with_the_reference_path_before_anything_else(tmp_path, monkeypatch, capsys):
-    import uvicorn
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("loaded (or started) before the --fp8 check")
-
-    monkeypatch.setattr("hf_openjev.model.load_export", refuse)
-    monkeypatch.setattr(uvicorn.Server, "run", refuse)
-    args = _serve_parser().parse_args(["--model", str(tmp_path / "no-export"), "--fp8", "all", "--reference",
+    forbid_loading(monkeypatch, "--fp8 check")
+    args = serve_parser().parse_args(["--model", str(tmp_path / "no-export"), "--fp8", "all", "--reference",
                                        "--port", "0"])  # not even the export directory is checked first
     assert serve_cli.run(args) == 2
     err = capsys.readouterr().err.strip()

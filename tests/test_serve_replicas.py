@@ -3,7 +3,6 @@ tiny CPU models standing in for two GPUs; the flag, its checks, loading and warm
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -19,11 +18,11 @@ import pytest
 import torch
 
 from hf_openjev.errors import UsageError
-from hf_openjev.model import load_export
 from hf_openjev.scoring import score_prepared
 from hf_openjev.serve import cli as serve_cli
 from hf_openjev.serve.replicas import load_replicas, parse_devices, warm_up_replicas
 from hf_openjev.serve.server import create_app
+from serve_cli_args import forbid_loading, serve_parser
 from test_server import COMPANY_TOL, assert_error, assert_same_answers, make_request
 
 
@@ -112,23 +111,17 @@ def test_warm_up_runs_on_every_replica(tiny_checkpoint):
 
 # ------------------------------------------------------------------------------------------------ the flag
 
-def _parser():
-    parser = argparse.ArgumentParser()
-    serve_cli.add_arguments(parser)
-    return parser
-
-
 def test_devices_flag_reaches_serve_and_excludes_device(monkeypatch, capsys):
     from hf_openjev.serve import server
 
     seen = {}
     monkeypatch.setattr(server, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
-    assert serve_cli.run(_parser().parse_args(["--model", "/x", "--devices", "cpu,cpu"])) == 0
+    assert serve_cli.run(serve_parser().parse_args(["--model", "/x", "--devices", "cpu,cpu"])) == 0
     assert seen["devices"] == "cpu,cpu" and seen["device"] is None
-    serve_cli.run(_parser().parse_args(["--model", "/x"]))
+    serve_cli.run(serve_parser().parse_args(["--model", "/x"]))
     assert seen["devices"] is None
     with pytest.raises(SystemExit) as info:
-        _parser().parse_args(["--model", "/x", "--device", "cpu", "--devices", "cpu,cpu"])
+        serve_parser().parse_args(["--model", "/x", "--device", "cpu", "--devices", "cpu,cpu"])
     assert info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
@@ -141,14 +134,8 @@ def test_devices_flag_reaches_serve_and_excludes_device(monkeypatch, capsys):
 def test_bad_devices_are_refused_before_loading(text, message, tiny_checkpoint, monkeypatch, capsys):
     if message.startswith("CUDA") and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    import uvicorn
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("loaded (or started) before the device check")
-
-    monkeypatch.setattr("hf_openjev.model.load_export", refuse)
-    monkeypatch.setattr(uvicorn.Server, "run", refuse)
-    args = _parser().parse_args(["--model", str(tiny_checkpoint.export), "--devices", text, "--port", "0"])
+    forbid_loading(monkeypatch, "device check")
+    args = serve_parser().parse_args(["--model", str(tiny_checkpoint.export), "--devices", text, "--port", "0"])
     assert serve_cli.run(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hf-openjev serve: error: ") and message in err and "\n" not in err
