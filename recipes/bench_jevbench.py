@@ -40,6 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES_FILE = ROOT / "recipes" / "data" / "jevbench231-shapes.json"  # a copy of shared/data (travels to the device)
 T27 = 2.5343690298472983
+# each member's calibration temperature; the tiny and mid shapes use the 27B's
+TEMPERATURES = {"9b": 1.8969118766347646, "2b": 1.518796342858676}
 VOCAB = 248320  # the Qwen3.5 vocabulary: every shape's embedding, and the range of the workload's random ids
 BUCKETS = [(1, 128), (129, 512), (513, 2048), (2049, 4096), (4097, 16384)]
 
@@ -52,6 +54,15 @@ SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
                  linear_key_head_dim=16, linear_value_head_dim=16),
+    # Open-Jev-9B text shape (docs/checkpoints.md)
+    "9b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=32, num_attention_heads=16,
+               num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32,
+               linear_key_head_dim=128, linear_value_head_dim=128),
+    # Open-Jev-2B text shape (docs/checkpoints.md; tied embeddings, which a text backbone without an LM head
+    # does not see)
+    "2b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24, num_attention_heads=8,
+               num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
+               linear_key_head_dim=128, linear_value_head_dim=128, tie_word_embeddings=True),
     # a mid-size shape with the real head dims and GVA (for parity runs)
     "mid": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=8, num_attention_heads=8,
                 num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32,
@@ -100,7 +111,7 @@ def build_model(shape: str, *, seed: int, device: str = "cuda", dtype: torch.dty
     generator = torch.Generator().manual_seed(seed + 1)
     weight = torch.randn(1, config.hidden_size, generator=generator) / config.hidden_size**0.5 * 4
     manifest = ExportManifest(model_id=f"random-{shape}", base_revision="random", checkpoint_revision="random",
-                              temperature=T27, max_length=16384, chat_prefix="", chat_suffix="",
+                              temperature=TEMPERATURES.get(shape, T27), max_length=16384, chat_prefix="", chat_suffix="",
                               head_weight=tuple(weight.flatten().tolist()), head_bias=0.1)
     head = _make_head(manifest.head_weight, manifest.head_bias, device)
     return JevModel(backbone, head, None, manifest, method="random")
