@@ -125,11 +125,11 @@ def test_the_checker_sees_circles_and_command_imports():
     assert find_cycle(graph) == ["hf_openjev.a", "hf_openjev.b", "hf_openjev.export.merge", "hf_openjev.a"]
     assert find_cycle({"p": {"p.sub"}, "p.sub": {"p"}}) is None  # a package re-exporting its submodule
     tree = {"hf_openjev.x": ROOT / "hf_openjev" / "model.py"}
-    assert "hf_openjev.checkpoint_io" in imports_of("hf_openjev.model", tree["hf_openjev.x"], set(module_files()))
+    assert "hf_openjev.checkpoint.files" in imports_of("hf_openjev.model", tree["hf_openjev.x"], set(module_files()))
 
 
 @pytest.mark.parametrize("code", [
-    "import hf_openjev, hf_openjev.planner, hf_openjev.contract",
+    "import hf_openjev, hf_openjev.packing.planner, hf_openjev.contract",
     "from hf_openjev.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
 ])
 def test_light_imports_load_no_torch(code):
