@@ -1,8 +1,8 @@
 """The package's import rules (design.md, Layout), read from the source with ``ast`` (nothing is imported):
 
 - no two modules import each other in a circle, lazy imports inside functions included;
-- the core (``hf_openjev/*.py``) imports none of the command subpackages (export, eval, serve); only the command
-  line (``cli.py``) and the demo, itself a command, may;
+- the core (``hf_openjev/`` with its fp8, checkpoint and packing subpackages) imports none of the command
+  subpackages (export, eval, serve); only the command line (``cli.py``) and the demo, itself a command, may;
 - nothing imports ``ops`` or ``patches`` as top-level modules: always ``hf_openjev.ops`` / ``hf_openjev.patches``;
 - ``import hf_openjev`` and ``hf-openjev --help`` import neither torch nor Transformers.
 """
@@ -130,6 +130,7 @@ def test_the_checker_sees_circles_and_command_imports():
 
 @pytest.mark.parametrize("code", [
     "import hf_openjev, hf_openjev.packing.planner, hf_openjev.contract",
+    "import hf_openjev.fp8.option, hf_openjev.fp8.scheme, hf_openjev.checkpoint, hf_openjev.packing.prefix_cuts",
     "from hf_openjev.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
 ])
 def test_light_imports_load_no_torch(code):
