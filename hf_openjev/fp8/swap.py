@@ -1,6 +1,7 @@
 """FP8 projections in a loaded model: ``quantize_model_fp8(model, targets)`` swaps the targeted ``nn.Linear``
-modules for :class:`~hf_openjev.fp8.linear.Fp8Linear`, in place (what ``apply_patches`` does for the fast
-path's ``fp8`` option; the benchmark calls it on its random bf16 model).
+modules for :class:`~hf_openjev.fp8.linear.Fp8Linear`, in place (the step of
+:func:`~hf_openjev.fp8.prepare.prepare_model_for_fp8`, the one call the loader, the pipeline and ``apply_patches``
+make; the benchmark calls it on its random bf16 model).
 
 Where each FP8 weight comes from:
 
@@ -25,11 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hf_openjev.fp8.scheme import ALL_TARGETS, QUANTIZABLE, resolve_fp8_targets, target_of
-
 from ..patches.stacked_projections import unstack_projections
 from ..patches.text_model import text_model_of
 from .linear import Fp8Linear, quantize_linear
+from .scheme import ALL_TARGETS, FP8_MODES, QUANTIZABLE, resolve_fp8_targets, target_of
 
 FP8_ATTRIBUTE = "_hf_openjev_fp8"  # on the text model: the module suffixes that are Fp8Linear
 SOURCE_ATTRIBUTE = "_hf_openjev_fp8_source"  # on the text model: the Fp8Source it was loaded from
@@ -78,8 +78,6 @@ def fp8_modules(model) -> tuple[str, ...]:
 def fp8_mode_of(model) -> str | None:
     """The ``fp8`` mode (``"off"``, ``"all"``, ``"no-gdn"``) whose modules are exactly ``model``'s FP8 ones, else
     None (targets given module by module)."""
-    from hf_openjev.fp8.scheme import FP8_MODES
-
     have = fp8_modules(model)
     return next((mode for mode in FP8_MODES if resolve_fp8_targets(mode) == have), None)
 
