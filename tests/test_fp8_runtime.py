@@ -395,7 +395,7 @@ def test_export_fp8_writes_the_fp8_export_and_nothing_else(tiny_checkpoint, tmp_
 
 
 def test_export_fp8_leaves_nothing_behind_on_failure(tiny_checkpoint, tmp_path, monkeypatch):
-    import hf_openjev.export.fp8 as fp8_export_module
+    import hf_openjev.export.merge_fp8 as fp8_export_module
 
     def failing(*args, **kwargs):
         raise CheckpointError("quantizing failed")

@@ -105,7 +105,7 @@ def run(args) -> int:
         else:
             from hf_openjev.fp8.scheme import FP8_MODES
 
-            from .fp8 import merge_and_quantize
+            from .merge_fp8 import merge_and_quantize
 
             merged, quantized = merge_and_quantize(args.base, args.package, args.out,
                                                    targets=FP8_MODES[args.fp8], **options)

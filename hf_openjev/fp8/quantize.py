@@ -17,7 +17,7 @@ can cause) the export fails. The export is built in a temporary directory beside
 end; on any failure nothing is left behind.
 
 ``hf-openjev export --fp8`` merges into a temporary bf16 export first, then quantizes it into the target
-(:func:`hf_openjev.export.fp8.merge_and_quantize`).
+(:func:`hf_openjev.export.merge_fp8.merge_and_quantize`).
 """
 
 from __future__ import annotations
