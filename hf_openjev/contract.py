@@ -300,8 +300,8 @@ def tokenize_candidates(
     max_length=<m>; no silent truncation")``; nothing is truncated. Returns token ids per question per candidate.
 
     ``clean_cut(text, start)``: the first position ``c >= start`` where ``encode(text[:c])`` is a prefix of
-    ``encode(text)``, or None (:func:`hf_openjev.prefix_cuts.prove_clean_cuts`). With it, a candidate of more than
-    ``EXACT_COUNT_CHARS * max_length`` characters is first tokenized in growing prefixes ending at such cuts, and
+    ``encode(text)``, or None (:func:`hf_openjev.packing.prefix_cuts.prove_clean_cuts`). With it, a candidate of more
+    than ``EXACT_COUNT_CHARS * max_length`` characters is first tokenized in growing prefixes ending at such cuts, and
     rejected as soon as one has more than ``max_length`` tokens: the verdict is the full tokenization's (a clean
     prefix's count is a lower bound of the whole's), ``<n>`` is then that prefix's count (a lower bound, already over
     ``max_length``, not the exact count) and the seconds of tokenizing megabytes are saved. Accepted candidates, and

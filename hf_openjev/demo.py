@@ -16,7 +16,7 @@ def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, 
 
     import hf_openjev  # noqa: F401 - registers the pipeline
     from .export.tiny import build_tiny_checkpoint
-    from .tiny import default_cache_dir
+    from .checkpoint.tiny import default_cache_dir
 
     root = Path(cache_dir) if cache_dir else default_cache_dir() / "tiny-demo"
     tiny = build_tiny_checkpoint(root)

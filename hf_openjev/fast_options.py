@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .fp8_scheme import FP8_MODES
-from .planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, DEFAULT_SHARE_TAILS
+from .fp8.scheme import FP8_MODES
+from .packing.planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, DEFAULT_SHARE_TAILS
 
 # A level of one sequence this long or longer, with no prefix, runs its attention as one dense causal call
 # (ops.packed_attention.causal_attention: cuDNN on CUDA). The H200 measured cuDNN 26% faster than FA2 at 2,048
@@ -76,7 +76,7 @@ class FastPathOptions:
     # the model was loaded from, else quantized from its own weights, in place). One way: an FP8 model cannot go
     # back to bf16 without loading it again
     fp8: str = "off"
-    # -- the plan and the pack layout (hf_openjev.planner.plan_requests) -------------------------------------------
+    # -- the plan and the pack layout (hf_openjev.packing.planner.plan_requests) -------------------------------
     min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS  # the shortest prefix worth sharing (16: best with tails)
     max_sequences: int = DEFAULT_MAX_SEQUENCES  # candidates per pack
     max_tokens: int = DEFAULT_MAX_TOKENS  # tokens per pack (a longer sequence runs alone, untruncated)

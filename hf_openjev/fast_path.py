@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import torch
 
 from .fast_options import FastPathOptions
+from .packing.pack_context import build_pack_context
+from .packing.planner import plan_requests
 from .patches.cuda_graphs import graph_ready
-from .patches.pack_context import build_pack_context
 from .patches.record import require_patches, text_model_of
-from .planner import plan_requests
 
 
 @torch.no_grad()

@@ -15,8 +15,9 @@ import torch
 from transformers import Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
+from .dtypes import resolve_dtype
 from .fast_options import FastPathOptions, check_int
-from .model import JevModel, load_export, resolve_dtype
+from .model import JevModel, load_export
 from .scoring import build_answer, prepare_path, prepare_request, score_prepared
 
 TASK = "jev-decision"
@@ -58,7 +59,7 @@ class JevDecisionPipeline(Pipeline):
     def __init__(self, model, *args, dtype=None, batch_size=None, **kwargs):
         # ``batch_size`` is the reference path's candidates per forward, not Transformers' input batching
         # (which needs a tokenizer-collated model): keep it away from the base class.
-        from .model import check_device
+        from .devices import check_device
 
         check_device(kwargs.get("device"))  # a CUDA device without CUDA: one clear ValueError, not torch's assert
         self._reference_batch_size = batch_size
@@ -70,7 +71,7 @@ class JevDecisionPipeline(Pipeline):
         elif dtype is not None and dtype != "auto":
             model.backbone.to(resolve_dtype(dtype))  # in place: a loaded model is not copied
         kwargs.pop("torch_dtype", None)
-        _swap_fp8_before_moving(model, kwargs)
+        _prepare_fp8_before_moving(model, kwargs)
         super().__init__(model, *args, **kwargs)  # moves the model to the pipeline's device
 
     def _sanitize_parameters(self, fast=None, reference_batch_size=None, fast_options=None, **named):
@@ -119,7 +120,7 @@ class JevDecisionPipeline(Pipeline):
                             prefix_cache=output["prefix_cache"], method=output["method"])
 
 
-def _swap_fp8_before_moving(model: JevModel, kwargs: dict) -> None:
+def _prepare_fp8_before_moving(model: JevModel, kwargs: dict) -> None:
     """When the pipeline's ``fp8`` (or ``fast_options.fp8``) is on, the pipeline will run the fast path and
     ``model`` is still on the CPU: swap its projections for ``Fp8Linear`` there (each bf16 weight freed as its FP8
     module takes its place), so that ``Pipeline.__init__`` moves only the FP8 model to the device. Anything else is
@@ -132,9 +133,9 @@ def _swap_fp8_before_moving(model: JevModel, kwargs: dict) -> None:
     fast = kwargs.get("fast")
     if fast is False or (fast is None and _pipeline_device(kwargs.get("device")).type != "cuda"):
         return  # the reference path: fp8 does not apply
-    from .patches.fp8_swap import check_fp8_mode, quantize_model_fp8
+    from .fp8.prepare import prepare_model_for_fp8
 
-    quantize_model_fp8(model, check_fp8_mode(model, fp8))
+    prepare_model_for_fp8(model, fp8)
 
 
 def _pipeline_device(device) -> torch.device:

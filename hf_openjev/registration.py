@@ -59,10 +59,10 @@ def check_paths_before_transformers() -> None:
 
     Transformers' ``pipeline()`` resolves a string model through the Hub client and ``AutoConfig`` before the
     pipeline class sees it, so a mistyped path ended in "Repo id must be in the form ..." and a published package
-    in "Unrecognized model ... model_type". This wraps ``transformers.pipelines.pipeline`` (once; idempotent) so
-    that, for this task only, :func:`hf_openjev.model.check_device` and
-    :func:`hf_openjev.manifest.check_export_dir` (the check ``eval`` and ``serve`` use) run first and raise their
-    one-line ``ValueError``; every other task goes straight to Transformers. ``from transformers import pipeline``
+    in "Unrecognized model ... model_type". This wraps ``transformers.pipelines.pipeline`` (once; idempotent) so that,
+    for this task only, :func:`hf_openjev.devices.check_device` and
+    :func:`hf_openjev.checkpoint.manifest.check_export_dir` (the check ``eval`` and ``serve`` use) run first and raise
+    their one-line ``ValueError``; every other task goes straight to Transformers. ``from transformers import pipeline``
     done before ``import hf_openjev`` keeps the unwrapped function (the pipeline class still checks the device).
     """
     import transformers.pipelines as pipelines
@@ -74,8 +74,8 @@ def check_paths_before_transformers() -> None:
     @functools.wraps(original)
     def pipeline(task=None, model=None, *args, **kwargs):
         if task == _TASK:
-            from .manifest import check_export_dir
-            from .model import check_device
+            from .checkpoint.manifest import check_export_dir
+            from .devices import check_device
 
             check_device(kwargs.get("device"))
             if isinstance(model, (str, os.PathLike)):

@@ -51,7 +51,7 @@ def prepare_request(model, request) -> PreparedRequest:
 def tokenize_request(model, parsed: ParsedRequest) -> PreparedRequest:
     """Contract §2 item 7 for a validated request: every candidate tokenized, or ``RequestError`` for the first one
     over ``model.max_length``. Over-long texts stop at a clean prefix already over the limit where the model's
-    tokenizer allows it (:func:`hf_openjev.prefix_cuts.prove_clean_cuts`); the verdict and the token counts of
+    tokenizer allows it (:func:`hf_openjev.packing.prefix_cuts.prove_clean_cuts`); the verdict and the token counts of
     accepted requests are those of full tokenization."""
     tokens = tokenize_candidates(parsed, model.encode, chat_prefix=model.chat_prefix,
                                  chat_suffix=model.chat_suffix, max_length=model.max_length,
@@ -63,7 +63,7 @@ def _clean_cut_for(model):
     """The model's clean-cut finder when ``model.encode`` is :class:`~hf_openjev.model.JevModel`'s own (its
     tokenizer, no special tokens), else None: a stand-in's ``encode`` is tokenized in full."""
     from .model import JevModel
-    from .prefix_cuts import prove_clean_cuts
+    from .packing.prefix_cuts import prove_clean_cuts
 
     if not isinstance(model, JevModel) or "encode" in vars(model) or type(model).encode is not JevModel.encode:
         return None

@@ -1,7 +1,7 @@
 """FP8 (e4m3) linear with per-token dynamic activation scales and per-output-channel weight scales:
 ``torch.ops.hf_openjev.fp8_linear(x, weight_fp8, weight_scale, bias=None) -> y``.
 
-The scheme is compressed-tensors' FP8 "dynamic" one (what ``hf_openjev.export.fp8`` writes):
+The scheme is compressed-tensors' FP8 "dynamic" one (what ``hf_openjev.fp8.quantize`` writes):
 
     weight:      w_fp8 [N, K] float8_e4m3fn, weight_scale [N] or [N, 1] fp32 (one scale per output channel)
     activations: quantized inside the op, one scale per row (token): s_x = max(amax(|x_row|), tiny) / 448

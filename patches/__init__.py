@@ -8,9 +8,8 @@ apply_patches(model, FastPathOptions(share_tails=True))  # the model is set up f
 ```
 """
 
-from .fp8_swap import quantize_model_fp8
 from .record import (PatchRecord, apply_patches, patch_record, patched, read_graph_stats, read_options,
                      require_patches, revert_patches)
 
-__all__ = ["PatchRecord", "apply_patches", "patch_record", "patched", "quantize_model_fp8", "read_graph_stats",
+__all__ = ["PatchRecord", "apply_patches", "patch_record", "patched", "read_graph_stats",
            "read_options", "require_patches", "revert_patches"]

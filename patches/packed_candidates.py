@@ -1,7 +1,7 @@
 """Packed token mixers: Gated DeltaNet and gated full attention over ``[T, hidden]`` packed candidates.
 
 Subclasses of the stock Qwen3.5 modules. With ``pack=None`` they are the stock modules (``super().forward``);
-with a :class:`~hf_openjev.patches.pack_context.PackContext` they run the pack's levels (attention) and Gated
+with a :class:`~hf_openjev.packing.pack_context.PackContext` they run the pack's levels (attention) and Gated
 DeltaNet calls (one or more levels each) through the ``torch.ops.hf_openjev`` kernels, each sequence starting from
 its anchor's states (shared prefix) or zeros.
 """

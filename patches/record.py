@@ -8,8 +8,9 @@ patched module behaves exactly as the stock one. ``revert_patches`` puts back th
 module-level state: a second import of this package cannot duplicate anything.
 
 The one exception is ``options.fp8`` (opt-in): the targeted projections are swapped for ``Fp8Linear`` modules
-(:mod:`.fp8_swap`), which is not revertible: the bf16 weights are gone, ``revert_patches`` keeps the FP8 modules,
-and asking an FP8 model for ``fp8="off"`` (or fewer FP8 modules) is refused.
+(:func:`hf_openjev.fp8.prepare.prepare_model_for_fp8`), which is not revertible: the bf16 weights are gone,
+``revert_patches`` keeps the FP8 modules, and asking an FP8 model for ``fp8="off"`` (or fewer FP8 modules) is
+refused.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from hf_openjev.fast_options import FastPathOptions
 
 from .cuda_graphs import PackGraphs
 from .final_row_mlp import PackedDecoderLayer, PackedTextModel
-from .fp8_swap import check_fp8_mode, fp8_mode_of, quantize_model_fp8
 from .packed_candidates import PackedAttention, PackedGatedDeltaNet
 from .stacked_projections import stack_projections
 from .text_model import text_model_of  # noqa: F401 - re-exported: callers import it from here
@@ -70,10 +70,12 @@ def patch_record(model) -> PatchRecord | None:
 
 def read_options(model) -> FastPathOptions:
     """The options ``model`` is patched with, else the defaults (with ``fp8`` the mode of its FP8 modules when
-    :func:`~hf_openjev.patches.fp8_swap.quantize_model_fp8` swapped them before any patch)."""
+    :func:`~hf_openjev.fp8.swap.quantize_model_fp8` swapped them before any patch)."""
     record = patch_record(model)
     if record is not None:
         return record.options
+    from hf_openjev.fp8.swap import fp8_mode_of  # not at the top: the swap imports the stacked layout's patch
+
     mode = fp8_mode_of(model)
     return FastPathOptions() if mode is None else FastPathOptions(fp8=mode)
 
@@ -105,18 +107,21 @@ def apply_patches(model, options: FastPathOptions | None = None) -> PatchRecord:
     moved to CUDA after patching gets its graph cache from a second ``apply_patches``.
 
     ``fp8`` ("all", "no-gdn") swaps the targeted projections for FP8 modules, in place and for good (see
-    :func:`~hf_openjev.patches.fp8_swap.quantize_model_fp8`): an FP8 model cannot be asked for ``fp8="off"`` (a
+    :func:`~hf_openjev.fp8.swap.quantize_model_fp8`): an FP8 model cannot be asked for ``fp8="off"`` (a
     ValueError, before anything changes); load it again for bf16.
     """
     options = options if options is not None else FastPathOptions()
     if not isinstance(options, FastPathOptions):
         raise TypeError(f"apply_patches takes a FastPathOptions, got {type(options).__name__} "
                         "(build one with FastPathOptions(...) or FastPathOptions.from_mapping(...))")
+    from hf_openjev.fp8.prepare import prepare_model_for_fp8  # not at the top: see read_options
+
     text_model = text_model_of(model)
-    fp8_targets = check_fp8_mode(text_model, options.fp8)  # refused before anything changes
     record = getattr(text_model, RECORD_ATTRIBUTE, None)
     if record is None:
         check_transformers_version()
+    prepare_model_for_fp8(text_model, options.fp8)  # refused before anything changes; empties a stale graph cache
+    if record is None:
         classes = _patch_classes()
         record = PatchRecord(options)
         for module in text_model.modules():
@@ -126,8 +131,6 @@ def apply_patches(model, options: FastPathOptions | None = None) -> PatchRecord:
                 module.__class__ = patched_class
         setattr(text_model, RECORD_ATTRIBUTE, record)
     record.options = options
-    if fp8_targets:
-        quantize_model_fp8(text_model, fp8_targets)  # empties a graph cache whose graphs read the old weights
     if options.stacked_projections:
         stack_projections(text_model)
     if options.cuda_graphs and record.graphs is None and _device_of(text_model).type == "cuda":

@@ -9,7 +9,7 @@ Prepared once (``stack_projections``): the rows of the projections are copied in
 forward (and ``revert_patches``) keep working on the same Parameter objects. Projections that are not plain
 bias-free ``nn.Linear`` layers (a PEFT LoRA wrapper, say) are left alone and run one by one.
 
-FP8 (:class:`~hf_openjev.patches.fp8_linear.Fp8Linear`, the fast path's ``fp8`` option): the FP8 projections of a
+FP8 (:class:`~hf_openjev.fp8.linear.Fp8Linear`, the fast path's ``fp8`` option): the FP8 projections of a
 module are stacked apart from its bf16 ones, one GEMM per kind (e4m3 rows and their per-channel scales
 concatenated: exact, the rows are independent). The GDN with FP8 projections runs ``qkv | z`` in FP8 and
 ``b | a`` (never quantized) in bf16: 2 GEMMs.
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fp8_linear import Fp8Linear
+from hf_openjev.fp8.linear import Fp8Linear
 
 STACKED_ATTRIBUTE = "_hf_openjev_stacked"
 GROUPS = {

@@ -88,8 +88,9 @@ def build_model(shape: str, *, seed: int, device: str = "cuda", dtype: torch.dty
     """Random bf16 weights from Transformers' own init (seeded), a random fp32 head, T of the 27B model."""
     from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
 
-    from hf_openjev.manifest import ExportManifest
-    from hf_openjev.model import JevModel, _make_head
+    from hf_openjev.checkpoint.manifest import ExportManifest
+    from hf_openjev.model import JevModel
+    from hf_openjev.checkpoint.backbone import make_head
 
     config = Qwen3_5TextConfig(vocab_size=VOCAB, max_position_embeddings=32768, rms_norm_eps=1e-6,
                                rope_parameters={"rope_type": "default", "rope_theta": 1e7,
@@ -113,7 +114,7 @@ def build_model(shape: str, *, seed: int, device: str = "cuda", dtype: torch.dty
     manifest = ExportManifest(model_id=f"random-{shape}", base_revision="random", checkpoint_revision="random",
                               temperature=TEMPERATURES.get(shape, T27), max_length=16384, chat_prefix="", chat_suffix="",
                               head_weight=tuple(weight.flatten().tolist()), head_bias=0.1)
-    head = _make_head(manifest.head_weight, manifest.head_bias, device)
+    head = make_head(manifest.head_weight, manifest.head_bias, device)
     return JevModel(backbone, head, None, manifest, method="random")
 
 
@@ -413,7 +414,7 @@ def add_fp8_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp8", default=None, choices=["all", "no-gdn"],
                         help="FP8 projections for the fast path (C, E, sweep, closed loop): the reference arms run "
                              "first on the bf16 weights (and --oracle hashes them), then the model is quantized in "
-                             "place (hf_openjev.patches.fp8_swap.quantize_model_fp8); writes bench_<shape>_fp8-<mode>")
+                             "place (hf_openjev.fp8.swap.quantize_model_fp8); writes bench_<shape>_fp8-<mode>")
     parser.add_argument("--memory-cap-gb", type=float, default=None, metavar="GB",
                         help="with --fp8, on CUDA: torch.cuda.set_per_process_memory_fraction(GB / total) right "
                              "after quantizing, so every fast-path pass runs under it (GB = 1e9 bytes)")
@@ -460,7 +461,7 @@ def quantize_for_fast_path(model, args, results: dict) -> None:
     modules, weights GB before and after, seconds; then --memory-cap-gb caps this process's CUDA memory."""
     if not args.fp8 or "fp8" in results:
         return
-    from hf_openjev.patches.fp8_swap import fp8_modules, quantize_model_fp8
+    from hf_openjev.fp8.swap import fp8_modules, quantize_model_fp8
 
     sync()
     start = time.perf_counter()

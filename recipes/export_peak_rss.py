@@ -37,7 +37,7 @@ REPO = HERE.parent
 
 
 def text_config(layers: int, hidden: int):
-    from hf_openjev.tiny import tiny_text_config
+    from hf_openjev.checkpoint.tiny import tiny_text_config
 
     # Qwen3.5-2B-like geometry (checkpoints.md), untied embeddings so the base also has an lm_head to drop.
     return tiny_text_config(
@@ -53,8 +53,8 @@ def write_synthetic(root: Path, layers: int, hidden: int, shard_bytes: int) -> d
     from safetensors.torch import save_file
     from transformers import Qwen3_5TextModel
 
-    from hf_openjev.package import PUBLISHED_TARGETS
-    from hf_openjev.tiny import build_tiny_tokenizer
+    from hf_openjev.checkpoint.package import PUBLISHED_TARGETS
+    from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
 
     config = text_config(layers, hidden)
     with torch.device("meta"):
@@ -129,7 +129,7 @@ CHILD_FLOOR = """
 import json, platform
 import torch, transformers, peft, safetensors, tqdm
 import hf_openjev.export.merge
-from hf_openjev.package import read_base_text_config
+from hf_openjev.checkpoint.package import read_base_text_config
 status = open("/proc/self/status").read()
 hwm = int(status.split("VmHWM:")[1].split()[0]) * 1024
 print(json.dumps({"vm_hwm_bytes": hwm, "versions": {

@@ -1,8 +1,8 @@
 """Shared fixtures: one tiny random Open-Jev checkpoint per test session, loaded once in fp32 on CPU.
 
 ``tiny_checkpoint`` holds the paths (base, package, merged export) of a checkpoint built by
-``hf_openjev.tiny.build_tiny_checkpoint``; ``tiny_model`` is its merged export loaded as a ``JevModel`` (fp32,
-CPU). Tests must not mutate ``tiny_model`` (dtype, device, weights): load a private copy instead.
+``hf_openjev.export.tiny.build_tiny_checkpoint``; ``tiny_model`` is its merged export loaded as a ``JevModel``
+(fp32, CPU). Tests must not mutate ``tiny_model`` (dtype, device, weights): load a private copy instead.
 """
 
 from __future__ import annotations

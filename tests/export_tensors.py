@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
-from hf_openjev.checkpoint_io import base_weight_files
+from hf_openjev.checkpoint.files import base_weight_files
 
 
 def stored_tensors(export_dir) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hf_openjev import cli
-from hf_openjev.manifest import MANIFEST_NAME
+from hf_openjev.checkpoint.manifest import MANIFEST_NAME
 
 
 def _stamp(root: Path) -> dict:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from hf_openjev.checkpoint.tiny import TINY_MODEL_ID
 from hf_openjev.demo import DEMO_REQUESTS, run_demo
-from hf_openjev.tiny import TINY_MODEL_ID
 
 
 def _json_blocks(text: str) -> list[dict]:
@@ -49,7 +49,7 @@ def test_demo_prints_every_kind_and_says_weights_are_random(tmp_path):
 def test_demo_cache_dir_defaults(tmp_path, monkeypatch):
     """Without --cache-dir the demo builds under $HF_OPENJEV_CACHE/tiny-demo (or ~/.cache/hf_openjev/tiny-demo)."""
     import hf_openjev.export.tiny as tiny
-    from hf_openjev.tiny import default_cache_dir
+    from hf_openjev.checkpoint.tiny import default_cache_dir
 
     roots = []
 

@@ -222,7 +222,7 @@ def test_missing_file_fails_before_the_model_is_loaded(tiny_export, tmp_path, mo
         raise AssertionError("the model must not be loaded")
 
     monkeypatch.setattr(ev, "load_export", no_model)
-    monkeypatch.setattr("hf_openjev.manifest.read_manifest", no_model)
+    monkeypatch.setattr("hf_openjev.checkpoint.manifest.read_manifest", no_model)
     missing = tmp_path / "nope" / "hard.jsonl"
     with pytest.raises(EvalInputError, match="hard.jsonl: no such file"):
         evaluate(model=tiny_export, data=[EASY, missing], out_dir=tmp_path / "out", **CPU)
@@ -344,7 +344,7 @@ def independent_metrics(tasks: list[dict]) -> dict:
 
 @pytest.fixture(scope="module")
 def uniform_export(tiny_export, tmp_path_factory) -> Path:
-    from hf_openjev.manifest import MANIFEST_NAME
+    from hf_openjev.checkpoint.manifest import MANIFEST_NAME
 
     export = tmp_path_factory.mktemp("uniform") / "export"
     shutil.copytree(tiny_export, export)

@@ -22,10 +22,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import hf_openjev.export.merge as export_mod
+from hf_openjev.checkpoint.tiny import TINY_MODEL_ID, write_tiny_base_and_package
 from hf_openjev.errors import CheckpointError
 from hf_openjev.export.merge import merge_lora
 from hf_openjev.export.verify import PROBE_REQUESTS, bf16_ulp_distance
-from hf_openjev.tiny import TINY_MODEL_ID, write_tiny_base_and_package
 
 PUBLISHED = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "linear_attn": ("in_proj_qkv", "out_proj")}
 PREFIX = "<|im_start|>user\n"
@@ -273,7 +273,7 @@ def test_the_pipeline_serves_the_export(exported):
 
 
 def test_export_tokenizes_like_the_base(src, exported):
-    from hf_openjev.checkpoint_io import load_tokenizer
+    from hf_openjev.checkpoint.files import load_tokenizer
 
     out, report = exported
     base_tok, export_tok = load_tokenizer(src.base), load_tokenizer(out)
@@ -753,7 +753,7 @@ def test_a_matching_base_is_recorded_in_the_manifest(fresh):
 
 
 def test_unknown_identity_is_reported_and_the_fingerprint_always_recorded(src, exported):
-    from hf_openjev.checkpoint_io import base_weight_files
+    from hf_openjev.checkpoint.files import base_weight_files
     from hf_openjev.export.identity import base_fingerprint
 
     out, report = exported
@@ -765,7 +765,7 @@ def test_unknown_identity_is_reported_and_the_fingerprint_always_recorded(src, e
 
 
 def test_the_fingerprint_tells_bases_with_the_same_shapes_apart(fresh):
-    from hf_openjev.checkpoint_io import read_safetensors_headers
+    from hf_openjev.checkpoint.files import read_safetensors_headers
     from hf_openjev.export.identity import base_fingerprint
 
     path = fresh.base / "model.safetensors"

@@ -1,4 +1,4 @@
-"""hf_openjev.export.fp8.quantize_export on the tiny export: names, dtypes, scales, fp8 error, bit-identical copies,
+"""hf_openjev.fp8.quantize.quantize_export on the tiny export: names, dtypes, scales, fp8 error, bit-identical copies,
 the GDN-in-bf16 variant, streaming over shards, manifest/config, refusals, nothing left behind on failure."""
 
 import json
@@ -8,14 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_openjev.checkpoint_io import base_weight_files
+from hf_openjev.checkpoint.files import base_weight_files
 from hf_openjev.errors import CheckpointError
-from hf_openjev.export import fp8 as fp8_export
-from hf_openjev.export.fp8 import quantize_export
+from hf_openjev.fp8 import quantize as fp8_export
+from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.export.merge import merge_lora
-from hf_openjev.fp8_scheme import (FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, read_fp8_quantization,
-                                   target_of)
-from hf_openjev.manifest import read_manifest
+from hf_openjev.fp8.scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, read_fp8_quantization, target_of
+from hf_openjev.checkpoint.manifest import read_manifest
 from hf_openjev.ops.fp8_linear import dequantize_weight, quantize_weight_per_channel
 
 from export_tensors import bits as _bits, stored_tensors as _tensors

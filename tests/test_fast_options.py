@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from hf_openjev import planner
 from hf_openjev.fast_options import DENSE_ATTENTION_TOKENS, FORWARD_FIELDS, FastPathOptions
+from hf_openjev.packing import planner
 
 INTS = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0}  # name: minimum
 BOOLS = ["packed_candidates", "shared_prefix", "final_row_mlp", "stacked_projections", "cuda_graphs",

@@ -24,13 +24,14 @@ import torch
 from transformers import Qwen3_5TextModel
 
 from hf_openjev.contract import answers_from_scores, parse_request
-from hf_openjev.manifest import ExportManifest
-from hf_openjev.model import JevModel, _make_head
+from hf_openjev.checkpoint.manifest import ExportManifest
+from hf_openjev.model import JevModel
+from hf_openjev.checkpoint.backbone import make_head
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.patches import apply_patches, patch_record, read_options
-from hf_openjev.planner import plan_requests
+from hf_openjev.packing.planner import plan_requests
 from hf_openjev.scoring import PreparedRequest, build_answer, score_prepared, use_fast_path
-from hf_openjev.tiny import tiny_text_config
+from hf_openjev.checkpoint.tiny import tiny_text_config
 
 from aligned_plans import ALIGNED
 
@@ -83,7 +84,7 @@ def build_model(name: str, seed: int) -> JevModel:
     manifest = ExportManifest(model_id=f"random-{name}", base_revision="random", checkpoint_revision="random",
                               temperature=TEMPERATURE, max_length=4096, chat_prefix="", chat_suffix="",
                               head_weight=tuple(weight.flatten().tolist()), head_bias=0.1)
-    return JevModel(backbone, _make_head(manifest.head_weight, manifest.head_bias, "cpu"), None, manifest,
+    return JevModel(backbone, make_head(manifest.head_weight, manifest.head_bias, "cpu"), None, manifest,
                     method="random")
 
 
@@ -533,7 +534,7 @@ def test_the_packed_forward_compiles_without_graph_breaks(case):
     """The plugin's promise to torch.compile: the patched text model's forward over one pack context traces as ONE
     graph (``fullgraph=True``: the custom ops with their fake implementations, the context's metadata) and gives
     the eager rows, and the same exported states, within fp32 rounding."""
-    from hf_openjev.patches.pack_context import build_pack_context
+    from hf_openjev.packing.pack_context import build_pack_context
     from hf_openjev.patches.record import text_model_of
 
     model = build_model("l4-h64", 3)

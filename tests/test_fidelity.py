@@ -189,9 +189,10 @@ def tiny_jev_model():
     """A tiny random JevModel with bf16-stored weights (fp32 head), long GDN memory, non-zero norms."""
     from transformers import Qwen3_5TextModel
 
-    from hf_openjev.manifest import ExportManifest
-    from hf_openjev.model import JevModel, _make_head
-    from hf_openjev.tiny import tiny_text_config
+    from hf_openjev.checkpoint.manifest import ExportManifest
+    from hf_openjev.model import JevModel
+    from hf_openjev.checkpoint.backbone import make_head
+    from hf_openjev.checkpoint.tiny import tiny_text_config
 
     torch.manual_seed(3)
     backbone = Qwen3_5TextModel(tiny_text_config(vocab_size=300, hidden_size=64, num_layers=4)).eval()
@@ -208,7 +209,7 @@ def tiny_jev_model():
     manifest = ExportManifest(model_id="random", base_revision="random", checkpoint_revision="random",
                               temperature=1.7, max_length=4096, chat_prefix="", chat_suffix="",
                               head_weight=tuple(weight.flatten().tolist()), head_bias=0.1)
-    model = JevModel(backbone, _make_head(manifest.head_weight, manifest.head_bias, "cpu"), None, manifest,
+    model = JevModel(backbone, make_head(manifest.head_weight, manifest.head_bias, "cpu"), None, manifest,
                      method="random")
     return model.to(torch.bfloat16)
 

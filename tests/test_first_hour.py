@@ -22,8 +22,10 @@ from starlette.testclient import TestClient
 
 import hf_openjev
 from hf_openjev.contract import parse_request
+from hf_openjev.devices import check_device
 from hf_openjev.errors import CheckpointError, RequestError, UsageError
-from hf_openjev.model import _DropFlashLinearAttentionAdvice, check_device, load_export
+from hf_openjev.log_filter import _DropFlashLinearAttentionAdvice
+from hf_openjev.model import load_export
 
 FLA_ADVICE = ("`chunk_gated_delta_rule` is falling back to its reference PyTorch implementation because "
               "`flash-linear-attention` is not installed. This is correct but much slower; install "

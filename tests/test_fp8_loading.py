@@ -25,16 +25,16 @@ import torch
 
 import hf_openjev
 from hf_openjev.errors import CheckpointError, UsageError
-from hf_openjev.export.fp8 import quantize_export
+from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.fast_path import score_fast
-from hf_openjev.fp8_scheme import resolve_fp8_targets
+from hf_openjev.fp8.scheme import resolve_fp8_targets
 from hf_openjev.model import JevModel, load_export
 from hf_openjev.ops.fp8_linear import FP8_DTYPE
 from hf_openjev.patches import apply_patches, read_options
-from hf_openjev.patches import fp8_swap
-from hf_openjev.patches.fp8_linear import Fp8Linear
-from hf_openjev.patches.fp8_swap import fp8_modules, quantize_model_fp8
+from hf_openjev.fp8 import swap as fp8_swap
+from hf_openjev.fp8.linear import Fp8Linear
+from hf_openjev.fp8.swap import fp8_modules, quantize_model_fp8
 from hf_openjev.scoring import answer_requests
 from hf_openjev.serve import cli as serve_cli
 
@@ -79,9 +79,11 @@ def _record_moves(monkeypatch) -> list[tuple[str, int]]:
 @pytest.mark.parametrize("kind, mode", [("fp8", "all"), ("bf16", "all"), ("fp8", "no-gdn")])
 def test_fp8_loading_builds_on_the_cpu_and_moves_the_fp8_model(kind, mode, fp8_export, tiny_checkpoint,
                                                                monkeypatch):
-    import hf_openjev.model as model_module
+    import hf_openjev.fp8.loading
+    import hf_openjev.model
 
-    loader = "_load_fp8_backbone" if kind == "fp8" else "_load_backbone"
+    model_module, loader = ((hf_openjev.fp8.loading, "load_fp8_backbone") if kind == "fp8"
+                            else (hf_openjev.model, "load_backbone"))
     asked = []
     real_loader = getattr(model_module, loader)
     monkeypatch.setattr(model_module, loader, lambda *a, device, **k: asked.append(device) or real_loader(

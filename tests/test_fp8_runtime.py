@@ -26,16 +26,16 @@ from torch import nn
 
 import hf_openjev
 from hf_openjev.errors import CheckpointError
-from hf_openjev.export.fp8 import quantize_export
+from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.fast_path import score_fast
-from hf_openjev.fp8_scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, resolve_fp8_targets, target_of
-from hf_openjev.fp8_state import load_fp8_state_dict
+from hf_openjev.fp8.scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, resolve_fp8_targets, target_of
+from hf_openjev.fp8.state import load_fp8_state_dict
 from hf_openjev.ops.fp8_linear import FP8_DTYPE, quantize_weight_per_channel
 from hf_openjev.patches import apply_patches, patch_record, read_options, revert_patches
-from hf_openjev.patches import fp8_swap
-from hf_openjev.patches.fp8_linear import Fp8Linear, quantize_linear
-from hf_openjev.patches.fp8_swap import fp8_modules, quantize_model_fp8
+from hf_openjev.fp8 import swap as fp8_swap
+from hf_openjev.fp8.linear import Fp8Linear, quantize_linear
+from hf_openjev.fp8.swap import fp8_modules, quantize_model_fp8
 from hf_openjev.patches.stacked_projections import GROUPS, STACKED_ATTRIBUTE, projections, stack_projections
 from hf_openjev.reference import score_reference
 
@@ -99,7 +99,7 @@ def test_quantizing_in_memory_gives_the_exports_bits(tiny_checkpoint, fp8_export
 
 
 def test_quantize_linear_in_blocks_of_rows_is_the_whole_weights_quantization(monkeypatch):
-    import hf_openjev.patches.fp8_linear as module
+    import hf_openjev.fp8.linear as module
 
     linear = nn.Linear(48, 37, bias=True)
     monkeypatch.setattr(module, "_CHUNK_BYTES", 4 * 48 * 5)  # blocks of 5 rows
@@ -395,7 +395,7 @@ def test_export_fp8_writes_the_fp8_export_and_nothing_else(tiny_checkpoint, tmp_
 
 
 def test_export_fp8_leaves_nothing_behind_on_failure(tiny_checkpoint, tmp_path, monkeypatch):
-    import hf_openjev.export.fp8 as fp8_export_module
+    import hf_openjev.export.merge_fp8 as fp8_export_module
 
     def failing(*args, **kwargs):
         raise CheckpointError("quantizing failed")

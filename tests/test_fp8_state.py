@@ -1,4 +1,4 @@
-"""hf_openjev.fp8_state: the FP8 export dequantized into a state dict that a stock Qwen3_5TextModel loads."""
+"""hf_openjev.fp8.state: the FP8 export dequantized into a state dict that a stock Qwen3_5TextModel loads."""
 
 import json
 import shutil
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hf_openjev.errors import CheckpointError
-from hf_openjev.export.fp8 import quantize_export
-from hf_openjev.fp8_state import dequantize_fp8_state, load_fp8_state_dict
+from hf_openjev.fp8.quantize import quantize_export
+from hf_openjev.fp8.state import dequantize_fp8_state, load_fp8_state_dict
 from hf_openjev.ops.fp8_linear import quantize_weight_per_channel
 
 E4M3 = torch.float8_e4m3fn

@@ -1,10 +1,10 @@
-"""patches/graph_buckets.py: buckets fix sequences, tokens and chunks; padding never empties a sequence."""
+"""hf_openjev/packing/graph_buckets.py: buckets fix sequences, tokens and chunks; padding never empties a sequence."""
 
 import random
 
 import pytest
 
-from hf_openjev.patches.graph_buckets import (bucket_sequences, bucket_tokens, chunks, dummy_lengths, pad_level)
+from hf_openjev.packing.graph_buckets import bucket_sequences, bucket_tokens, chunks, dummy_lengths, pad_level
 
 
 def test_bucket_sequences_is_the_next_power_of_two():

@@ -1,8 +1,8 @@
 """The package's import rules (design.md, Layout), read from the source with ``ast`` (nothing is imported):
 
 - no two modules import each other in a circle, lazy imports inside functions included;
-- the core (``hf_openjev/*.py``) imports none of the command subpackages (export, eval, serve); only the command
-  line (``cli.py``) and the demo, itself a command, may;
+- the core (``hf_openjev/`` with its fp8, checkpoint and packing subpackages) imports none of the command
+  subpackages (export, eval, serve); only the command line (``cli.py``) and the demo, itself a command, may;
 - nothing imports ``ops`` or ``patches`` as top-level modules: always ``hf_openjev.ops`` / ``hf_openjev.patches``;
 - ``import hf_openjev`` and ``hf-openjev --help`` import neither torch nor Transformers.
 """
@@ -125,11 +125,12 @@ def test_the_checker_sees_circles_and_command_imports():
     assert find_cycle(graph) == ["hf_openjev.a", "hf_openjev.b", "hf_openjev.export.merge", "hf_openjev.a"]
     assert find_cycle({"p": {"p.sub"}, "p.sub": {"p"}}) is None  # a package re-exporting its submodule
     tree = {"hf_openjev.x": ROOT / "hf_openjev" / "model.py"}
-    assert "hf_openjev.checkpoint_io" in imports_of("hf_openjev.model", tree["hf_openjev.x"], set(module_files()))
+    assert "hf_openjev.checkpoint.files" in imports_of("hf_openjev.model", tree["hf_openjev.x"], set(module_files()))
 
 
 @pytest.mark.parametrize("code", [
-    "import hf_openjev, hf_openjev.planner, hf_openjev.contract",
+    "import hf_openjev, hf_openjev.packing.planner, hf_openjev.contract",
+    "import hf_openjev.fp8.option, hf_openjev.fp8.scheme, hf_openjev.checkpoint, hf_openjev.packing.prefix_cuts",
     "from hf_openjev.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
 ])
 def test_light_imports_load_no_torch(code):

@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 import hf_openjev
 from hf_openjev import CheckpointError, JevModel, load_export, load_reference
 from hf_openjev.chat import render_chat_halves
-from hf_openjev.manifest import MANIFEST_NAME
+from hf_openjev.checkpoint.manifest import MANIFEST_NAME
 from hf_openjev.reference import score_reference
-from hf_openjev.tiny import TINY_MODEL_ID, TINY_TEMPERATURE, build_tiny_tokenizer
+from hf_openjev.checkpoint.tiny import TINY_MODEL_ID, TINY_TEMPERATURE, build_tiny_tokenizer
 
 from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX
 
@@ -324,7 +324,7 @@ def test_reference_scores_equal_an_independent_fp32_merge(reference_model, tiny_
     """W + 2.0 * B @ A in fp32 on the plain base backbone gives the reference model's scores."""
     from transformers import Qwen3_5TextModel
 
-    from hf_openjev.package import read_base_text_config
+    from hf_openjev.checkpoint.package import read_base_text_config
 
     config = read_base_text_config(tiny_checkpoint.base)
     plain = Qwen3_5TextModel(config).float().eval()

@@ -1,4 +1,4 @@
-"""The steps of ``build_pack_context`` (hf_openjev.patches.pack_context), each on small hand-made plans.
+"""The steps of ``build_pack_context`` (hf_openjev.packing.pack_context), each on small hand-made plans.
 
 Three plans of one request whose two candidates share an 80-token state (64 tokens at a multiple of 64, then 16):
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from hf_openjev.fast_options import FastPathOptions
-from hf_openjev.patches import pack_context as pc
-from hf_openjev.patches.graph_buckets import bucket_sequences, bucket_tokens, pad_level
-from hf_openjev.planner import Pack
+from hf_openjev.packing import pack_context as pc
+from hf_openjev.packing.graph_buckets import bucket_sequences, bucket_tokens, pad_level
+from hf_openjev.packing.planner import Pack
 
 from aligned_plans import plan_requests  # the aligned layout these plans describe (tails: TAILS)
 

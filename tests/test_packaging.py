@@ -57,6 +57,15 @@ def test_wheel_maps_ops_and_patches_under_hf_openjev(wheel):
     assert not any(n.startswith(("ops/", "patches/", "tests/", "recipes/")) for n in names)
 
 
+def test_wheel_holds_every_module_of_the_core_and_its_subpackages(wheel):
+    """Every source file under hf_openjev/ (fp8/, checkpoint/, packing/ and the commands' folders included) is in
+    the wheel: a subpackage missing from pyproject's ``packages`` list would install without its files."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    sources = {p.relative_to(REPO).as_posix() for p in (REPO / "hf_openjev").rglob("*.py")}
+    assert {"hf_openjev/fp8/__init__.py", "hf_openjev/checkpoint/__init__.py", "hf_openjev/packing/__init__.py"} <= sources
+    assert sources - names == set()
+
+
 def test_wheel_metadata(wheel):
     with zipfile.ZipFile(wheel) as z:
         entry_points = z.read("hf_openjev-0.1.0.dist-info/entry_points.txt").decode()

@@ -13,7 +13,7 @@ from transformers import pipeline
 
 import hf_openjev
 from hf_openjev import InferenceError, JevDecisionPipeline, JevModel, RequestError
-from hf_openjev.tiny import TINY_MODEL_ID, TINY_TEMPERATURE
+from hf_openjev.checkpoint.tiny import TINY_MODEL_ID, TINY_TEMPERATURE
 
 from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, independent_score, spec_prompts, spec_softmax
 

@@ -1,4 +1,4 @@
-"""hf_openjev.planner: the exact token prefix tree of each request, the sharing policy, and packing.
+"""hf_openjev.packing.planner: the exact token prefix tree of each request, the sharing policy, and packing.
 
 Requests are built by hand from disjoint token ranges so that every common prefix has an exact, known length:
 the request prefix uses tokens 1000.., question ``q``'s prefix starts with token ``2000 + 100 q`` and each
@@ -12,17 +12,9 @@ import random
 import pytest
 import torch
 
-from hf_openjev import planner
-from hf_openjev.planner import (
-    ALIGN,
-    DEFAULT_MAX_SEQUENCES,
-    DEFAULT_MAX_TOKENS,
-    Pack,
-    Plan,
-    Segment,
-    common_prefix_length,
-    shareable_length,
-)
+from hf_openjev.packing import planner
+from hf_openjev.packing.planner import (ALIGN, DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, Pack, Plan, Segment,
+                                        common_prefix_length, shareable_length)
 
 from aligned_plans import ALIGNED, build_tree, plan_requests  # most tests here describe the aligned layout
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hf_openjev import InferenceError, JevModel, RequestError
+from hf_openjev.checkpoint.tiny import TINY_MODEL_ID, TINY_TEMPERATURE
 from hf_openjev.reference import score_reference
 from hf_openjev.scoring import (
     PreparedRequest,
@@ -15,7 +16,6 @@ from hf_openjev.scoring import (
     score_prepared,
     use_fast_path,
 )
-from hf_openjev.tiny import TINY_MODEL_ID, TINY_TEMPERATURE
 
 from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, spec_prompts, spec_softmax
 

@@ -263,7 +263,7 @@ def _run_async(coro):
 def test_the_fast_path_is_set_up_when_the_app_is_created_and_scores_with_its_options(tiny_checkpoint):
     from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.patches import patch_record
-    from hf_openjev.planner import plan_requests
+    from hf_openjev.packing.planner import plan_requests
     from hf_openjev.scoring import prepare_request
 
     own = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")

@@ -7,7 +7,7 @@ from torch import nn
 from transformers import Qwen3_5TextModel
 
 from hf_openjev.patches.stacked_projections import GROUPS, STACKED_ATTRIBUTE, projections, stack_projections
-from hf_openjev.tiny import tiny_text_config
+from hf_openjev.checkpoint.tiny import tiny_text_config
 
 torch.set_num_threads(1)
 

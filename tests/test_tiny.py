@@ -1,4 +1,4 @@
-"""hf_openjev.tiny: the tiny random checkpoint (base + package + merged export) built locally."""
+"""hf_openjev.checkpoint.tiny: the tiny random checkpoint (base + package + merged export) built locally."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
-from hf_openjev.export.tiny import build_tiny_checkpoint
-from hf_openjev.manifest import EXPORT_FORMAT, MANIFEST_NAME
-from hf_openjev.tiny import (
+from hf_openjev.checkpoint.manifest import EXPORT_FORMAT, MANIFEST_NAME
+from hf_openjev.checkpoint.tiny import (
     SPECIAL_TOKENS,
     TINY_MODEL_ID,
     TINY_TEMPERATURE,
     build_tiny_tokenizer,
     tiny_text_config,
 )
+from hf_openjev.export.tiny import build_tiny_checkpoint
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 ONE_TURN = "<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"

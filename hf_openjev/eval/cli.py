@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..fp8_option import FP8_CHOICES, FP8_HELP, select_fp8_path
+from ..fp8.option import FP8_CHOICES, FP8_HELP, select_fp8_path
 
 
 def add_arguments(parser) -> None:

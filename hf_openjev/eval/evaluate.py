@@ -10,7 +10,7 @@ list of paths. The metric definitions are in :mod:`hf_openjev.eval.metrics`. ``f
 opt-in; an export directory only) runs the fast path with FP8 projections, loaded with ``load_export(...,
 fp8=fp8)`` (quantized on the CPU, so the device never holds the bf16 weights); the mode joins the run's
 fingerprint, so FP8 and bf16 results never mix in one ``out_dir``. It does not pass the fidelity gate against the
-fp32 oracle (:data:`hf_openjev.fp8_option.FP8_HELP`).
+fp32 oracle (:data:`hf_openjev.fp8.option.FP8_HELP`).
 
 Inputs
     - ``*.jsonl``: JevBench task files, read line by line here (exact JSON; errors carry the line number).
@@ -101,7 +101,8 @@ from .sharding import (RESULTS_NAME, Processes, current_processes, merge_results
                        results_files, shard_by_tokens, task_cost)
 from .tasks import EvalInputError, Task, _warn, load_tasks, resolve_inputs
 from ..errors import RequestError
-from ..model import JevModel, check_device, load_export
+from ..model import JevModel, load_export
+from ..devices import check_device
 from ..scoring import PreparedRequest, build_answer, prepare_path, prepare_request, score_prepared
 
 RUN_NAME = "run.json"
@@ -318,8 +319,8 @@ def _requests_model(model, model_path: Path | None) -> JevModel:
         return model
     import torch
 
-    from ..checkpoint_io import load_tokenizer
-    from ..manifest import read_manifest
+    from ..checkpoint.files import load_tokenizer
+    from ..checkpoint.manifest import read_manifest
 
     return JevModel(torch.nn.Module(), torch.nn.Linear(1, 1), load_tokenizer(model_path), read_manifest(model_path),
                     method="merged")
@@ -412,7 +413,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     calls this and returns the same summary; rank 0 writes it.
     """
     from ..errors import UsageError
-    from ..fp8_option import select_fp8_path
+    from ..fp8.option import select_fp8_path
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -428,7 +429,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     if isinstance(model, JevModel):
         manifest, model_path = model.manifest, None
     else:
-        from ..manifest import read_manifest
+        from ..checkpoint.manifest import read_manifest
 
         model_path = Path(model)
         manifest = read_manifest(model_path)  # CheckpointError for a bad export, before reading any task

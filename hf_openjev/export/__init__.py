@@ -1,3 +1,3 @@
 """``hf-openjev export``: merge the LoRA adapter into a merged checkpoint (``merge.py``), check it
-(``verify.py``); ``cli.py`` is the command line. ``fp8.py``: FP8 exports (``export --fp8``, and
-``hf-openjev quantize``, ``quantize_cli.py``)."""
+(``verify.py``); ``cli.py`` is the command line. ``merge_fp8.py``: ``export --fp8`` (merge, then
+:mod:`hf_openjev.fp8.quantize`); ``quantize_cli.py``: ``hf-openjev quantize``."""

@@ -6,7 +6,7 @@ Merges the published package's LoRA adapter into the base model and writes a mer
 PEFT's ``merge_and_unload()``, and max |Δscore| / |Δp| of the export against the unmerged reference on probe
 requests). Bad inputs are refused before anything is written; nothing is left behind on failure or interrupt.
 With ``--fp8`` the merge goes to a temporary directory and ``--out`` is its FP8 export
-(``open-jev-text-merged-fp8/1``, ``hf_openjev.export.fp8``); ``hf-openjev quantize`` (:mod:`.quantize_cli`) makes
+(``open-jev-text-merged-fp8/1``, ``hf_openjev.fp8.quantize``); ``hf-openjev quantize`` (:mod:`.quantize_cli`) makes
 one from an existing merged export.
 """
 
@@ -68,7 +68,7 @@ def add_arguments(parser) -> None:
 
 
 def add_fp8_argument(parser, flag: str, *, const: str | None, help: str) -> None:
-    """The FP8 mode flag: ``all`` or ``no-gdn`` (``hf_openjev.fp8_scheme.FP8_MODES`` other than ``off``)."""
+    """The FP8 mode flag: ``all`` or ``no-gdn`` (``hf_openjev.fp8.scheme.FP8_MODES`` other than ``off``)."""
     parser.add_argument(flag, nargs="?" if const else None, const=const, default=None if const else "all",
                         choices=["all", "no-gdn"], metavar="MODE", help=help)
 
@@ -103,9 +103,9 @@ def run(args) -> int:
         if args.fp8 is None:
             lines = merge_lora(args.base, args.package, args.out, **options).lines()
         else:
-            from hf_openjev.fp8_scheme import FP8_MODES
+            from hf_openjev.fp8.scheme import FP8_MODES
 
-            from .fp8 import merge_and_quantize
+            from .merge_fp8 import merge_and_quantize
 
             merged, quantized = merge_and_quantize(args.base, args.package, args.out,
                                                    targets=FP8_MODES[args.fp8], **options)

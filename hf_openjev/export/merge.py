@@ -58,15 +58,15 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint_io import (FLOAT_DTYPES, base_weight_files, expected_backbone_shapes, load_tokenizer,
-                            read_safetensors_headers, text_key)
+from ..checkpoint.files import (FLOAT_DTYPES, base_weight_files, expected_backbone_shapes, load_tokenizer,
+                                read_safetensors_headers, text_key)
 from ..errors import CheckpointError
 from .identity import BaseIdentity, check_base_identity
-from .out_dir import check_free_space, missing_parents, read_umask, remove_empty
-from .safetensors_stream import TORCH_DTYPE, TensorFileReader
+from ..checkpoint.out_dir import check_free_space, missing_parents, read_umask, remove_empty
+from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader
 from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
-from ..manifest import ExportManifest, check_max_length, write_manifest
-from ..package import read_base_text_config, read_lora_pairs, read_package
+from ..checkpoint.manifest import ExportManifest, check_max_length, write_manifest
+from ..checkpoint.package import read_base_text_config, read_lora_pairs, read_package
 
 MAX_SHARD_BYTES = 5 * 1000**3  # "shards of at most 5 GB" (checkpoints.md); a file's total size, header included
 DEFAULT_PROBE_MAX_PARAMS = 500_000_000  # two fp32 copies of the backbone: about 4 GB of host memory
@@ -271,6 +271,76 @@ def _check_adapter_against_base(package, pairs: dict, found: dict) -> None:
                                       "adapter weights adapt; the adapter config and weights do not match")
 
 
+def _check_index(base_dir: Path, headers: dict) -> None:
+    """The base's shard index, when it has one, names the shard that holds each tensor."""
+    index = base_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        wrong = [k for k, f in weight_map.items() if k not in headers[base_dir / f]]
+        if wrong:
+            raise CheckpointError(f"{index}: tensors not found in the shard it names, e.g. {wrong[:3]}; "
+                                  "the base download is inconsistent")
+
+
+def _backbone_tensors(base_dir: Path, files: list[Path], headers: dict, expected: dict) -> tuple[dict, list[str]]:
+    """``({backbone name: (shard, stored key, shape, dtype)}, stored keys that are not the backbone's)``: exactly
+    the backbone ``config.json`` describes, every tensor a float one, no name twice."""
+    seen: dict[str, str] = {}
+    found: dict[str, tuple[Path, str, tuple[int, ...], str]] = {}
+    dropped: list[str] = []
+    for path in files:
+        for key, (shape, dtype) in headers[path].items():
+            name = text_key(key)
+            if name is None:
+                dropped.append(key)
+                continue
+            if name in seen:
+                raise CheckpointError(f"{base_dir}: tensors {seen[name]!r} and {key!r} both map to backbone weight "
+                                      f"{name!r}; the base checkpoint is ambiguous")
+            seen[name] = key
+            found[name] = (path, key, shape, dtype)
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        raise CheckpointError(f"{base_dir}: {len(missing)} backbone weights required by config.json are missing "
+                              f"(e.g. {missing[:3]}); the base weights are incomplete or do not match config.json")
+    unexpected = sorted(set(found) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{base_dir}: tensors that are not part of the Qwen3.5 text backbone described by "
+                              f"config.json: {unexpected[:3]}; the base weights and config.json do not match")
+    bad_shapes = [f"{n}: {list(found[n][2])} vs config {list(expected[n])}" for n in expected
+                  if found[n][2] != expected[n]]
+    if bad_shapes:
+        raise CheckpointError(f"{base_dir}: base weights whose shapes do not match config.json: {bad_shapes[:3]}")
+    not_float = [f"{n} ({found[n][3]})" for n in found if found[n][3] not in FLOAT_DTYPES]
+    if not_float:
+        raise CheckpointError(f"{base_dir}: backbone tensors with a non-float dtype cannot be exported: {not_float[:3]}")
+    return found, dropped
+
+
+def _tokenizer_files(base_dir: Path) -> list[Path]:
+    """The base's tokenizer files; a :class:`CheckpointError` when it has no tokenizer."""
+    tokenizer_files = sorted(p for p in base_dir.iterdir() if p.is_file() and _TOKENIZER_FILES.match(p.name))
+    names = {p.name for p in tokenizer_files}
+    if "tokenizer.json" not in names and not {"vocab.json", "merges.txt"} <= names:
+        raise CheckpointError(f"{base_dir} has no tokenizer (tokenizer.json, or vocab.json + merges.txt, is missing); "
+                              "download the base model's tokenizer files")
+    return tokenizer_files
+
+
+def _plan_items(files: list[Path], headers: dict, found: dict, pairs: dict) -> list[_Item]:
+    """One item per backbone tensor, in the base's order, with its LoRA module when the adapter targets it."""
+    items: list[_Item] = []
+    for path in files:
+        for key in headers[path]:
+            name = text_key(key)
+            if name is None:
+                continue
+            _, _, shape, dtype = found[name]
+            module = name[: -len(".weight")] if name.endswith(".weight") else None
+            items.append(_Item(path, key, name, shape, dtype, module if module in pairs else None))
+    return items
+
+
 def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwrite: bool = False,
                 max_shard_bytes: int = MAX_SHARD_BYTES, allow_base_mismatch: bool = False) -> _Plan:
     """Every check of the export, without writing anything. Raises :class:`CheckpointError` saying what to fix.
@@ -301,65 +371,17 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
         )
 
     headers = {path: read_safetensors_headers(path) for path in files}
-    index = base_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        wrong = [k for k, f in weight_map.items() if k not in headers[base_dir / f]]
-        if wrong:
-            raise CheckpointError(f"{index}: tensors not found in the shard it names, e.g. {wrong[:3]}; "
-                                  "the base download is inconsistent")
-
-    expected = expected_backbone_shapes(text_config)
-    seen: dict[str, str] = {}
-    found: dict[str, tuple[Path, str, tuple[int, ...], str]] = {}
-    dropped: list[str] = []
-    for path in files:
-        for key, (shape, dtype) in headers[path].items():
-            name = text_key(key)
-            if name is None:
-                dropped.append(key)
-                continue
-            if name in seen:
-                raise CheckpointError(f"{base_dir}: tensors {seen[name]!r} and {key!r} both map to backbone weight "
-                                      f"{name!r}; the base checkpoint is ambiguous")
-            seen[name] = key
-            found[name] = (path, key, shape, dtype)
-    missing = sorted(set(expected) - set(found))
-    if missing:
-        raise CheckpointError(f"{base_dir}: {len(missing)} backbone weights required by config.json are missing "
-                              f"(e.g. {missing[:3]}); the base weights are incomplete or do not match config.json")
-    unexpected = sorted(set(found) - set(expected))
-    if unexpected:
-        raise CheckpointError(f"{base_dir}: tensors that are not part of the Qwen3.5 text backbone described by "
-                              f"config.json: {unexpected[:3]}; the base weights and config.json do not match")
-    bad_shapes = [f"{n}: {list(found[n][2])} vs config {list(expected[n])}" for n in expected
-                  if found[n][2] != expected[n]]
-    if bad_shapes:
-        raise CheckpointError(f"{base_dir}: base weights whose shapes do not match config.json: {bad_shapes[:3]}")
-    not_float = [f"{n} ({found[n][3]})" for n in found if found[n][3] not in FLOAT_DTYPES]
-    if not_float:
-        raise CheckpointError(f"{base_dir}: backbone tensors with a non-float dtype cannot be exported: {not_float[:3]}")
+    _check_index(base_dir, headers)
+    found, dropped = _backbone_tensors(base_dir, files, headers, expected_backbone_shapes(text_config))
 
     pairs = read_lora_pairs(package)  # A/B present, shapes match r
     _check_adapter_against_base(package, pairs, found)
 
-    tokenizer_files = sorted(p for p in base_dir.iterdir() if p.is_file() and _TOKENIZER_FILES.match(p.name))
-    names = {p.name for p in tokenizer_files}
-    if "tokenizer.json" not in names and not {"vocab.json", "merges.txt"} <= names:
-        raise CheckpointError(f"{base_dir} has no tokenizer (tokenizer.json, or vocab.json + merges.txt, is missing); "
-                              "download the base model's tokenizer files")
+    tokenizer_files = _tokenizer_files(base_dir)
     tokenizer = load_tokenizer(base_dir)
     chat_prefix, chat_suffix = render_chat_halves(tokenizer)
 
-    items: list[_Item] = []
-    for path in files:
-        for key in headers[path]:
-            name = text_key(key)
-            if name is None:
-                continue
-            _, _, shape, dtype = found[name]
-            module = name[: -len(".weight")] if name.endswith(".weight") else None
-            items.append(_Item(path, key, name, shape, dtype, module if module in pairs else None))
+    items = _plan_items(files, headers, found, pairs)
     shards = _plan_shards(items, max_shard_bytes)
 
     check_free_space(out_dir, sum(item.nbytes for item in items), "the export")
@@ -550,6 +572,50 @@ def _check_tokenizer(plan: _Plan, tmp: Path) -> None:
         raise CheckpointError("verification failed: the exported tokenizer renders different chat halves than the base")
 
 
+def _stream_shards(plan: _Plan, writer: "_ShardWriter", check, progress: bool) -> None:
+    """Every base shard, in order, through the merge into ``writer`` (``check``: each merged tensor against PEFT's
+    merge, or None)."""
+    by_file: dict[Path, list[_Item]] = {}
+    for item in plan.items:
+        by_file.setdefault(item.source_file, []).append(item)
+    from tqdm import tqdm
+
+    with tqdm(plan.files, desc="export: merging shards", unit="shard", disable=not progress,
+              file=sys.stderr) as bar:
+        for path in bar:
+            bar.set_postfix_str(path.name)
+            _stream_file(path, by_file.get(path, []), plan, writer, check)
+
+
+def _probe_check(plan: _Plan, tmp: Path, probe: str, probe_max_params: int, probe_tolerance: float,
+                 say: Callable[[str], None]) -> ProbeCheck:
+    """The score probe of the export written at ``tmp`` (or why it was skipped); a :class:`CheckpointError` when
+    it fails."""
+    if probe == "off":
+        return ProbeCheck(skipped_reason="turned off (--probe off)")
+    if probe == "auto" and plan.parameters > probe_max_params:
+        need = 2 * 4 * plan.parameters / 1e9
+        return ProbeCheck(skipped_reason=(
+            f"the backbone has {plan.parameters / 1e9:.2f} B parameters, more than the "
+            f"{probe_max_params / 1e9:.2f} B limit of the CPU fp32 probe (it would hold two fp32 copies, "
+            f"about {need:.1f} GB); pass --probe on to run it anyway, or compare the export with the "
+            "reference on a GPU"))
+    say("verify: score probe: loading the export and the unmerged reference on CPU in fp32 ...")
+    try:
+        probe_check = run_probe(tmp, plan.base_dir, plan.package_dir)
+    except CheckpointError as exc:
+        raise CheckpointError(f"verification failed: the score probe could not load a model: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - report any probe failure as a failed verification
+        raise CheckpointError(f"verification failed: the score probe raised {type(exc).__name__}: {exc}; "
+                              "rerun with --probe off to export without it") from exc
+    if not probe_check.same_tokens_max_abs_dp <= probe_tolerance:
+        raise CheckpointError(
+            f"verification failed: on the same token ids the export's probabilities differ from the "
+            f"unmerged reference by {probe_check.same_tokens_max_abs_dp:.3e} (> {probe_tolerance}); "
+            "the merged weights are wrong")
+    return probe_check
+
+
 def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwrite: bool = False,
                verify: bool = True, probe: str = "auto", probe_max_params: int = DEFAULT_PROBE_MAX_PARAMS,
                probe_tolerance: float = DEFAULT_PROBE_TOLERANCE, progress: bool = True,
@@ -590,18 +656,9 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
         os.chmod(tmp, 0o777 & ~read_umask())  # mkdtemp makes it 0o700; the export is an ordinary directory
         writer = _ShardWriter(tmp, plan.shards)
         check = report.tensor_check
-        by_file: dict[Path, list[_Item]] = {}
-        for item in plan.items:
-            by_file.setdefault(item.source_file, []).append(item)
-        from tqdm import tqdm
-
         say(f"export: {len(plan.items)} tensors from {len(plan.files)} base shard(s) into {len(plan.shards)} "
             f"output shard(s) in {tmp}" + (" (each merged tensor checked against PEFT)" if verify else ""))
-        with tqdm(plan.files, desc="export: merging shards", unit="shard", disable=not progress,
-                  file=sys.stderr) as bar:
-            for path in bar:
-                bar.set_postfix_str(path.name)
-                _stream_file(path, by_file.get(path, []), plan, writer, check if verify else None)
+        _stream_shards(plan, writer, check if verify else None, progress)
         report.shards = writer.finish()
         if verify and check.max_ulp > 1:
             raise CheckpointError(f"verification failed: merged {check.worst_module} differs from PEFT's "
@@ -613,29 +670,7 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
 
         if verify:
             _check_tokenizer(plan, tmp)
-            if probe == "off":
-                report.probe = ProbeCheck(skipped_reason="turned off (--probe off)")
-            elif probe == "auto" and plan.parameters > probe_max_params:
-                need = 2 * 4 * plan.parameters / 1e9
-                report.probe = ProbeCheck(skipped_reason=(
-                    f"the backbone has {plan.parameters / 1e9:.2f} B parameters, more than the "
-                    f"{probe_max_params / 1e9:.2f} B limit of the CPU fp32 probe (it would hold two fp32 copies, "
-                    f"about {need:.1f} GB); pass --probe on to run it anyway, or compare the export with the "
-                    "reference on a GPU"))
-            else:
-                say("verify: score probe: loading the export and the unmerged reference on CPU in fp32 ...")
-                try:
-                    report.probe = run_probe(tmp, plan.base_dir, plan.package_dir)
-                except CheckpointError as exc:
-                    raise CheckpointError(f"verification failed: the score probe could not load a model: {exc}") from exc
-                except Exception as exc:  # noqa: BLE001 - report any probe failure as a failed verification
-                    raise CheckpointError(f"verification failed: the score probe raised {type(exc).__name__}: {exc}; "
-                                          "rerun with --probe off to export without it") from exc
-                if not report.probe.same_tokens_max_abs_dp <= probe_tolerance:
-                    raise CheckpointError(
-                        f"verification failed: on the same token ids the export's probabilities differ from the "
-                        f"unmerged reference by {report.probe.same_tokens_max_abs_dp:.3e} (> {probe_tolerance}); "
-                        "the merged weights are wrong")
+            report.probe = _probe_check(plan, tmp, probe, probe_max_params, probe_tolerance, say)
 
         if out_dir.exists() or out_dir.is_symlink():
             if not overwrite:

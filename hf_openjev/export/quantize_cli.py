@@ -1,7 +1,7 @@
 """``hf-openjev quantize --model EXPORT_DIR --out DIR [--fp8 all|no-gdn] [--overwrite]``.
 
 Quantizes a merged bf16 export (``hf-openjev export``) into an FP8 export (``open-jev-text-merged-fp8/1``,
-:func:`hf_openjev.export.fp8.quantize_export`: e4m3 projections with per-channel scales, everything else bit for
+:func:`hf_openjev.fp8.quantize.quantize_export`: e4m3 projections with per-channel scales, everything else bit for
 bit), streaming one tensor at a time. Refused before anything is written when the source is not a bf16 merged
 export or ``--out`` exists (without ``--overwrite``); nothing is left behind on failure or interrupt.
 """
@@ -24,10 +24,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from hf_openjev.fp8_scheme import FP8_MODES
+    from hf_openjev.fp8.scheme import FP8_MODES
 
+    from ..fp8.quantize import quantize_export
     from .cli import log, sigterm_unwinds
-    from .fp8 import quantize_export
 
     with sigterm_unwinds():
         report = quantize_export(args.model, args.out, targets=FP8_MODES[args.fp8], overwrite=args.overwrite,

@@ -1,4 +1,4 @@
-"""The tiny random checkpoint, complete: base and package (:mod:`hf_openjev.tiny`) plus its merged export.
+"""The tiny random checkpoint, complete: base and package (:mod:`hf_openjev.checkpoint.tiny`) plus its merged export.
 
 ``build_tiny_checkpoint(root)`` writes ``<root>/base``, ``<root>/package`` and ``<root>/export`` (made by
 :func:`~hf_openjev.export.merge.merge_lora`, like any export). The demo and the tests run on it; its weights are
@@ -11,8 +11,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..manifest import MANIFEST_NAME
-from ..tiny import write_tiny_base_and_package
+from ..checkpoint.manifest import MANIFEST_NAME
+from ..checkpoint.tiny import write_tiny_base_and_package
 from .merge import merge_lora
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..fp8_option import FP8_CHOICES, FP8_HELP
+from ..fp8.option import FP8_CHOICES, FP8_HELP
 from .batcher import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS
 
 

@@ -19,14 +19,14 @@ logger = logging.getLogger(__name__)
 
 
 def parse_devices(text: str) -> list[str]:
-    """``"cuda:0,cuda:1"`` -> ``["cuda:0", "cuda:1"]``, each checked with :func:`hf_openjev.model.check_device`.
+    """``"cuda:0,cuda:1"`` -> ``["cuda:0", "cuda:1"]``, each checked with :func:`hf_openjev.devices.check_device`.
 
     Refuses (:class:`UsageError`, one line) an empty list, an unknown or absent device, a CUDA device listed twice
     (``cuda`` is ``cuda:0``) and a mix of CPU and CUDA. ``cpu`` may repeat (``cpu,cpu``: tests, demos)."""
     import torch
 
+    from ..devices import check_device
     from ..errors import UsageError
-    from ..model import check_device
 
     devices = [part.strip() for part in str(text).split(",")]
     if not devices or any(not d for d in devices):
@@ -60,8 +60,8 @@ def load_replicas(model_dir, devices: list[str], *, dtype="auto", fp8: str = "of
 
 def _fp8_note(model) -> str:
     """`` with fp8 all (25 FP8 projections)`` for a model whose projections are FP8, else ``""``."""
-    from ..patches.fp8_linear import Fp8Linear
-    from ..patches.fp8_swap import fp8_mode_of
+    from ..fp8.linear import Fp8Linear
+    from ..fp8.swap import fp8_mode_of
 
     count = sum(isinstance(m, Fp8Linear) for m in model.modules())
     return f" with fp8 {fp8_mode_of(model)} ({count} FP8 projections)" if count else ""

@@ -256,7 +256,7 @@ async def _read_body(request: Request) -> bytes:
 def _release_date(model) -> str:
     """The export's date (its manifest's modification time), else today."""
     try:
-        from ..manifest import MANIFEST_NAME
+        from ..checkpoint.manifest import MANIFEST_NAME
 
         root = Path(model.backbone.config._name_or_path)
         stamp = (root / MANIFEST_NAME).stat().st_mtime
@@ -581,6 +581,32 @@ def check_port_free(host: str, port: int) -> None:
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host and --port") from None
 
 
+def _check_devices(device, devices) -> list[str] | None:
+    """``device`` checked, and ``devices`` (``"cuda:0,cuda:1"`` or a list) as a checked list (None when not
+    given); a one-line :class:`~hf_openjev.errors.UsageError` for a device this machine lacks, or both given."""
+    from ..devices import check_device
+
+    check_device(device)
+    if devices is None:
+        return None
+    from ..errors import UsageError
+    from .replicas import parse_devices
+
+    if device is not None:
+        raise UsageError("give --device or --devices, not both")
+    return parse_devices(devices if isinstance(devices, str) else ",".join(map(str, devices)))
+
+
+def _configure_logging(log_level: str) -> None:
+    """The root logger (when nothing configured it), the package's level and the access log."""
+    from .ops import configure_access_log
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("hf_openjev").setLevel(log_level.upper())
+    configure_access_log()
+
+
 def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, dtype="auto",
           max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
           max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
@@ -595,27 +621,25 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
 
     ``warm_up_shapes``: a token-shape file (:mod:`hf_openjev.warmup`); before serving, one fast-path forward per
     shape captures the CUDA graphs the traffic's first requests would otherwise capture. Before the model loads,
-    the export directory (:func:`~hf_openjev.manifest.check_export_dir`), the device and the port are checked:
-    a published package, a CUDA device without CUDA or a busy port raises at once (one line from the CLI).
+    the export directory (:func:`~hf_openjev.checkpoint.manifest.check_export_dir`), the device and the port are
+    checked: a published package, a CUDA device without CUDA or a busy port raises at once (one line from the CLI).
 
     ``devices`` (instead of ``device``): ``"cuda:0,cuda:1"`` or a list: one replica of the model per device
     (:mod:`hf_openjev.serve.replicas`), every device checked before anything loads; each replica is warmed up
     before the server takes traffic, and the batcher feeds groups to whichever replica is free.
 
     ``fp8`` (``"all"``, ``"no-gdn"``; default ``"off"``): the fast path's FP8 projections, opt-in; it selects the
-    fast path and is refused with ``fast=False`` (:func:`~hf_openjev.fp8_option.select_fp8_path`), before anything
+    fast path and is refused with ``fast=False`` (:func:`~hf_openjev.fp8.option.select_fp8_path`), before anything
     else. Every replica is loaded with ``load_export(..., fp8=fp8)``: quantized on the CPU, then moved, so no device
-    holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8_option.FP8_HELP`)."""
+    holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8.option.FP8_HELP`)."""
     import uvicorn
 
     from .keys import read_api_keys
     from .lifecycle import LoadingApp, build_server
-    from .ops import configure_access_log
 
+    from ..checkpoint.manifest import check_export_dir
     from ..fast_options import FastPathOptions
-    from ..fp8_option import select_fp8_path
-    from ..manifest import check_export_dir
-    from ..model import check_device
+    from ..fp8.option import select_fp8_path
     from ..scoring import use_fast_path
     from ..warmup import load_shapes
 
@@ -624,19 +648,9 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     ops = ServerOps(api_keys=read_api_keys(api_key_file), metrics_auth=metrics_auth)  # bad keys: before loading
     shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
     check_export_dir(model_dir)  # a package dir, a CUDA device without CUDA, a busy port: before the model loads
-    check_device(device)
-    if devices is not None:
-        from ..errors import UsageError
-        from .replicas import parse_devices
-
-        if device is not None:
-            raise UsageError("give --device or --devices, not both")
-        devices = parse_devices(devices if isinstance(devices, str) else ",".join(map(str, devices)))
+    devices = _check_devices(device, devices)
     check_port_free(host, port)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("hf_openjev").setLevel(log_level.upper())
-    configure_access_log()
+    _configure_logging(log_level)
 
     def build(report_stage):  # on a thread, while uvicorn already answers /health with 503
         from .replicas import load_replicas, warm_up_replicas

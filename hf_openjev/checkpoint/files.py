@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 _TEXT_PREFIXES = ("model.language_model.", "model.")
 _DROPPED = re.compile(r"^(model\.visual\.|visual\.|mtp\.|model\.mtp\.|lm_head\.)")

@@ -1,5 +1,5 @@
 """The merged-export manifest ``open_jev_export.json``: format ``open-jev-text-merged/1`` (bf16), or
-``open-jev-text-merged-fp8/1`` (an FP8 export, ``hf_openjev.export.fp8``: the same fields plus ``quantization``).
+``open-jev-text-merged-fp8/1`` (an FP8 export, ``hf_openjev.fp8.quantize``: the same fields plus ``quantization``).
 
 Reading validates every field and raises :class:`CheckpointError` with a message that says what to fix.
 """
@@ -11,8 +11,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import CheckpointError
-from .json_files import read_json_object  # noqa: F401 - re-exported: callers import it from here
+from ..errors import CheckpointError
+from ..json_files import read_json_object  # noqa: F401 - re-exported: callers import it from here
 
 MANIFEST_NAME = "open_jev_export.json"
 EXPORT_FORMAT = "open-jev-text-merged/1"
@@ -36,7 +36,7 @@ class ExportManifest:
     # ``sha256-sampled-v1:<hex>``: a fingerprint of the base weights the export was merged from (written by
     # ``hf-openjev export``, see ``hf_openjev.export.identity.base_fingerprint``); "" for exports made before it.
     base_fingerprint: str = ""
-    # an FP8 export's ``quantization`` entry (hf_openjev.fp8_scheme.manifest_block: scheme, layout, modules, ...);
+    # an FP8 export's ``quantization`` entry (hf_openjev.fp8.scheme.manifest_block: scheme, layout, modules, ...);
     # None for a bf16 export
     quantization: dict | None = field(default=None, hash=False)
 
@@ -121,7 +121,7 @@ def check_export_dir(export_dir: str | Path) -> Path:
 def read_manifest(export_dir: str | Path) -> ExportManifest:
     """Read and validate ``<export_dir>/open_jev_export.json`` (after :func:`check_export_dir`); an FP8 export's
     ``quantization`` entry is checked against its ``config.json`` and kept in ``.quantization``."""
-    from .fp8_scheme import FP8_EXPORT_FORMAT, read_fp8_quantization
+    from ..fp8.scheme import FP8_EXPORT_FORMAT, read_fp8_quantization
 
     path = check_export_dir(export_dir)
     data = read_json_object(path)

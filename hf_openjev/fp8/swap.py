@@ -1,6 +1,7 @@
 """FP8 projections in a loaded model: ``quantize_model_fp8(model, targets)`` swaps the targeted ``nn.Linear``
-modules for :class:`~hf_openjev.patches.fp8_linear.Fp8Linear`, in place (what ``apply_patches`` does for the fast
-path's ``fp8`` option; the benchmark calls it on its random bf16 model).
+modules for :class:`~hf_openjev.fp8.linear.Fp8Linear`, in place (the step of
+:func:`~hf_openjev.fp8.prepare.prepare_model_for_fp8`, the one call the loader, the pipeline and ``apply_patches``
+make; the benchmark calls it on its random bf16 model).
 
 Where each FP8 weight comes from:
 
@@ -25,11 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hf_openjev.fp8_scheme import ALL_TARGETS, QUANTIZABLE, resolve_fp8_targets, target_of
-
-from .fp8_linear import Fp8Linear, quantize_linear
-from .stacked_projections import unstack_projections
-from .text_model import text_model_of
+from ..patches.stacked_projections import unstack_projections
+from ..patches.text_model import text_model_of
+from .linear import Fp8Linear, quantize_linear
+from .scheme import ALL_TARGETS, FP8_MODES, QUANTIZABLE, resolve_fp8_targets, target_of
 
 FP8_ATTRIBUTE = "_hf_openjev_fp8"  # on the text model: the module suffixes that are Fp8Linear
 SOURCE_ATTRIBUTE = "_hf_openjev_fp8_source"  # on the text model: the Fp8Source it was loaded from
@@ -57,7 +57,7 @@ def attach_fp8_source(model, export_dir: str | Path, modules: Iterable[str]) -> 
     """Record on ``model``'s text model that its targeted weights are the FP8 export ``export_dir``'s, dequantized
     (reads the shard headers only); ``quantize_model_fp8`` then takes the export's e4m3 bits instead of
     re-quantizing."""
-    from hf_openjev.checkpoint_io import base_weight_files, read_safetensors_headers, text_key
+    from hf_openjev.checkpoint.files import base_weight_files, read_safetensors_headers, text_key
 
     weights = {}
     for path in base_weight_files(Path(export_dir)):
@@ -78,8 +78,6 @@ def fp8_modules(model) -> tuple[str, ...]:
 def fp8_mode_of(model) -> str | None:
     """The ``fp8`` mode (``"off"``, ``"all"``, ``"no-gdn"``) whose modules are exactly ``model``'s FP8 ones, else
     None (targets given module by module)."""
-    from hf_openjev.fp8_scheme import FP8_MODES
-
     have = fp8_modules(model)
     return next((mode for mode in FP8_MODES if resolve_fp8_targets(mode) == have), None)
 
@@ -127,7 +125,7 @@ def quantize_model_fp8(model, targets: Iterable[str] | str = ALL_TARGETS) -> int
     returns how many were swapped (0 when they already are: idempotent).
 
     ``targets``: a mode (``"all"``, ``"no-gdn"``), groups (``mlp``, ``attention``, ``gdn``) or module suffixes
-    (``hf_openjev.fp8_scheme``); the head, embeddings, norms, conv and the GDN's ``in_proj_a``/``in_proj_b`` are
+    (``hf_openjev.fp8.scheme``); the head, embeddings, norms, conv and the GDN's ``in_proj_a``/``in_proj_b`` are
     never quantized. A graph cache of a patched model is emptied (its graphs read the freed weights). One way:
     see the module docstring."""
     modules = resolve_fp8_targets(targets)
@@ -145,7 +143,7 @@ def quantize_model_fp8(model, targets: Iterable[str] | str = ALL_TARGETS) -> int
     return count
 
 
-def check_fp8_mode(model, mode: str) -> tuple[str, ...]:
+def check_fp8_mode_fits(model, mode: str) -> tuple[str, ...]:
     """The module suffixes the fast path's ``fp8`` ``mode`` quantizes; a ValueError when ``model`` already has
     FP8 modules that ``mode`` does not cover (``"off"`` on an FP8 model, say): that cannot be undone."""
     wanted = resolve_fp8_targets(mode)

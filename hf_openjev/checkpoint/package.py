@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 from .manifest import check_head, check_temperature
 from .manifest import read_json_object as _read_json
 

@@ -1,6 +1,6 @@
 """Quantize a merged bf16 export into an FP8 export (``open-jev-text-merged-fp8/1``), streaming.
 
-What :func:`quantize_export` writes (the scheme: :mod:`hf_openjev.fp8_scheme`):
+What :func:`quantize_export` writes (the scheme: :mod:`hf_openjev.fp8.scheme`):
 
 - for every targeted projection ``<m>.weight`` [N, K]: ``<m>.weight`` as F8_E4M3 and ``<m>.weight_scale`` F32
   [N, 1], computed by :func:`hf_openjev.ops.fp8_linear.quantize_weight_per_channel` (the same rounding the op uses);
@@ -16,8 +16,8 @@ Each weight's dequantization error (relative, Frobenius) is measured on the way;
 can cause) the export fails. The export is built in a temporary directory beside the target and renamed at the
 end; on any failure nothing is left behind.
 
-:func:`merge_and_quantize` (``hf-openjev export --fp8``) merges into a temporary bf16 export first, then quantizes
-it into the target and removes the temporary one.
+``hf-openjev export --fp8`` merges into a temporary bf16 export first, then quantizes it into the target
+(:func:`hf_openjev.export.merge_fp8.merge_and_quantize`).
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint_io import base_weight_files
+from ..checkpoint.files import base_weight_files
+from ..checkpoint.manifest import MANIFEST_NAME, read_json_object, read_manifest
+from ..checkpoint.out_dir import check_free_space, missing_parents, read_umask, remove_empty
+from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader, TensorFileWriter, tensor_nbytes
 from ..errors import CheckpointError
-from ..fp8_scheme import (ALL_TARGETS, FP8_EXPORT_FORMAT, SOURCE_FORMAT, manifest_block, manifest_format,
-                          quantization_config, resolve_targets, target_of)
-from ..manifest import MANIFEST_NAME, read_json_object, read_manifest
-from .out_dir import check_free_space, missing_parents, read_umask, remove_empty
-from .safetensors_stream import TORCH_DTYPE, TensorFileReader, TensorFileWriter, tensor_nbytes
+from .scheme import (ALL_TARGETS, FP8_EXPORT_FORMAT, SOURCE_FORMAT, manifest_block, manifest_format,
+                     quantization_config, resolve_targets, target_of)
 
 _CHUNK_BYTES = 64 * 1024**2  # fp32 work per block of rows; bytes per piece of a copied tensor
 _INDEX_NAME = "model.safetensors.index.json"
@@ -258,7 +258,7 @@ def _write_text_files(plan: _Plan, tmp: Path, quantized: int) -> None:
 
 def _check_written(plan: _Plan, tmp: Path) -> None:
     """Re-read every written header with safetensors itself: names, dtypes and shapes as planned."""
-    from ..checkpoint_io import read_safetensors_headers
+    from ..checkpoint.files import read_safetensors_headers
 
     for shard in plan.shards:
         want = {name: (tuple(shape), dtype) for name, dtype, shape in shard.outputs()}
@@ -289,7 +289,7 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
     """Quantize the merged bf16 export ``src_dir`` into an FP8 export at ``out_dir`` (see the module docstring).
 
     ``targets``: group names ``mlp``, ``attention``, ``gdn`` and/or module suffixes (``mlp.down_proj``); the
-    default quantizes every projection the scheme allows, ``hf_openjev.fp8_scheme.GDN_IN_BF16`` keeps the Gated
+    default quantizes every projection the scheme allows, ``hf_openjev.fp8.scheme.GDN_IN_BF16`` keeps the Gated
     DeltaNet's in bf16. Raises :class:`CheckpointError` before writing anything on a source that is not a bf16
     merged export (an FP8 export included), an existing ``out_dir`` without ``overwrite``, or unknown targets."""
     say = log or (lambda _message: None)
@@ -320,39 +320,3 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
         raise
     report.seconds = time.perf_counter() - start
     return report
-
-
-def merge_and_quantize(base_dir, package_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARGETS,
-                       overwrite: bool = False, progress: bool = True, log: Callable[[str], None] | None = None,
-                       **merge_options):
-    """``hf-openjev export --fp8``: :func:`~hf_openjev.export.merge.merge_lora` into a temporary bf16 export
-    beside ``out_dir`` (its verification, ``merge_options``, runs there: it checks the merge), then
-    :func:`quantize_export` of it into ``out_dir``; the temporary export is removed whatever happens. Both stream
-    (one tensor at a time); the disk holds the bf16 export and the FP8 one at the end. Returns
-    ``(ExportReport, Fp8ExportReport)``. Bad targets and an existing ``out_dir`` (without ``overwrite``) are
-    refused before the merge."""
-    from .merge import merge_lora
-
-    out_dir = Path(out_dir)
-    modules = resolve_targets(targets)
-    if (out_dir.exists() or out_dir.is_symlink()) and not overwrite:
-        raise CheckpointError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it (or choose "
-                              "another)")
-    created = missing_parents(out_dir)
-    work = None
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.bf16-", dir=out_dir.parent))
-        merged = merge_lora(base_dir, package_dir, work / "merged", progress=progress, log=log, **merge_options)
-        quantized = quantize_export(work / "merged", out_dir, targets=modules, overwrite=overwrite,
-                                    progress=progress, log=log)
-    except BaseException:
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
-            work = None
-        remove_empty(created)
-        raise
-    finally:
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
-    return merged, quantized

@@ -1,7 +1,7 @@
 """The FP8 export scheme: which modules are quantized, the format string, and the two JSON blocks an FP8 export
 carries (``quantization_config`` in ``config.json``, ``quantization`` in ``open_jev_export.json``).
 
-An FP8 export (``open-jev-text-merged-fp8/1``, written by :func:`hf_openjev.export.fp8.quantize_export`) is a merged
+An FP8 export (``open-jev-text-merged-fp8/1``, written by :func:`hf_openjev.fp8.quantize.quantize_export`) is a merged
 export whose large projections are stored in compressed-tensors' FP8 "dynamic" layout:
 
     <module>.weight        F8_E4M3 [N, K]   (float8_e4m3fn)
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 FP8_EXPORT_FORMAT = "open-jev-text-merged-fp8/1"
 SOURCE_FORMAT = "open-jev-text-merged/1"
@@ -141,7 +141,7 @@ def manifest_format(export_dir: str | Path) -> str | None:
 
 def read_fp8_quantization(export_dir: str | Path) -> Fp8Quantization:
     """Read and cross-check an FP8 export's two blocks. Raises :class:`CheckpointError` saying what is wrong."""
-    from .json_files import read_json_object
+    from ..json_files import read_json_object
 
     export_dir = Path(export_dir)
     manifest = read_json_object(export_dir / "open_jev_export.json", "the export manifest")

@@ -1,0 +1,19 @@
+"""The backbone dtype a caller asks for, as a ``torch.dtype``."""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    """``"auto"``/None -> bfloat16 (the checkpoint dtype); strings like ``"float32"`` -> torch dtypes."""
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16
+    if isinstance(dtype, str):
+        resolved = getattr(torch, dtype, None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}; use 'bfloat16', 'float16' or 'float32'")
+        return resolved
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
+    return dtype

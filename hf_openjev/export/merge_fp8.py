@@ -1,0 +1,50 @@
+"""``hf-openjev export --fp8``: merge the published package into a temporary bf16 export, then quantize it
+(:func:`hf_openjev.fp8.quantize.quantize_export`)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..checkpoint.out_dir import missing_parents, remove_empty
+from ..errors import CheckpointError
+from ..fp8.quantize import quantize_export
+from ..fp8.scheme import ALL_TARGETS, resolve_targets
+
+
+def merge_and_quantize(base_dir, package_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARGETS,
+                       overwrite: bool = False, progress: bool = True, log: Callable[[str], None] | None = None,
+                       **merge_options):
+    """``hf-openjev export --fp8``: :func:`~hf_openjev.export.merge.merge_lora` into a temporary bf16 export
+    beside ``out_dir`` (its verification, ``merge_options``, runs there: it checks the merge), then
+    :func:`~hf_openjev.fp8.quantize.quantize_export` of it into ``out_dir``; the temporary export is removed whatever happens. Both stream
+    (one tensor at a time); the disk holds the bf16 export and the FP8 one at the end. Returns
+    ``(ExportReport, Fp8ExportReport)``. Bad targets and an existing ``out_dir`` (without ``overwrite``) are
+    refused before the merge."""
+    from .merge import merge_lora
+
+    out_dir = Path(out_dir)
+    modules = resolve_targets(targets)
+    if (out_dir.exists() or out_dir.is_symlink()) and not overwrite:
+        raise CheckpointError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it (or choose "
+                              "another)")
+    created = missing_parents(out_dir)
+    work = None
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.bf16-", dir=out_dir.parent))
+        merged = merge_lora(base_dir, package_dir, work / "merged", progress=progress, log=log, **merge_options)
+        quantized = quantize_export(work / "merged", out_dir, targets=modules, overwrite=overwrite,
+                                    progress=progress, log=log)
+    except BaseException:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+            work = None
+        remove_empty(created)
+        raise
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+    return merged, quantized

@@ -1,0 +1,7 @@
+"""The fast path's host-side layout: which tokens run in which forward, before any kernel runs.
+
+- :mod:`.planner`: the prefix tree and the packs (pure Python);
+- :mod:`.prefix_cuts`: where a token prefix can be cut cleanly (pure Python);
+- :mod:`.pack_context`: one pack's tensors and state hand-offs on the device;
+- :mod:`.graph_buckets`: the padded shapes CUDA graphs are captured for.
+"""
