@@ -144,7 +144,7 @@ class JevModel(nn.Module):
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
-        """Names a request's ``model`` field may carry (contract §1)."""
+        """Names a request's ``model`` field may carry (docs/contract.md §1)."""
         return (self.model_id, *SERVED_ALIASES, *self.aliases)
 
     @property
@@ -263,7 +263,7 @@ def _make_head(weight, bias, device) -> nn.Linear:
 
 
 def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str = "off") -> JevModel:
-    """Load a merged export directory (checkpoints.md) into a :class:`JevModel`.
+    """Load a merged export directory (docs/checkpoints.md) into a :class:`JevModel`.
 
     ``dtype`` is the backbone's dtype (default bfloat16); the head is always fp32. An FP8 export is loaded with
     its e4m3 weights dequantized to ``dtype`` (``model.quantization`` holds its manifest entry); the fast path

@@ -1,4 +1,4 @@
-"""Reading the published Open-Jev package and its base model directory (checkpoints.md, 'Open-Jev package').
+"""Reading the published Open-Jev package and its base model directory (docs/checkpoints.md "Open-Jev package").
 
 ```
 <package>/checkpoint/model.json          {"model_id", "revision", "max_length", "lora_rank", "method"}
@@ -24,7 +24,7 @@ from .errors import CheckpointError
 from .manifest import check_head, check_temperature
 from .manifest import read_json_object as _read_json
 
-# The modules LoRA adapts in Open-Jev (checkpoints.md): attention q/k/v/o, GDN in_proj_qkv and out_proj.
+# The modules LoRA adapts in Open-Jev (docs/checkpoints.md): attention q/k/v/o, GDN in_proj_qkv and out_proj.
 PUBLISHED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "out_proj")
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 

@@ -23,7 +23,7 @@ TASK = "jev-decision"
 
 
 class JevDecisionPipeline(Pipeline):
-    """One request dict -> one response dict (contract §6); a list of requests -> a list of responses.
+    """One request dict -> one response dict (docs/contract.md §6); a list of requests -> a list of responses.
 
     Options, at construction or per call: ``fast`` (None: the fast path on CUDA, the reference path elsewhere),
     ``batch_size`` (candidates per reference forward, default 32), ``fast_options`` (a

@@ -1,4 +1,4 @@
-"""The fp32 oracle of the decision-fidelity gate (design.md, Numerics): every JevBench request, exact arithmetic.
+"""The fp32 oracle of the decision-fidelity gate (docs/design.md "Numerics"): every JevBench request, exact arithmetic.
 
 The bench's random model (``bench_jevbench.build_model``: bf16 weights, seeded) is hashed as stored
 (``hf_openjev.fidelity.hash_weights``), then upcast to fp32 and run by stock Transformers with its own torch code

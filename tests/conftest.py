@@ -54,7 +54,7 @@ def random_lengths(rng, n: int, lo: int = 1, hi: int = 300) -> list[int]:
 
 # --- independent re-implementations used as oracles (written from the spec, not from hf_openjev) ----------------
 
-# contract §3: one user turn of the Qwen3.5 chat template, thinking disabled, generation prompt added.
+# docs/contract.md §3: one user turn of the Qwen3.5 chat template, thinking disabled, generation prompt added.
 QWEN_CHAT_PREFIX = "<|im_start|>user\n"
 QWEN_CHAT_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 

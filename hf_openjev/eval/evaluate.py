@@ -29,7 +29,7 @@ Inputs
     for such rows. A ``question`` column stored as a JSON string is decoded. Keep nested values as JSON strings (or
     use ``.jsonl``) for byte-exact prompts.
 
-Task -> request (contract §1)
+Task -> request (docs/contract.md §1)
     ``{"state": task["state"], "questions": {task["id"] or "q": {"type", "instructions", "criteria"}}}`` with the
     criteria reordered to follow ``labels``: choice -> ``{label: criteria[label] for label in labels}`` (the keys
     must be exactly the labels); score -> the array as given (``labels`` must be ``"0".."n-1"``, ``expected`` an
