@@ -271,7 +271,7 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str =
 
     ``fp8`` (``"off"``, ``"all"``, ``"no-gdn"``: the fast path's option,
     :attr:`~hf_openjev.fast_options.FastPathOptions.fp8`) sets the FP8 projections up while loading, so that
-    ``device`` never holds the bf16 weights (27B: 26.9 GB on the GPU instead of 51.2): the model is built on the
+    ``device`` never holds the bf16 weights (about half of them in bytes; recipes/RESULTS.md): the model is built on the
     CPU, its targeted projections are swapped for ``Fp8Linear`` there, module by module
     (:func:`~hf_openjev.patches.fp8_swap.quantize_model_fp8`: an FP8 export's own e4m3 bits, a bf16 export's
     weights quantized per channel, the bits ``hf-openjev quantize`` writes), and only then is the model moved to

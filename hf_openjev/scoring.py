@@ -44,12 +44,12 @@ class ScoreResult:
 
 
 def prepare_request(model, request) -> PreparedRequest:
-    """Contract §2 items 2..7: raises ``RequestError`` before any model work."""
+    """docs/contract.md §2 items 2..7: raises ``RequestError`` before any model work."""
     return tokenize_request(model, parse_request(request, served_models=model.served_model_names))
 
 
 def tokenize_request(model, parsed: ParsedRequest) -> PreparedRequest:
-    """Contract §2 item 7 for a validated request: every candidate tokenized, or ``RequestError`` for the first one
+    """docs/contract.md §2 item 7 for a validated request: every candidate tokenized, or ``RequestError`` for the first one
     over ``model.max_length``. Over-long texts stop at a clean prefix already over the limit where the model's
     tokenizer allows it (:func:`hf_openjev.prefix_cuts.prove_clean_cuts`); the verdict and the token counts of
     accepted requests are those of full tokenization."""

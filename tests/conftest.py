@@ -66,7 +66,7 @@ def _spec_render(value) -> str:
 
 
 def spec_prompts(request: dict) -> dict[str, list[str]]:
-    """Contract §3, re-derived: question id -> candidate prompts (without chat halves), in request order."""
+    """docs/contract.md §3, re-derived: question id -> candidate prompts (without chat halves), in request order."""
     state = _spec_render(request["state"])
     out: dict[str, list[str]] = {}
     for qid, q in request["questions"].items():

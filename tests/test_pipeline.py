@@ -62,7 +62,7 @@ def expected_input_tokens(model, request) -> int:
 
 
 def check_shape(response, request, model_id=TINY_MODEL_ID):
-    """Contract §6 shape, key order, sums; returns nothing, asserts everything."""
+    """docs/contract.md §6 shape, key order, sums; returns nothing, asserts everything."""
     assert list(response) == RESPONSE_KEYS
     assert response["model"] == model_id
     assert list(response["answers"]) == list(request["questions"])
