@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import CheckpointError
-from .json_files import read_json_object  # noqa: F401 - re-exported: callers import it from here
+from .json_files import read_json_object  # re-exported: callers import it from here
 
 MANIFEST_NAME = "open_jev_export.json"
 EXPORT_FORMAT = "open-jev-text-merged/1"

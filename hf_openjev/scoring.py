@@ -120,7 +120,7 @@ def score_prepared(model, prepared: Sequence[PreparedRequest], *, fast: bool | N
             raise InferenceError("the model produced a non-finite score")
     except InferenceError:
         raise
-    except Exception as exc:  # noqa: BLE001 - docs/contract.md §2: any failure inside inference is a 500
+    except Exception as exc:  # docs/contract.md §2: any failure inside inference is a 500
         raise InferenceError(f"model inference failed: {exc}") from exc
     seconds = time.perf_counter() - start
     it = iter(flat)

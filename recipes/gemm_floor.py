@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import SHAPES_FILE, VOCAB, build_workload  # noqa: E402
+from bench_jevbench import SHAPES_FILE, VOCAB, build_workload
 
-from hf_openjev.planner import plan_requests  # noqa: E402
+from hf_openjev.planner import plan_requests
 
 STREAMING_MS = 13.3  # one forward's weight streaming (docs/performance.md, 107 tokens)
 MS_PER_TOKEN = 293 / 4096  # compute-bound GEMM time per token (docs/performance.md, 4,096 tokens)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import save_table, versions  # noqa: E402
+from bench_jevbench import save_table, versions
 
 # kind -> (name, out_features, in_features), stacked as the fast path stacks them; the MLP runs in every layer
 SHAPES_27B = {

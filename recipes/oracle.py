@@ -29,10 +29,10 @@ import torch
 
 # recipes/ only: never the repository root, whose hf_openjev/ folder would shadow the installed package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import (SHAPES, SHAPES_FILE, VOCAB, bind_fla, build_model, build_workload,  # noqa: E402
+from bench_jevbench import (SHAPES, SHAPES_FILE, VOCAB, bind_fla, build_model, build_workload,
                             git_commit, versions)
 
-from hf_openjev.fidelity import (ORACLE_FORMAT, describe_request, hash_tokens, hash_weights,  # noqa: E402
+from hf_openjev.fidelity import (ORACLE_FORMAT, describe_request, hash_tokens, hash_weights,
                                  load_oracle, verify_oracle_identity)
 
 KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",

@@ -17,7 +17,7 @@ from hf_openjev.tiny import TINY_MODEL_ID, TINY_TEMPERATURE
 
 from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, independent_score, spec_prompts, spec_softmax
 
-from repo_data import JEVBENCH_EASY as JEVBENCH  # noqa: E402
+from repo_data import JEVBENCH_EASY as JEVBENCH
 RESPONSE_KEYS = ["model", "answers", "usage", "metadata"]
 METADATA_KEYS = ["method", "temperature", "candidate_sequences", "inference_seconds", "max_length", "base_revision",
                  "prefix_cache"]

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from . import metrics as M
-from .report import DIAGRAM_NAME, REPORT_NAME, SUMMARY_NAME, _count_structural, _fmt, build_summary, write_outputs
+from .report import SUMMARY_NAME, _count_structural, build_summary, write_outputs
 from .sharding import (RESULTS_NAME, Processes, current_processes, merge_results, rank_device, rank_results_path,
                        results_files, shard_by_tokens, task_cost)
 from .tasks import EvalInputError, Task, _warn, load_tasks, resolve_inputs

@@ -156,7 +156,7 @@ def _load_dataset_rows(path: Path, progress: bool = True) -> Iterator[tuple[str,
         else:
             builder = DATASET_SUFFIXES[path.suffix.lower()]
             parts = [(str(path), datasets.load_dataset(builder, data_files=str(path), split="train"))]
-    except Exception as exc:  # noqa: BLE001 - any loader failure is an input error
+    except Exception as exc:  # any loader failure is an input error
         raise EvalInputError(f"{path}: cannot load with datasets: {type(exc).__name__}: {exc}") from exc
     finally:
         if bars_were_on and not progress:

@@ -319,7 +319,7 @@ class _ServerState:
                                 "batch": {"requests": outcome.batch_requests, "input_tokens": outcome.batch_tokens,
                                           "queue_seconds": outcome.queue_seconds}})
             return dumps(response)
-        except Exception as exc:  # noqa: BLE001 - e.g. a non-finite score: an inference failure
+        except Exception as exc:  # e.g. a non-finite score: an inference failure
             raise InferenceError(f"model inference failed: {exc}") from exc
 
     # -- bookkeeping ---------------------------------------------------------------------------------------
@@ -421,7 +421,7 @@ async def decide(state: _ServerState, request: Request) -> Response:
     except ClientDisconnect:
         status, info = 499, "client disconnected"
         return Response(status_code=400)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         status, info = 500, f"{type(exc).__name__}: {exc}"
         logger.exception("request_id=%s failed", request_id)
         return _json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500,
