@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES_FILE = ROOT / "recipes" / "data" / "jevbench231-shapes.json"  # a copy of shared/data (travels to the device)
+SHAPES_FILE = ROOT / "recipes" / "data" / "jevbench231-shapes.json"  # the workload (docs/performance.md "Workload")
 T27 = 2.5343690298472983
 VOCAB = 248320  # the Qwen3.5 vocabulary: every shape's embedding, and the range of the workload's random ids
 BUCKETS = [(1, 128), (129, 512), (513, 2048), (2049, 4096), (4097, 16384)]
