@@ -52,7 +52,7 @@ def random_lengths(rng, n: int, lo: int = 1, hi: int = 300) -> list[int]:
     return [rng.randint(lo, hi) for _ in range(n)]
 
 
-# --- independent re-implementations used as oracles (written from the spec, not from hf_openjev) ----------------
+# --- independent re-implementations used as oracles (written from docs/contract.md, not from hf_openjev) -------
 
 # docs/contract.md §3: one user turn of the Qwen3.5 chat template, thinking disabled, generation prompt added.
 QWEN_CHAT_PREFIX = "<|im_start|>user\n"

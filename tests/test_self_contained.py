@@ -86,3 +86,16 @@ def test_the_readme_names_files_that_exist():
     named = set(re.findall(r"(?<![\w/])((?:data|recipes|docs)/[\w./-]+\.(?:jsonl|json|md))", readme))
     assert "data/jevbench/original.jsonl" in named
     assert not [name for name in named if not (REPO / name).is_file()]
+
+
+def test_every_cited_section_name_exists():
+    """``docs/design.md "Numerics"``: a heading of that document starts with the quoted name."""
+    cited: dict[str, set[str]] = {}
+    for path in _text_files():
+        if path.suffix in (".py", ".sh"):
+            for name, section in re.findall(r'(docs/[a-z_]+\.md),? "([^"]+)"', path.read_text(encoding="utf-8")):
+                cited.setdefault(name, set()).add(section)
+    assert cited.get("docs/design.md", set()) >= {"Numerics", "Layout"}
+    for name, sections in cited.items():
+        headings = re.findall(r"^#+ (.+)$", (REPO / name).read_text(encoding="utf-8"), re.M)
+        assert all(any(h.startswith(s) for h in headings) for s in sections), (name, sections, headings)
