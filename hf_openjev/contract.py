@@ -1,6 +1,6 @@
 """The Open-Jev decision contract: request validation, prompts, answers and response.
 
-This module implements ``/work/shared/spec/contract.md`` in pure Python (``json`` and ``math`` only; no torch),
+This module implements ``docs/contract.md`` in pure Python (``json`` and ``math`` only; no torch),
 so the pipeline, the evaluation command and the HTTP server all share one definition of:
 
 * :func:`parse_request` -- validation in the contract's order (§2 items 2..6, first error wins) and the
@@ -39,14 +39,14 @@ __all__ = [
     "tokenize_candidates",
 ]
 
-# --- limits (contract §1) ---------------------------------------------------------------------------------------
+# --- limits (docs/contract.md §1) ----------------------------------------------------------------------------------
 MAX_QUESTIONS = 4096
 MAX_CANDIDATES = 65536
 MAX_CHOICE_OPTIONS = 255
 MIN_SCORE_LEVELS = 2
 MAX_SCORE_LEVELS = 10
 
-# --- error messages (contract §2) -------------------------------------------------------------------------------
+# --- error messages (docs/contract.md §2) --------------------------------------------------------------------------
 MSG_NOT_OBJECT = "request body must be a JSON object"
 MSG_MODEL = "requested model is not loaded"
 MSG_STATE_MISSING = "request requires state"
@@ -63,7 +63,7 @@ MSG_NOUL_CRITERIA = "Noul criteria must contain true and false descriptions"
 MSG_TYPE = "question type must be choice, score, or noul"
 MSG_CANDIDATES = "request exceeds the candidate limit"
 
-# --- prompt pieces (contract §3) --------------------------------------------------------------------------------
+# --- prompt pieces (docs/contract.md §3) ---------------------------------------------------------------------------
 _PROPOSED = "Proposed answer: "
 _PROPOSED_TAIL = "\nIs this proposed answer correct? Answer Yes or No."
 _NOUL_TAIL = "Is the answer to this question yes? Answer Yes or No."
@@ -104,7 +104,7 @@ def _field(definition: dict, key: str) -> str:
 
 
 def render(value: Any) -> str:
-    """Render a state, instructions, description or level as prompt text (contract §3).
+    """Render a state, instructions, description or level as prompt text (docs/contract.md §3).
 
     A string is used verbatim; an object or array becomes ``json.dumps(v, ensure_ascii=False, sort_keys=True)``
     (keys sorted recursively, arrays kept in order, unicode kept, floats as Python prints them).
@@ -159,7 +159,7 @@ class ParsedRequest:
 
 
 def _parse_question(qid: str, definition: Any, state_text: str) -> Question:
-    """Validate one question (contract §2 item 6) and build its prompts (§3).
+    """Validate one question (docs/contract.md §2 item 6) and build its prompts (§3).
 
     Every error carries the contract's message plus a ``detail`` naming the question and the field.
     """
@@ -241,7 +241,7 @@ def _parse_question(qid: str, definition: Any, state_text: str) -> Question:
 def parse_request(request: Any, *, served_models: Collection[str] = ()) -> ParsedRequest:
     """Validate a decoded request and build every candidate prompt.
 
-    Checks follow contract §2 items 2..6 in order and the first error wins; each raises
+    Checks follow docs/contract.md §2 items 2..6 in order and the first error wins; each raises
     :class:`~hf_openjev.errors.RequestError` (status 422) with the contract's exact message and a ``detail`` that
     names the question and field at fault (served model names, for an unknown ``model``). Decoding the JSON
     body (and the 413/415 checks) is the server's job. ``model`` given (not ``None``) and not in
@@ -293,7 +293,7 @@ def tokenize_candidates(
     max_length: int,
     clean_cut: Callable[[str, int], int | None] | None = None,
 ) -> list[list[list[int]]]:
-    """Tokenize every candidate, question by question, candidate by candidate (contract §2 item 7).
+    """Tokenize every candidate, question by question, candidate by candidate (docs/contract.md §2 item 7).
 
     The text sent to ``encode`` is ``chat_prefix + prompt + chat_suffix``; ``encode`` must add no special tokens.
     The first sequence longer than ``max_length`` raises ``RequestError("question <id>: <n> tokens exceeds
@@ -349,7 +349,7 @@ def _count_past_max_length(text: str, encode: Callable[[str], list[int]], max_le
 
 
 def _softmax(scores: Sequence[float], temperature: float) -> list[float]:
-    """``softmax_T`` in float64 with max subtraction (contract §5)."""
+    """``softmax_T`` in float64 with max subtraction (docs/contract.md §5)."""
     top = max(scores)
     exps = [math.exp((s - top) / temperature) for s in scores]
     total = 0.0
@@ -415,7 +415,7 @@ _ANSWERS = {"choice": _choice_answer, "score": _score_answer, "noul": _noul_answ
 def answers_from_scores(
     parsed: ParsedRequest, scores: Sequence[Sequence[float]], temperature: float
 ) -> dict[str, dict]:
-    """Turn per-candidate head scores into answers (contract §5), in request order.
+    """Turn per-candidate head scores into answers (docs/contract.md §5), in request order.
 
     ``scores[k][j]`` is the score of candidate ``j`` of question ``k``. All math is float64; each question is
     answered from its own candidates only. Non-finite scores, a bad temperature or a shape mismatch raise
@@ -440,7 +440,7 @@ def answers_from_scores(
 
 
 def build_response(*, model_id: str, answers: dict, input_tokens: int, metadata: dict) -> dict:
-    """The response object of contract §6, keys in the contract's order."""
+    """The response object of docs/contract.md §6, keys in the contract's order."""
     return {
         "model": model_id,
         "answers": answers,

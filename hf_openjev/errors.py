@@ -2,7 +2,7 @@
 
 
 class RequestError(ValueError):
-    """An invalid request (contract §2). ``status`` is the HTTP status a server answers with.
+    """An invalid request (docs/contract.md §2). ``status`` is the HTTP status a server answers with.
 
     ``message`` (and ``str(error)``) is the contract's exact wording. ``detail``, when given, names the problem in
     this request (``"question 'urgency': criteria is missing; ..."``, or the served model names); the server puts
@@ -31,6 +31,6 @@ class UsageError(ValueError):
 
 
 class InferenceError(RuntimeError):
-    """A failure inside inference (contract §2: status 500 ``model inference failed``)."""
+    """A failure inside inference (docs/contract.md §2: status 500 ``model inference failed``)."""
 
     status = 500

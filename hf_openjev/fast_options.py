@@ -16,8 +16,8 @@ from .fp8.scheme import FP8_MODES
 from .packing.planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, DEFAULT_SHARE_TAILS
 
 # A level of one sequence this long or longer, with no prefix, runs its attention as one dense causal call
-# (ops.packed_attention.causal_attention: cuDNN on CUDA). The H200 measured cuDNN 26% faster than FA2 at 2,048
-# tokens, 47% at 3,400 and slower at <= 1,024 (recipes/RESULTS.md, s7 probe7). 0 turns it off.
+# (ops.packed_attention.causal_attention: cuDNN on CUDA): cuDNN is faster than FA2 on long single sequences and
+# slower on short ones, so the threshold sits where it starts to win (recipes/RESULTS.md). 0 turns it off.
 DENSE_ATTENTION_TOKENS = 2048
 
 # the options a packed forward reads (PackContext.options): a captured CUDA graph depends on them (its key holds them)
@@ -62,16 +62,16 @@ class FastPathOptions:
     # on CUDA, replay packed forwards as CUDA graphs per shape bucket (cuda_graphs.py); apply_patches creates the
     # graph cache of a CUDA model when this is on; per call, False runs eagerly
     cuda_graphs: bool = True
-    # on CUDA, norms / SiLU-mul / gates / RoPE through torch.compile: 27B mean 109.5 -> 93.5 ms, but mid-shape parity
-    # against stock 0.0095 -> 0.017 with 1 flip (H200, recipes/RESULTS.md, s3), so opt-in
+    # on CUDA, norms / SiLU-mul / gates / RoPE through torch.compile: faster than the plain code, but its decisions
+    # drift further from stock Transformers' (recipes/RESULTS.md), so opt-in
     compile_elementwise: bool = False
     # on CUDA, the elementwise group as Triton kernels that round like the plain code (compiled_elementwise.py);
     # compile_elementwise wins when both are on
     fused_elementwise: bool = True
     gdn_fp32: bool = False  # feed the GDN kernel fp32 q/k/v, for parity with the stock fp32 fallback (not yet measured)
     # FP8 projections, opt-in: "all" (MLP, attention and GDN projections), "no-gdn" (the GDN's in bf16) or "off".
-    # Measured on the H200 (recipes/RESULTS.md): 27B weights 51.2 -> 26.9 GB, mean 72.0 -> 53.5 ms, but neither
-    # mode passes the fidelity gate against the fp32 oracle (27B "all": mean |dp| 0.128 vs stock bf16's 0.0136).
+    # About half the weights and faster, but neither mode passes the fidelity gate against the fp32 oracle
+    # (recipes/RESULTS.md).
     # Read by apply_patches, which swaps the targeted nn.Linear modules for Fp8Linear (weights from the FP8 export
     # the model was loaded from, else quantized from its own weights, in place). One way: an FP8 model cannot go
     # back to bf16 without loading it again

@@ -1,4 +1,4 @@
-"""Decision fidelity against an fp32 oracle (design.md, Numerics): |Δp| statistics, decision flips, the gate.
+"""Decision fidelity against an fp32 oracle (docs/design.md "Numerics"): |Δp| statistics, decision flips, the gate.
 
 Everything here works on plain JSON-able data, as the oracle recipe (``recipes/oracle.py``) and the benchmark
 driver (``recipes/bench_jevbench.py --oracle``) write it. A *request entry*::
@@ -76,7 +76,7 @@ class GateVerdict:
 # --- building entries ----------------------------------------------------------------------------------------------
 
 def probabilities_from_response(response: Mapping) -> dict[str, list[float]]:
-    """A response dict (contract §6) -> {question id: [p per candidate]}; noul -> [p(yes)]."""
+    """A response dict (docs/contract.md §6) -> {question id: [p per candidate]}; noul -> [p(yes)]."""
     out = {}
     for qid, answer in response["answers"].items():
         if answer["type"] == "noul":
@@ -246,8 +246,8 @@ def compare_with_oracle(oracle_requests: Sequence[Mapping], config_requests: Seq
 # --- the gate ------------------------------------------------------------------------------------------------------
 
 def passes_gate(stats: FidelityStats, b_stats: FidelityStats) -> GateVerdict:
-    """design.md's gate: max |Δp| <= GATE_MAX_RATIO x B's, mean |Δp| <= GATE_MEAN_RATIO x B's, and flips away from
-    near-ties <= B's, both measured against the oracle on the same requests (else ``ValueError``)."""
+    """The gate of docs/design.md "Numerics": max |Δp| <= GATE_MAX_RATIO x B's, mean |Δp| <= GATE_MEAN_RATIO x B's,
+    and flips away from near-ties <= B's, both measured against the oracle on the same requests (else ``ValueError``)."""
     if stats.request_ids != b_stats.request_ids:
         raise ValueError("the configuration and B were compared on different requests")
     limits = {"max_abs_dp": GATE_MAX_RATIO * b_stats.max_abs_dp, "mean_abs_dp": GATE_MEAN_RATIO * b_stats.mean_abs_dp,

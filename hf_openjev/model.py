@@ -69,7 +69,7 @@ class JevModel(nn.Module):
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
-        """Names a request's ``model`` field may carry (contract §1)."""
+        """Names a request's ``model`` field may carry (docs/contract.md §1)."""
         return (self.model_id, *SERVED_ALIASES, *self.aliases)
 
     @property
@@ -110,7 +110,7 @@ class JevModel(nn.Module):
 
 
 def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str = "off") -> JevModel:
-    """Load a merged export directory (checkpoints.md) into a :class:`JevModel`.
+    """Load a merged export directory (docs/checkpoints.md) into a :class:`JevModel`.
 
     ``dtype`` is the backbone's dtype (default bfloat16); the head is always fp32. An FP8 export is loaded with
     its e4m3 weights dequantized to ``dtype`` (``model.quantization`` holds its manifest entry); the fast path
@@ -118,7 +118,7 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str =
 
     ``fp8`` (``"off"``, ``"all"``, ``"no-gdn"``: the fast path's option,
     :attr:`~hf_openjev.fast_options.FastPathOptions.fp8`) sets the FP8 projections up while loading, so that
-    ``device`` never holds the bf16 weights (27B: 26.9 GB on the GPU instead of 51.2): the model is built on the
+    ``device`` never holds the bf16 weights (about half of them in bytes; recipes/RESULTS.md): the model is built on the
     CPU, its targeted projections are swapped for ``Fp8Linear`` there, module by module
     (:func:`~hf_openjev.fp8.prepare.prepare_model_for_fp8`: an FP8 export's own e4m3 bits, a bf16 export's
     weights quantized per channel, the bits ``hf-openjev quantize`` writes), and only then is the model moved to

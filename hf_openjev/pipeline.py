@@ -24,7 +24,7 @@ TASK = "jev-decision"
 
 
 class JevDecisionPipeline(Pipeline):
-    """One request dict -> one response dict (contract §6); a list of requests -> a list of responses.
+    """One request dict -> one response dict (docs/contract.md §6); a list of requests -> a list of responses.
 
     Options, at construction or per call: ``fast`` (None: the fast path on CUDA, the reference path elsewhere),
     ``batch_size`` (candidates per reference forward, default 32), ``fast_options`` (a
@@ -38,10 +38,9 @@ class JevDecisionPipeline(Pipeline):
     ``hf_openjev.RequestError``, before any model work; with a list, every request is validated before the first
     one runs.
 
-    ``fp8`` (``"all"`` / ``"no-gdn"``: FP8 projections) is opt-in, and measured on an H200: it halves the weights
-    (27B: 51.2 GB -> 26.9 GB) and is ~1.35x faster than the bf16 fast path at 27B (mean 53.5 ms vs 72.0 ms), but
-    it does not pass the fidelity gate against the fp32 oracle (27B, ``"all"``: mean |dp| 0.128 vs stock bf16's
-    0.0136, 74 decision flips vs 8; recipes/RESULTS.md). A pipeline for the fast path given a model on the CPU
+    ``fp8`` (``"all"`` / ``"no-gdn"``: FP8 projections) is opt-in: it about halves the weights and is faster than
+    the bf16 fast path, but it does not pass the fidelity gate against the fp32 oracle (its decisions move far
+    more than stock bf16's; figures in recipes/RESULTS.md). A pipeline for the fast path given a model on the CPU
     swaps its projections there, before moving it to its device, so the device never holds the bf16 weights.
 
     Constructing the pipeline for the fast path (on CUDA, or anywhere with ``fast=True``) patches the given model

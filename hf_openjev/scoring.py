@@ -4,7 +4,7 @@ The steps are split so that the pipeline, the evaluation command and the server 
 requests into one forward) share them:
 
 ``prepare_request`` (validation + tokenization, no model work) -> ``score_prepared`` (one forward plan over
-one or many prepared requests) -> ``build_answer`` (contract §5/§6).
+one or many prepared requests) -> ``build_answer`` (docs/contract.md §5/§6).
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ class ScoreResult:
 
 
 def prepare_request(model, request) -> PreparedRequest:
-    """Contract §2 items 2..7: raises ``RequestError`` before any model work."""
+    """docs/contract.md §2 items 2..7: raises ``RequestError`` before any model work."""
     return tokenize_request(model, parse_request(request, served_models=model.served_model_names))
 
 
 def tokenize_request(model, parsed: ParsedRequest) -> PreparedRequest:
-    """Contract §2 item 7 for a validated request: every candidate tokenized, or ``RequestError`` for the first one
+    """docs/contract.md §2 item 7 for a validated request: every candidate tokenized, or ``RequestError`` for the first one
     over ``model.max_length``. Over-long texts stop at a clean prefix already over the limit where the model's
     tokenizer allows it (:func:`hf_openjev.packing.prefix_cuts.prove_clean_cuts`); the verdict and the token counts of
     accepted requests are those of full tokenization."""
@@ -120,7 +120,7 @@ def score_prepared(model, prepared: Sequence[PreparedRequest], *, fast: bool | N
             raise InferenceError("the model produced a non-finite score")
     except InferenceError:
         raise
-    except Exception as exc:  # noqa: BLE001 - contract §2: any failure inside inference is a 500
+    except Exception as exc:  # docs/contract.md §2: any failure inside inference is a 500
         raise InferenceError(f"model inference failed: {exc}") from exc
     seconds = time.perf_counter() - start
     it = iter(flat)
@@ -130,7 +130,7 @@ def score_prepared(model, prepared: Sequence[PreparedRequest], *, fast: bool | N
 
 def build_answer(model, prepared: PreparedRequest, scores: list[list[float]], *, seconds: float,
                  prefix_cache: dict, method: str, extra_metadata: dict | None = None) -> dict:
-    """The response dict (contract §6)."""
+    """The response dict (docs/contract.md §6)."""
     answers = answers_from_scores(prepared.parsed, scores, model.temperature)
     metadata = {
         "method": method,

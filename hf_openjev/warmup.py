@@ -1,7 +1,7 @@
 """Capture the fast path's CUDA graphs before serving: one forward per request shape of a token-shape file.
 
-The first pack of a new shape bucket captures a CUDA graph (1.2-1.4 s per bucket at the 27B shape on an H200;
-the 231 JevBench requests need 110). A server that warms up on its traffic's shapes pays that at start, not on
+The first pack of a new shape bucket captures a CUDA graph (about a second per bucket at the 27B shape, and the
+231 JevBench requests need over a hundred buckets; recipes/RESULTS.md). A server that warms up on its traffic's shapes pays that at start, not on
 its first requests. A shape file is the JevBench manifest's format (``recipes/data/jevbench231-shapes.json``)::
 
     {"requests": [{"prefix_tokens": 38, "suffix_tokens": [43, 37, 40]}, ...]}

@@ -10,8 +10,8 @@ ATen kernels, and rounds where the plain code rounds:
 
 - the norms sum the squares of a row in the order of ATen's mean (``torch.mean`` over the plain code's fp32
   ``[rows, D]`` tensor of squares), so that their means are the plain code's to the last bit. A sum in another
-  order moved one bf16 output in ~1e5 by a unit, and that alone took mid-shape parity against stock from 0.0095
-  to 0.020 on these random-weight models (recipes/RESULTS.md, s5). The order is the one of
+  order moved a few bf16 outputs by a unit, and that alone measurably worsened mid-shape parity against stock on
+  random-weight models (recipes/RESULTS.md). The order is the one of
   ``reduce_kernel`` in aten/src/ATen/native/cuda/Reduce.cuh for rows >= 16 (one warp per row; see
   ``_sum_squares_aten``); ``row_order`` checks it against ATen on the device once per width before any kernel
   relies on it. Where it does not apply (fewer than 16 rows, widths not a multiple of 128 or past 8,064, or a

@@ -2,8 +2,7 @@
 
 One program per row, two passes over it (the second mostly from L2): the row maximum, then the quantized row.
 The plain code (``fp8_linear._quantize_rows``) takes six ATen kernels and as many round trips of an fp32 copy
-through memory, which cost more than the FP8 GEMM saves at the 27B shapes (measured on the H200: quantization
-~110 us of a 223 us op at M=512, K=17408). It rounds as the plain code does, so it equals it bit for bit:
+through memory, which cost more than the FP8 GEMM saves at the 27B shapes (recipes/RESULTS.md, "FP8"). It rounds as the plain code does, so it equals it bit for bit:
 
 - the maximum of |x| is exact in any order; it is clamped from below by ``MIN_AMAX`` in fp32;
 - both divisions are IEEE round-to-nearest (``div_rn``), as nvcc compiles ATen's ``/``;

@@ -18,9 +18,8 @@ metadata goes in as it is, without index arithmetic on the device), and merges t
 kernel (``lse_merge_triton.py``, bit for bit ``merge_by_lse_reference``). No host sync, no data-dependent shapes.
 causal_attention: one sequence, causal (``packed_attention`` with a single sequence). CUDA, bf16/fp16: cuDNN's
 fused attention through SDPA (dense ``[1, H, T, D]`` views, ``enable_gqa``), FA2 where cuDNN does not take the
-inputs. On the H200 at the 27B attention shape cuDNN ran one 3,400-token sequence in 0.304 ms against FA2's 0.575,
-0.168 against 0.228 at 2,048 tokens, and was slower at <= 1,024 (recipes/RESULTS.md, s7 ``probe7``):
-the caller uses it for long single sequences only (``pack_context.DENSE_ATTENTION_TOKENS``).
+inputs. At the 27B attention shape cuDNN beats FA2 on long single sequences and loses on short ones
+(recipes/RESULTS.md): the caller uses it for long single sequences only (``fast_options.DENSE_ATTENTION_TOKENS``).
 CUDA, fp32 (FA2 has no fp32): ``*_masked``: one SDPA over all packed tokens with a device-built boolean mask
 (O(Tq * Tk) memory; for checks, not speed).
 """

@@ -12,13 +12,11 @@ gates, the Gated DeltaNet's SiLU + q/k/v split), chosen per pack by ``elementwis
 - compiled (``FastPathOptions.compile_elementwise``, CUDA only, wins over ``fused_elementwise``): ``PLAIN`` through
   ``torch.compile(dynamic=True, fullgraph=True)`` with ``emulate_precision_casts``.
 
-Measured on the H200 with CUDA graphs (recipes/RESULTS.md, s3 and s4): compiled against plain, the 27B
-JevBench mean drops from 109.5 to 93.5 ms, 86.8 ms with tails and finer buckets; mid-shape parity against stock
-Transformers with fla moves from max |dp| 0.0095 (no flips; plain) to 0.017 (1 flip; compiled with emulation).
-The Triton set (s5, same call, same model): a 107-token 27B forward runs 1,865 kernels instead of 4,567 and
-takes 19.9 ms instead of 30.0 with graphs; a 3,400-token one 303 ms instead of 370. Its kernels equal the plain
-code bit for bit (the norms sum in ATen's order; s6), so the default fast path keeps the plain code's parity
-figures: mid-shape max |dp| against stock with fla 0.009455 (s6), as the plain code's.
+With CUDA graphs, compiled is faster than plain on the 27B JevBench workload, but it moves mid-shape parity
+against stock Transformers with fla further than plain does (a decision flip included), hence opt-in. The Triton
+set runs far fewer kernels per forward than plain and is faster still; its kernels equal the plain code bit for
+bit (the norms sum in ATen's order), so the default fast path keeps the plain code's parity. Figures:
+recipes/RESULTS.md.
 """
 
 from __future__ import annotations

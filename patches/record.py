@@ -27,7 +27,7 @@ from .cuda_graphs import PackGraphs
 from .final_row_mlp import PackedDecoderLayer, PackedTextModel
 from .packed_candidates import PackedAttention, PackedGatedDeltaNet
 from .stacked_projections import stack_projections
-from .text_model import text_model_of  # noqa: F401 - re-exported: callers import it from here
+from .text_model import text_model_of  # re-exported: callers import it from here
 
 SUPPORTED_TRANSFORMERS = ((5, 17), (5, 25))  # [min, max) major.minor
 RECORD_ATTRIBUTE = "_hf_openjev_patches"

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import save_table, versions  # noqa: E402
+from bench_jevbench import save_table, versions
 
-HEADS, KV_HEADS, HEAD_DIM = 24, 4, 256  # 27B full attention (checkpoints.md)
+HEADS, KV_HEADS, HEAD_DIM = 24, 4, 256  # 27B full attention (docs/checkpoints.md)
 
 
 def timed(fn, *, repeats: int) -> tuple[float, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Benchmark driver: the 231-request JevBench workload on a random Open-Jev model shape (performance.md).
+"""Benchmark driver: the 231-request JevBench workload on a random Open-Jev model shape (docs/performance.md).
 
 One process, one set of weights, three arms:
 
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES_FILE = ROOT / "recipes" / "data" / "jevbench231-shapes.json"  # a copy of shared/data (travels to the device)
+SHAPES_FILE = ROOT / "recipes" / "data" / "jevbench231-shapes.json"  # the workload (docs/performance.md "Workload")
 T27 = 2.5343690298472983
 # each member's calibration temperature; the tiny and mid shapes use the 27B's
 TEMPERATURES = {"9b": 1.8969118766347646, "2b": 1.518796342858676}
@@ -46,7 +46,7 @@ VOCAB = 248320  # the Qwen3.5 vocabulary: every shape's embedding, and the range
 BUCKETS = [(1, 128), (129, 512), (513, 2048), (2049, 4096), (4097, 16384)]
 
 SHAPES = {
-    # Open-Jev-27B text shape (checkpoints.md)
+    # Open-Jev-27B text shape (docs/checkpoints.md)
     "27b": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
                 num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
                 linear_key_head_dim=128, linear_value_head_dim=128),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wheels the H200 device machine lacks (it has torch 2.11, triton 3.6, transformers 5.17, peft, einops).
+# The wheels the H200 machine (no network) lacks (it has torch 2.11, triton 3.6, transformers 5.17, peft, einops).
 # Run here (a machine with pip and network), from the repo root; the device run then installs them with
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD

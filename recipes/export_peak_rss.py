@@ -39,7 +39,7 @@ REPO = HERE.parent
 def text_config(layers: int, hidden: int):
     from hf_openjev.checkpoint.tiny import tiny_text_config
 
-    # Qwen3.5-2B-like geometry (checkpoints.md), untied embeddings so the base also has an lm_head to drop.
+    # Qwen3.5-2B-like geometry (docs/checkpoints.md), untied embeddings so the base also has an lm_head to drop.
     return tiny_text_config(
         vocab_size=248320, hidden_size=hidden, num_layers=layers, intermediate_size=3 * hidden,
         num_attention_heads=8, num_key_value_heads=2, head_dim=256,

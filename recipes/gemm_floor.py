@@ -5,7 +5,7 @@
     python recipes/gemm_floor.py --curve gemm_sweep.json  # gemm_sweep.py's JSON (s7's: recipes/RESULTS.md)
 
 Each request of the benchmark's workload (the same token ids) is planned as the fast path plans it (``plan_requests``, the request alone); each pack costs what
-performance.md measured for cuBLAS bf16 GEMMs at the 27B shape, graph-replayed with stacked projections:
+docs/performance.md measured for cuBLAS bf16 GEMMs at the 27B shape, graph-replayed with stacked projections:
 ``max(13.3 ms, tokens * 293 / 4096 ms)`` (13.3 ms at 107 tokens is weight streaming; 293 ms at 4,096 tokens is
 ~680 TFLOP/s). Real tokens only: no graph-bucket padding, no other kernel. The sum over a request's packs is its
 floor; mean, p50 and p95 (``sorted[int(0.95 N) - 1]``) are over the 231 requests, as the benchmark reports them.
@@ -28,12 +28,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import SHAPES_FILE, VOCAB, build_workload  # noqa: E402
+from bench_jevbench import SHAPES_FILE, VOCAB, build_workload
 
-from hf_openjev.packing.planner import plan_requests  # noqa: E402
+from hf_openjev.packing.planner import plan_requests
 
-STREAMING_MS = 13.3  # one forward's weight streaming (performance.md, 107 tokens)
-MS_PER_TOKEN = 293 / 4096  # compute-bound GEMM time per token (performance.md, 4,096 tokens)
+STREAMING_MS = 13.3  # one forward's weight streaming (docs/performance.md, 107 tokens)
+MS_PER_TOKEN = 293 / 4096  # compute-bound GEMM time per token (docs/performance.md, 4,096 tokens)
 POLICIES = {  # name -> plan_requests options
     "no sharing": dict(shared_prefix=False),
     "shared at multiples of 64": dict(share_tails=False, min_shared_tokens=64),
@@ -79,7 +79,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="folder for gemm_floor.json and gemm_floor.md")
     parser.add_argument("--curve", default=None, help="gemm_sweep.py's JSON: cost packs on that measured curve")
     args = parser.parse_args(argv)
-    pack_ms, cost = pack_floor_ms, f"max({STREAMING_MS} ms, tokens x 293/4096 ms) (performance.md's measured cuBLAS curve)"
+    pack_ms, cost = pack_floor_ms, (f"max({STREAMING_MS} ms, tokens x 293/4096 ms) "
+                                   "(docs/performance.md's measured cuBLAS curve)")
     if args.curve:
         curve = load_curve(args.curve)
         pack_ms, cost = (lambda tokens: curve_pack_ms(curve, tokens)), f"the measured curve of `{args.curve}`"

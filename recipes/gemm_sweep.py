@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import save_table, versions  # noqa: E402
+from bench_jevbench import save_table, versions
 
 # kind -> (name, out_features, in_features), stacked as the fast path stacks them; the MLP runs in every layer
 SHAPES_27B = {
@@ -37,7 +37,7 @@ SHAPES_27B = {
 }
 SHAPES_SMOKE = {"gdn": [("in", 96, 64), ("out", 64, 48)], "attn": [("qkv", 80, 64), ("o", 64, 32)],
                 "mlp": [("up", 256, 64), ("down", 64, 128)]}
-LAYERS_27B = ["gdn", "gdn", "gdn", "attn"] * 16  # 64 layers, every 4th full attention (checkpoints.md)
+LAYERS_27B = ["gdn", "gdn", "gdn", "attn"] * 16  # 64 layers, every 4th full attention (docs/checkpoints.md)
 LAYERS_SMOKE = ["gdn", "gdn", "gdn", "attn"]
 
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# GPU runs on the H200 device machine, one stage per call, each inside the device's 10-minute command limit.
+# GPU runs on an H200 machine without network access, one stage per call, each inside a 10-minute limit.
 #
-# Here (a machine with pip and network), once: `bash recipes/device_wheels.sh` downloads the fla-core wheel the
-# device lacks into .whl/ (git-ignored), and `cp -r ../shared shared` puts the JevBench sample that several test
-# files read at collection inside the checkout (add `/shared/` to .git/info/exclude). Then, on the device, from the
-# repo root, with carry [".whl", "shared"]:
+# On a machine with pip and network, once: `bash recipes/device_wheels.sh` downloads the fla-core wheel the GPU
+# machine lacks into .whl/ (git-ignored). Then, on the GPU machine, from a copy of the checkout (the tests and the
+# benchmarks read only the repository's own data/ and recipes/data/) with .whl/ beside it:
 #
 #   bash recipes/gpu_campaign.sh pytest [EXPR [TEST FILES...]]   # e.g. pytest "warm_up" tests/test_cuda_graphs.py
-#                                        # the -m gpu tests (all of tests/ by default; -k EXPR selects); 560 s at most
+#                                        # the -m gpu tests (all of tests/ by default; -k EXPR selects); 560 s at most;
+#                                        # prints pytest's own counts (recipes/pytest_counts.sh)
 #   bash recipes/gpu_campaign.sh bench   # 27B alone: the default (warm-up + one measured pass), singles of 107 and
 #                                        # 3,400 tokens, aligned sharing (the default until s11) as a sweep entry,
 #                                        # closed loop at 1 and 8 in flight, the 16,384-token candidate
@@ -18,7 +18,7 @@
 #   bash recipes/gpu_campaign.sh profile # 27B kernel profiles with graphs: a 107- and a 3,400-token candidate and
 #                                        # JevBench requests 0, 129, 204, the default and with aligned sharing
 #
-# Each stage leaves its files under $OUT/<stage>/ plus a tarball, $OUT/<stage>.tgz (the device returns few files).
+# Each stage leaves its files under $OUT/<stage>/ plus a tarball, $OUT/<stage>.tgz (for runners that return few files).
 # Put the figures that matter into recipes/RESULTS.md with the command, commit and device; raw output does not stay
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
@@ -46,8 +46,8 @@ gpu_pytest() {  # $1 = time limit (s), $2 = log file under $out, $3 = -k express
   timeout "$limit" python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$@" -m gpu -k "$expr" -v -s \
     --continue-on-collection-errors -p no:cacheprovider >"$log" 2>&1
   echo "pytest rc=$?" | tee -a "$log"
-  grep -cE " PASSED" "$log"
-  grep -E "FAILED|ERROR|passed|failed" "$log" | tail -n 12
+  bash "$REPO/recipes/pytest_counts.sh" "$log"  # the counts of pytest's own summary line
+  grep -E "FAILED|ERROR" "$log" | tail -n 12
 }
 
 setup

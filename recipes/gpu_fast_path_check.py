@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import SHAPES_FILE, VOCAB, build_model, build_workload  # noqa: E402
+from bench_jevbench import SHAPES_FILE, VOCAB, build_model, build_workload
 
-from hf_openjev.fast_options import FastPathOptions  # noqa: E402
-from hf_openjev.fast_path import score_fast  # noqa: E402
-from hf_openjev.patches import apply_patches  # noqa: E402
-from hf_openjev.reference import score_reference  # noqa: E402
+from hf_openjev.fast_options import FastPathOptions
+from hf_openjev.fast_path import score_fast
+from hf_openjev.patches import apply_patches
+from hf_openjev.reference import score_reference
 
 
 def main() -> int:

@@ -176,7 +176,7 @@ def bench(name: str, tokens: int, compile_budget_ok: bool) -> dict:
 def guarded(section: list, fn, *args):
     try:
         section.append(fn(*args))
-    except Exception as exc:  # record and go on: one broken op must not hide the others
+    except Exception as exc:  # noqa: BLE001 - record and go on: one broken op must not hide the others
         traceback.print_exc()
         section.append(dict(op=args[0], ok=False, error=f"{type(exc).__name__}: {exc}"[:500]))
     print(json.dumps(section[-1], default=str), flush=True)

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import add_model_arguments, prepare_recipe, sync, versions  # noqa: E402
-from profile_forward import requests_of  # noqa: E402
+from bench_jevbench import add_model_arguments, prepare_recipe, sync, versions
+from profile_forward import requests_of
 
 PHASES = ("plan", "context", "launch", "graph (GPU)", "rest", "wall")
 

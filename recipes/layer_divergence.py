@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import VOCAB, add_model_arguments, prepare_recipe, save_table, versions  # noqa: E402
+from bench_jevbench import VOCAB, add_model_arguments, prepare_recipe, save_table, versions
 
 
 def layer_outputs(text_model, run) -> list[torch.Tensor]:

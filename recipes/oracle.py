@@ -1,4 +1,4 @@
-"""The fp32 oracle of the decision-fidelity gate (design.md, Numerics): every JevBench request, exact arithmetic.
+"""The fp32 oracle of the decision-fidelity gate (docs/design.md "Numerics"): every JevBench request, exact arithmetic.
 
 The bench's random model (``bench_jevbench.build_model``: bf16 weights, seeded) is hashed as stored
 (``hf_openjev.fidelity.hash_weights``), then upcast to fp32 and run by stock Transformers with its own torch code
@@ -29,10 +29,10 @@ import torch
 
 # recipes/ only: never the repository root, whose hf_openjev/ folder would shadow the installed package
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import (SHAPES, SHAPES_FILE, VOCAB, bind_fla, build_model, build_workload,  # noqa: E402
+from bench_jevbench import (SHAPES, SHAPES_FILE, VOCAB, bind_fla, build_model, build_workload,
                             git_commit, versions)
 
-from hf_openjev.fidelity import (ORACLE_FORMAT, describe_request, hash_tokens, hash_weights,  # noqa: E402
+from hf_openjev.fidelity import (ORACLE_FORMAT, describe_request, hash_tokens, hash_weights,
                                  load_oracle, verify_oracle_identity)
 
 KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",

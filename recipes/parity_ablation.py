@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import (  # noqa: E402
+from bench_jevbench import (
     SHAPES_FILE,
     VOCAB,
     add_model_arguments,

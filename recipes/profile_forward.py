@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import (  # noqa: E402
+from bench_jevbench import (
     SHAPES_FILE,
     VOCAB,
     add_model_arguments,

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import SHAPES, SHAPES_FILE, VOCAB, build_model, build_workload, sync, versions  # noqa: E402
+from bench_jevbench import SHAPES, SHAPES_FILE, VOCAB, build_model, build_workload, sync, versions
 
 LABELS = {"choice": lambda n: [f"o{i}" for i in range(n)], "score": lambda n: [str(i) for i in range(n)],
           "noul": lambda n: ["no", "yes"]}

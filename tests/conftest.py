@@ -52,9 +52,9 @@ def random_lengths(rng, n: int, lo: int = 1, hi: int = 300) -> list[int]:
     return [rng.randint(lo, hi) for _ in range(n)]
 
 
-# --- independent re-implementations used as oracles (written from the spec, not from hf_openjev) ----------------
+# --- independent re-implementations used as oracles (written from docs/contract.md, not from hf_openjev) -------
 
-# contract §3: one user turn of the Qwen3.5 chat template, thinking disabled, generation prompt added.
+# docs/contract.md §3: one user turn of the Qwen3.5 chat template, thinking disabled, generation prompt added.
 QWEN_CHAT_PREFIX = "<|im_start|>user\n"
 QWEN_CHAT_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
@@ -66,7 +66,7 @@ def _spec_render(value) -> str:
 
 
 def spec_prompts(request: dict) -> dict[str, list[str]]:
-    """Contract §3, re-derived: question id -> candidate prompts (without chat halves), in request order."""
+    """docs/contract.md §3, re-derived: question id -> candidate prompts (without chat halves), in request order."""
     state = _spec_render(request["state"])
     out: dict[str, list[str]] = {}
     for qid, q in request["questions"].items():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from shared_data import load_recipe
+from repo_data import load_recipe
 
 
 def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):

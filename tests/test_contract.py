@@ -1,4 +1,4 @@
-"""Tests for hf_openjev.contract against /work/shared/spec/contract.md."""
+"""Tests for hf_openjev.contract against docs/contract.md."""
 
 from __future__ import annotations
 

@@ -236,7 +236,7 @@ def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint, dense):
     for e, v, f, a in zip(eager, varlen, first, again):
         assert f == a
         # bf16: padded GEMM shapes round differently; this model's scores reach ~24, where one bf16 step of a
-        # hidden row moves a score by ~0.1 (s8 verify8 measured 0.103, recipes/RESULTS.md); a misrouted state
+        # hidden row moves a score by ~0.1 (recipes/RESULTS.md, s8); a misrouted state
         # moves it by O(score)
         bound = 0.01 * max(abs(x) for x in e)
         assert max(abs(x - y) for x, y in zip(e, f)) <= bound

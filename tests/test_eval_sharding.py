@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from launch_ranks import launch
-from shared_data import JEVBENCH_EASY as EASY
+from repo_data import JEVBENCH_EASY as EASY
 
 from hf_openjev.eval import evaluate as ev
 from hf_openjev.eval.sharding import rank_results_files, shard_by_tokens, task_cost

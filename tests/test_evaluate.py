@@ -15,7 +15,7 @@ from hf_openjev.eval import evaluate as ev
 from hf_openjev.eval.tasks import task_from_row
 from hf_openjev.eval.evaluate import EvalInputError, evaluate
 
-from shared_data import JEVBENCH_EASY as EASY  # noqa: E402
+from repo_data import JEVBENCH_EASY as EASY
 TOL = 1e-12
 CPU = {"device": "cpu", "dtype": "float32", "progress": False}
 

@@ -3,7 +3,7 @@
 CPU, fp32, several random tiny Qwen3.5 configs (4..8 layers with both layer types, GDN value heads a multiple of
 key heads, hidden <= 128), token-id requests crafted for the prefix tree: long shared prefixes, prefixes just
 below/at/above multiples of 64, one-token suffixes, identical candidates, 1-option choices, 10-level scores,
-several questions per request with and without their own shared prefix. Gate (design.md, Numerics): max |dp| <=
+several questions per request with and without their own shared prefix. Gate (docs/design.md "Numerics"): max |dp| <=
 1e-4 and the same decisions, for the default plan, for plans split across packs (states handed over between
 forwards) and with each patch switched off in turn. Sabotage tests show that the gate fails when a state is
 not handed over.

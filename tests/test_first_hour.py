@@ -17,7 +17,7 @@ import sys
 
 import pytest
 import torch
-from shared_data import JEVBENCH_EASY as EASY
+from repo_data import JEVBENCH_EASY as EASY
 from starlette.testclient import TestClient
 
 import hf_openjev

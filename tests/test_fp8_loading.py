@@ -274,7 +274,7 @@ def test_serve_fp8_answers_from_fp8_replicas(fp8_export, tmp_path):
 # --- hf-openjev eval --fp8 --------------------------------------------------------------------------------------------
 
 def _few_tasks(tmp_path, n=3):
-    from shared_data import JEVBENCH_EASY
+    from repo_data import JEVBENCH_EASY
 
     if not JEVBENCH_EASY.is_file():
         pytest.skip("the JevBench sample is not available")

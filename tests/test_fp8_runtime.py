@@ -21,7 +21,7 @@ import weakref
 
 import pytest
 import torch
-from shared_data import load_recipe
+from repo_data import load_recipe
 from torch import nn
 
 import hf_openjev

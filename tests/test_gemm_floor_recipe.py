@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from shared_data import load_recipe
+from repo_data import load_recipe
 
 
 def test_pack_floor_is_weight_streaming_then_linear_in_tokens():

@@ -3,7 +3,7 @@
 import json
 
 import torch
-from shared_data import load_recipe
+from repo_data import load_recipe
 
 
 def test_the_host_phases_are_timed_on_the_tiny_shape_and_the_wrappers_removed(tmp_path):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from shared_data import load_recipe
+from repo_data import load_recipe
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -1,4 +1,4 @@
-"""The package's import rules (design.md, Layout), read from the source with ``ast`` (nothing is imported):
+"""The package's import rules (docs/design.md "Layout"), read from the source with ``ast`` (nothing is imported):
 
 - no two modules import each other in a circle, lazy imports inside functions included;
 - the core (``hf_openjev/`` with its fp8, checkpoint and packing subpackages) imports none of the command

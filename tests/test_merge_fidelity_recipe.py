@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from shared_data import load_recipe
+from repo_data import load_recipe
 
 from hf_openjev.fidelity import FidelityStats, build_fidelity_report
 

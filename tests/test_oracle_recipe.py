@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from shared_data import load_recipe
+from repo_data import load_recipe
 
 from hf_openjev.fidelity import hash_weights
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ["pyproject.toml", "README.md", "LICENSE", "hf_openjev", "ops", "patches"]
+SOURCES = ["pyproject.toml", "README.md", "LICENSE", "hf_openjev", "ops", "patches", "data", "docs"]  # data/, docs/: never installed
 
 
 @pytest.fixture(scope="module")

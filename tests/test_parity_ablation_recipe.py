@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import torch
-from shared_data import load_recipe
+from repo_data import load_recipe
 
 
 def test_every_variant_matches_stock_in_fp32(tmp_path):

@@ -17,7 +17,7 @@ from hf_openjev.checkpoint.tiny import TINY_MODEL_ID, TINY_TEMPERATURE
 
 from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, independent_score, spec_prompts, spec_softmax
 
-from shared_data import JEVBENCH_EASY as JEVBENCH  # noqa: E402
+from repo_data import JEVBENCH_EASY as JEVBENCH
 RESPONSE_KEYS = ["model", "answers", "usage", "metadata"]
 METADATA_KEYS = ["method", "temperature", "candidate_sequences", "inference_seconds", "max_length", "base_revision",
                  "prefix_cache"]
@@ -62,7 +62,7 @@ def expected_input_tokens(model, request) -> int:
 
 
 def check_shape(response, request, model_id=TINY_MODEL_ID):
-    """Contract §6 shape, key order, sums; returns nothing, asserts everything."""
+    """docs/contract.md §6 shape, key order, sums; returns nothing, asserts everything."""
     assert list(response) == RESPONSE_KEYS
     assert response["model"] == model_id
     assert list(response["answers"]) == list(request["questions"])

@@ -10,7 +10,7 @@ import re
 import time
 
 import pytest
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from hf_openjev.contract import EXACT_COUNT_CHARS, parse_request, tokenize_candidates
 from hf_openjev.errors import RequestError

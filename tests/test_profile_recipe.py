@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from shared_data import load_recipe
+from repo_data import load_recipe
 
 
 def test_kernel_categories():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from launch_ranks import launch
-from shared_data import load_recipe
+from repo_data import load_recipe
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "scaleout_eval.py"
 

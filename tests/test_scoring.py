@@ -103,7 +103,7 @@ def test_build_answer_from_known_scores(tiny_model):
         "answers": {
             "c": {"type": "choice", "choice": "y", "probabilities": {"x": p[0], "y": p[1]},
                   "confidence": (p[1] - 0.5) / 0.5},
-            "n": {"type": "noul", "noul": 0.5973836777434065},  # contract §5 worked example
+            "n": {"type": "noul", "noul": 0.5973836777434065},  # docs/contract.md §5 worked example
         },
         "usage": {"input_tokens": prepared.input_tokens, "output_tokens": 0},
         "metadata": {"method": "reference", "temperature": TINY_TEMPERATURE, "candidate_sequences": 3,

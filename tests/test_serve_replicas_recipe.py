@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import torch
-from shared_data import load_recipe
+from repo_data import load_recipe
 
 
 def test_the_replica_benchmark_measures_one_and_two_replicas(tmp_path):

@@ -512,7 +512,7 @@ def test_typesafe_sdk_parses_answers(live_url):
         assert info.value.status == 422 and "Score requires 2 to 10 descriptive levels" in str(info.value)
 
 
-# contract §2 rejects one-sided noul criteria (as Open-Jev does); jevcompat's noul.criteria MUST accepts them.
+# docs/contract.md §2 rejects one-sided noul criteria (as Open-Jev does); jevcompat's noul.criteria MUST accepts them.
 KNOWN_DEVIATIONS = {"noul.criteria"}
 
 

@@ -1,4 +1,4 @@
-"""Strict JSON for request bodies (contract §1, §2 item 2)."""
+"""Strict JSON for request bodies (docs/contract.md §1, §2 item 2)."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def load_tokenizer(path: Path):
         raise CheckpointError(f"{path / 'tokenizer.json'} is missing; the checkpoint has no usable tokenizer")
     try:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise CheckpointError(f"cannot load the tokenizer from {path}: {exc}") from exc
     if len(tokenizer) <= 1:
         raise CheckpointError(f"the tokenizer in {path} is empty")

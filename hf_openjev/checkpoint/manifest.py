@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..json_files import read_json_object  # noqa: F401 - re-exported: callers import it from here
+from ..json_files import read_json_object  # re-exported: callers import it from here
 
 MANIFEST_NAME = "open_jev_export.json"
 EXPORT_FORMAT = "open-jev-text-merged/1"
@@ -21,7 +21,7 @@ MAX_LENGTH_LIMIT = 16384
 
 @dataclass(frozen=True)
 class ExportManifest:
-    """The fields of ``open_jev_export.json`` (checkpoints.md, 'Merged export')."""
+    """The fields of ``open_jev_export.json`` (docs/checkpoints.md "Merged export")."""
 
     model_id: str
     base_revision: str
@@ -53,7 +53,7 @@ class ExportManifest:
 
 
 def check_max_length(max_length) -> int:
-    """``max_length`` must be an integer in 1..16384 (checkpoints.md)."""
+    """``max_length`` must be an integer in 1..16384 (docs/checkpoints.md)."""
     if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= MAX_LENGTH_LIMIT:
         raise CheckpointError(f"max_length must be an integer in 1..{MAX_LENGTH_LIMIT}, got {max_length!r}")
     return max_length

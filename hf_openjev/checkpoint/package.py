@@ -1,4 +1,4 @@
-"""Reading the published Open-Jev package and its base model directory (checkpoints.md, 'Open-Jev package').
+"""Reading the published Open-Jev package and its base model directory (docs/checkpoints.md "Open-Jev package").
 
 ```
 <package>/checkpoint/model.json          {"model_id", "revision", "max_length", "lora_rank", "method"}
@@ -24,7 +24,7 @@ from ..errors import CheckpointError
 from .manifest import check_head, check_temperature
 from .manifest import read_json_object as _read_json
 
-# The modules LoRA adapts in Open-Jev (checkpoints.md): attention q/k/v/o, GDN in_proj_qkv and out_proj.
+# The modules LoRA adapts in Open-Jev (docs/checkpoints.md): attention q/k/v/o, GDN in_proj_qkv and out_proj.
 PUBLISHED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "out_proj")
 SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 
@@ -101,7 +101,7 @@ def read_package(package_dir: str | Path) -> OpenJevPackage:
         raise CheckpointError(f"{head_path} is missing (the scalar head)")
     try:
         head = torch.load(head_path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a corrupt file
+    except Exception as exc:  # any unpickling failure means a corrupt file
         raise CheckpointError(f"{head_path} cannot be read as a state dict: {exc}") from exc
     if not isinstance(head, dict) or "weight" not in head or "bias" not in head:
         raise CheckpointError(f"{head_path} must be a state dict with 'weight' [1, hidden] and 'bias' [1]")
@@ -176,7 +176,7 @@ def read_base_text_config(base_dir: str | Path):
     data.pop("architectures", None)
     try:
         config = Qwen3_5TextConfig(**data)
-    except Exception as exc:  # noqa: BLE001 - strict config validation raises several types
+    except Exception as exc:  # strict config validation raises several types
         raise CheckpointError(f"{base / 'config.json'} is not a valid Qwen3.5 text config: {exc}") from exc
     check_text_config(config, where=str(base / "config.json"))
     return config

@@ -1,87 +1,28 @@
-"""``hf-openjev eval``: run JevBench-style tasks through the decision pipeline and score them.
-
-Public API::
+"""``hf-openjev eval``'s run: score JevBench-style tasks through the decision pipeline, resumably, on one process
+or several, and write the results, summary, report and diagram.
 
     evaluate(*, model, data, out_dir, batch_size=16, fast=None, device=None, dtype="auto",
              resume=True, progress=True, fp8="off") -> dict      # the summary, also written to <out_dir>/summary.json
 
 ``model`` is a merged export directory or a loaded :class:`~hf_openjev.model.JevModel`; ``data`` one path or a
-list of paths. The metric definitions are in :mod:`hf_openjev.eval.metrics`. ``fp8`` (``"all"``, ``"no-gdn"``,
-opt-in; an export directory only) runs the fast path with FP8 projections, loaded with ``load_export(...,
-fp8=fp8)`` (quantized on the CPU, so the device never holds the bf16 weights); the mode joins the run's
-fingerprint, so FP8 and bf16 results never mix in one ``out_dir``. It does not pass the fidelity gate against the
-fp32 oracle (:data:`hf_openjev.fp8.option.FP8_HELP`).
+list (``.jsonl``, ``.json``, ``.parquet`` files or directories; each input's tier is its file stem or directory
+name). Reading the inputs and turning a task into a request (docs/contract.md §1) is
+:mod:`hf_openjev.eval.tasks`; bad inputs raise :class:`EvalInputError` before the model loads, and a task that is
+malformed or that the contract rejects is reported (file, line, error), counted in the summary and skipped.
 
-Inputs
-    - ``*.jsonl``: JevBench task files, read line by line here (exact JSON; errors carry the line number).
-    - ``*.json`` / ``*.parquet`` files: loaded with ``datasets.load_dataset("json" | "parquet", data_files=...)``;
-      the "line" of a row is its 1-based row number.
-    - a directory: a ``Dataset.save_to_disk`` directory is read with ``datasets.load_from_disk`` (all splits, in
-      name order); any other directory is searched recursively for ``*.jsonl``, ``*.json`` and ``*.parquet`` files
-      (hidden folders skipped), each read as above.
+Each batch of ``batch_size`` tasks is tokenized (:func:`~hf_openjev.scoring.prepare_request`) and scored in one
+:func:`~hf_openjev.scoring.score_prepared` call; a task's **latency** is its batch's wall time (tokenization,
+forward, answers) divided by the batch's valid tasks. ``<out_dir>/results.jsonl`` gets one record per task,
+fsync'ed per batch, so an interrupted run loses only the batch in flight; with ``resume`` a re-run skips the tasks
+already recorded with the same labels and expected answer, and refuses an ``out_dir`` whose ``run.json`` holds
+another model's fingerprint (:func:`model_fingerprint`: the manifest and the ``fp8`` mode). ``fp8`` (opt-in, an
+export directory only; see :data:`hf_openjev.fp8.option.FP8_HELP`) loads the model with FP8 projections.
 
-    The *tier* of a task is the input file's stem (``easy.jsonl`` -> ``easy``) or, for a directory, the
-    directory's name. Two inputs with the same tier name are an error. A missing or unusable input raises
-    :class:`EvalInputError` before the model is loaded.
-
-    Rows loaded through ``datasets`` pass through Arrow, which gives struct columns the union of the keys of all
-    rows (missing ones filled with null): criteria keys that are not among ``labels`` and hold null are dropped
-    for such rows. A ``question`` column stored as a JSON string is decoded. Keep nested values as JSON strings (or
-    use ``.jsonl``) for byte-exact prompts.
-
-Task -> request (contract §1)
-    ``{"state": task["state"], "questions": {task["id"] or "q": {"type", "instructions", "criteria"}}}`` with the
-    criteria reordered to follow ``labels``: choice -> ``{label: criteria[label] for label in labels}`` (the keys
-    must be exactly the labels); score -> the array as given (``labels`` must be ``"0".."n-1"``, ``expected`` an
-    integer level index, stored as its string); noul -> criteria as given (``labels`` must be ``["no", "yes"]``).
-    A malformed line, a task with missing or inconsistent fields, a duplicate id within a tier, or a request the
-    contract rejects (``RequestError``) is *invalid*: reported (file, line, error) on stderr and in the summary,
-    counted, and the run goes on. A task without ``id`` gets ``"<tier>:<line>"``. Each invalid entry of the
-    summary is ``{file, line, tier, id, stage ("input" or "request"), error}``.
-
-Running
-    Pending tasks go through :func:`~hf_openjev.scoring.prepare_request` one by one, then through
-    :func:`~hf_openjev.scoring.score_prepared` ``batch_size`` tasks at a time (one forward plan per batch), with a
-    tqdm progress bar over all the tasks of the inputs that advances per task (on the reference path, as each
-    task's last candidate is scored; the fast path finishes a batch's tasks together). **Latency** of a task =
-    the wall time of its batch (tokenization + forward + answers) divided by the number of valid tasks in that
-    batch.
-
-Resume
-    ``<out_dir>/results.jsonl`` gets one line per scored task, flushed and fsync'ed after every batch, so a
-    keyboard interrupt (or a crash) loses only the batch in flight. A re-run with ``resume=True`` skips the
-    (tier, id) pairs already there with the same labels and expected answer, says so on stderr (``resuming: N of
-    M tasks done``) and starts the bar at N of M; a model is not even loaded when nothing is pending. Tasks the
-    contract rejected are not stored, so a re-run loads the model to check them again (no forward).
-    ``<out_dir>/run.json`` fingerprints the model (its export manifest: head, temperature, chat halves, ids; and
-    the ``fp8`` mode when on); resuming with another model or FP8 mode is an error. ``resume=False`` starts the
-    results afresh.
-
-Several processes (``accelerate launch --num_processes N -m hf_openjev eval ...``, ``torchrun``, multi-node)
-    Every rank reads the inputs and the finished records, then validates and tokenizes *every* pending task with
-    the export's tokenizer alone (no weights: the same result on every rank, so the shards need no communication;
-    the cost is one extra tokenization of the other ranks' tasks, small beside a forward) and keeps its shard of
-    :func:`~hf_openjev.eval.sharding.shard_by_tokens`: greedy longest-first by tokens the backbone runs
-    (``input_tokens`` on the reference path, shared prefixes once on the fast path), so the ranks' token totals
-    differ by at most the largest task's. A rank loads the model on ``cuda:<local_rank>`` (CPU without CUDA) only
-    when its shard is not empty, and appends its records to ``results.rank<k>.jsonl``, flushed and fsync'ed per
-    batch (one writer per file: nothing interleaves, even on a network file system). Rank 0 alone reports invalid
-    tasks, shows a bar (over its own shard) and, after a barrier every rank reaches whatever its shard, folds the
-    per-rank files into ``results.jsonl`` (in task order, as one process writes it; temporary file + rename) and
-    writes the summary, report and diagram; the other ranks return the same summary. Torch.distributed is used for
-    barriers only, all outside any loop. Resume after the crash of any rank (the launcher stops the others): a
-    re-run, with any number of processes, counts as done the records of ``results.jsonl`` and of every
-    ``results.rank*.jsonl`` present, re-shards the rest, and merges everything at the end. One process (no
-    launcher) runs as before, and merges per-rank files that a crashed run over several processes left.
-
-Outputs (``out_dir``)
-    ``results.jsonl``, ``run.json``, ``summary.json`` (metrics overall and by tier, family and kind, counts, the
-    invalid tasks, the reliability bins), ``report.md`` and ``reliability.png``. Metrics cover the tasks of the
-    current inputs only, whichever run scored them.
-
-Files: :mod:`hf_openjev.eval.tasks` (inputs -> tasks), this module (the run, resume, CLI),
-:mod:`hf_openjev.eval.sharding` (processes, shards, per-rank files),
-:mod:`hf_openjev.eval.report` (summary, report, diagram), :mod:`hf_openjev.eval.metrics` (the metrics).
+Under a launcher (``accelerate launch``, ``torchrun``) every rank tokenizes every pending task, scores its
+token-balanced shard (:mod:`hf_openjev.eval.sharding`) into ``results.rank<k>.jsonl``, and rank 0 merges the shards
+and writes the outputs (:mod:`hf_openjev.eval.report`); every rank returns the same summary. Metrics
+(:mod:`hf_openjev.eval.metrics`) cover the tasks of the current inputs, whichever run scored them. The command
+line is :mod:`hf_openjev.eval.cli`.
 """
 
 from __future__ import annotations
@@ -96,7 +37,7 @@ import time
 from pathlib import Path
 
 from . import metrics as M
-from .report import DIAGRAM_NAME, REPORT_NAME, SUMMARY_NAME, _count_structural, _fmt, build_summary, write_outputs
+from .report import SUMMARY_NAME, _count_structural, build_summary, write_outputs
 from .sharding import (RESULTS_NAME, Processes, current_processes, merge_results, rank_device, rank_results_path,
                        results_files, shard_by_tokens, task_cost)
 from .tasks import EvalInputError, Task, _warn, load_tasks, resolve_inputs
@@ -408,9 +349,9 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
              dtype="auto", resume: bool = True, progress: bool = True, fp8: str = "off") -> dict:
     """Evaluate ``model`` on the tasks in ``data``; write the outputs to ``out_dir``; return the summary.
 
-    See the module docstring for inputs, resume, outputs, ``fp8`` and several processes, and
-    :mod:`hf_openjev.eval.metrics` for metrics. Under a launcher (``accelerate launch``, ``torchrun``) every rank
-    calls this and returns the same summary; rank 0 writes it.
+    See the module docstring for resume, outputs, ``fp8`` and several processes, :mod:`hf_openjev.eval.tasks` for
+    inputs, and :mod:`hf_openjev.eval.metrics` for metrics. Under a launcher (``accelerate launch``, ``torchrun``)
+    every rank calls this and returns the same summary; rank 0 writes it.
     """
     from ..errors import UsageError
     from ..fp8.option import select_fp8_path

@@ -1,6 +1,27 @@
 """JevBench task inputs for ``hf-openjev eval``: files and datasets -> validated :class:`Task` objects.
 
-See :mod:`hf_openjev.eval.evaluate` ('Inputs', 'Task -> request') for the rules.
+Inputs (:func:`resolve_inputs` checks them all before anything is read; :class:`EvalInputError` otherwise):
+
+- ``*.jsonl``: task files (``data/jevbench/`` holds the public set), read line by line (exact JSON; errors carry
+  the line number; blank lines skipped).
+- ``*.json`` / ``*.parquet``: loaded with ``datasets.load_dataset("json" | "parquet", data_files=...)``; a row's
+  "line" is its 1-based row number.
+- a directory: a ``Dataset.save_to_disk`` directory through ``datasets.load_from_disk`` (all splits, in name
+  order); any other directory is searched recursively for those files (hidden folders skipped).
+
+A task's *tier* is its input's file stem (``easy.jsonl`` -> ``easy``) or directory name; two inputs with one tier
+name are an error. Rows loaded through ``datasets`` pass through Arrow, which gives struct columns the union of
+every row's keys (missing ones null): criteria keys that are not among ``labels`` and hold null are dropped, and a
+``question`` stored as a JSON string is decoded. Keep nested values as JSON strings (or use ``.jsonl``) for
+byte-exact prompts.
+
+Task -> request (docs/contract.md §1): ``{"state": task["state"], "questions": {task["id"] or "q": {"type",
+"instructions", "criteria"}}}`` with the criteria reordered to follow ``labels``: choice -> ``{label:
+criteria[label] for label in labels}`` (the keys must be exactly the labels); score -> the array as given
+(``labels`` must be ``"0".."n-1"``, ``expected`` an integer level index, stored as its string); noul -> criteria as
+given (``labels`` must be ``"no"`` and ``"yes"``). A malformed line, missing or inconsistent fields or a duplicate id
+within a tier make a task invalid (``{file, line, tier, id, stage: "input", error}``); a task without ``id`` gets
+``"<tier>:<line>"``.
 """
 
 from __future__ import annotations
@@ -135,7 +156,7 @@ def _load_dataset_rows(path: Path, progress: bool = True) -> Iterator[tuple[str,
         else:
             builder = DATASET_SUFFIXES[path.suffix.lower()]
             parts = [(str(path), datasets.load_dataset(builder, data_files=str(path), split="train"))]
-    except Exception as exc:  # noqa: BLE001 - any loader failure is an input error
+    except Exception as exc:  # any loader failure is an input error
         raise EvalInputError(f"{path}: cannot load with datasets: {type(exc).__name__}: {exc}") from exc
     finally:
         if bars_were_on and not progress:

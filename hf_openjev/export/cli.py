@@ -62,9 +62,8 @@ def add_arguments(parser) -> None:
     add_fp8_argument(parser, "--fp8", const="all",
                      help="write an FP8 export instead (e4m3 projections, per-channel scales; the merge goes to a "
                           "temporary directory first): all (default) or no-gdn (the Gated DeltaNet's projections "
-                          "stay bf16). Opt-in: measured on an H200 at 27B (all), serving it halves the weights "
-                          "and is ~1.35x faster than bf16, but it does not pass the fidelity gate against the fp32 "
-                          "oracle (recipes/RESULTS.md)")
+                          "stay bf16). Opt-in: serving it about halves the weights and is faster than bf16, but it "
+                          "does not pass the fidelity gate against the fp32 oracle (figures: recipes/RESULTS.md)")
 
 
 def add_fp8_argument(parser, flag: str, *, const: str | None, help: str) -> None:

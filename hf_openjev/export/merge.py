@@ -1,6 +1,6 @@
 """``hf-openjev export``: merge the LoRA adapter into a merged checkpoint (``open-jev-text-merged/1``), streaming.
 
-What :func:`merge_lora` writes (checkpoints.md, 'Merged export'):
+What :func:`merge_lora` writes (docs/checkpoints.md "Merged export"):
 
 - every LoRA-targeted weight becomes ``bf16(W + scale * (B @ A))`` computed in fp32, ``scale = lora_alpha / r``
   (the same arithmetic as PEFT's ``merge_and_unload()`` on a bf16 base with an fp32 adapter);
@@ -68,7 +68,7 @@ from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_u
 from ..checkpoint.manifest import ExportManifest, check_max_length, write_manifest
 from ..checkpoint.package import read_base_text_config, read_lora_pairs, read_package
 
-MAX_SHARD_BYTES = 5 * 1000**3  # "shards of at most 5 GB" (checkpoints.md); a file's total size, header included
+MAX_SHARD_BYTES = 5 * 1000**3  # "shards of at most 5 GB" (docs/checkpoints.md); a file's total size, header included
 DEFAULT_PROBE_MAX_PARAMS = 500_000_000  # two fp32 copies of the backbone: about 4 GB of host memory
 DEFAULT_PROBE_TOLERANCE = 0.01  # max |Δp| between the bf16 export and the unmerged reference (both run in fp32)
 PROBE_MODES = ("auto", "on", "off")
@@ -605,7 +605,7 @@ def _probe_check(plan: _Plan, tmp: Path, probe: str, probe_max_params: int, prob
         probe_check = run_probe(tmp, plan.base_dir, plan.package_dir)
     except CheckpointError as exc:
         raise CheckpointError(f"verification failed: the score probe could not load a model: {exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - report any probe failure as a failed verification
+    except Exception as exc:  # report any probe failure as a failed verification
         raise CheckpointError(f"verification failed: the score probe raised {type(exc).__name__}: {exc}; "
                               "rerun with --probe off to export without it") from exc
     if not probe_check.same_tokens_max_abs_dp <= probe_tolerance:

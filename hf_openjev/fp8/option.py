@@ -1,5 +1,5 @@
 """The ``--fp8`` option of the commands that run a model (``hf-openjev serve``, ``hf-openjev eval``): its help text
-(what FP8 measured on the H200) and :func:`select_fp8_path`, which checks it against the path asked for.
+(what FP8 does and what it costs) and :func:`select_fp8_path`, which checks it against the path asked for.
 
 FP8 is a fast-path option (:attr:`hf_openjev.fast_options.FastPathOptions.fp8`): asking for it selects the fast
 path, and asking for it with the reference path is refused, before anything loads. The model is then loaded with
@@ -18,11 +18,9 @@ FP8_CHOICES = tuple(FP8_MODES)  # "off", "all", "no-gdn"
 FP8_HELP = ("FP8 projections on the fast path, opt-in (default off): all (MLP, attention and Gated DeltaNet "
             "projections) or no-gdn (the Gated DeltaNet's stay bf16). Selects the fast path (on the CPU too); not "
             "with the reference path. The model is quantized on the CPU before it moves to its device, so the "
-            "device never holds the bf16 weights (the host does, while loading). Measured on an H200 at 27B "
-            "(all): it halves the weights (51.2 GB -> 26.9 GB; peak 30.2 GB on the benchmark's workload) and is "
-            "~1.35x faster than the bf16 fast path (mean 53.5 ms vs 72.0 ms), but it does NOT pass the fidelity "
-            "gate against the fp32 oracle (mean |dp| 0.128 vs stock bf16's 0.0136, 74 decision flips vs 8): see "
-            "recipes/RESULTS.md")
+            "device never holds the bf16 weights (the host does, while loading). It about halves the weights and is "
+            "faster than the bf16 fast path, but it does NOT pass the fidelity gate against the fp32 oracle (its "
+            "decisions move far more than stock bf16's): figures in recipes/RESULTS.md")
 
 
 def check_fp8_mode(fp8, name: str = "fp8") -> str:

@@ -10,7 +10,7 @@ export whose large projections are stored in compressed-tensors' FP8 "dynamic" l
 
 Every other tensor is the source export's, bit for bit (bf16). The head, embeddings, norms, the Gated DeltaNet's
 small projections (``in_proj_a``, ``in_proj_b``), conv1d, ``A_log`` and ``dt_bias`` are never quantized
-(design.md). The manifest's format differs from ``open-jev-text-merged/1`` on purpose: that format promises bf16
+(docs/design.md). The manifest's format differs from ``open-jev-text-merged/1`` on purpose: that format promises bf16
 weights, so a reader that does not know FP8 (an older ``read_manifest``, the native server) refuses the directory
 instead of misreading it.
 
@@ -64,8 +64,8 @@ def resolve_targets(targets: Iterable[str] | str) -> tuple[str, ...]:
             chosen.add(target)
         elif any(target == s or target.endswith("." + s) or s.endswith("." + target)
                  for s in NEVER_QUANTIZED_LINEARS):
-            raise CheckpointError(f"FP8 target {target!r}: the Gated DeltaNet's small projections (in_proj_a, "
-                                  "in_proj_b) stay in bf16, as the head, embeddings, norms and conv do (design.md)")
+            raise CheckpointError(f"FP8 target {target!r}: the Gated DeltaNet's small projections (in_proj_a, in_proj_b) "
+                                  "stay in bf16, as the head, embeddings, norms and conv do (docs/design.md)")
         else:
             raise CheckpointError(f"unknown FP8 target {target!r}; use groups {', '.join(TARGET_GROUPS)} or module "
                                   f"names {', '.join(QUANTIZABLE)}")

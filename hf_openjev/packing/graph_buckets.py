@@ -12,8 +12,8 @@ from __future__ import annotations
 CHUNK = 64
 # (up to, granularity); beyond: 1024. Past ~200 tokens a pack's GEMMs are compute-bound, so padding costs its share
 # of time. 32-token steps pad the JevBench workload's packs by 2.1% of their tokens for 110 graph buckets (3.6% and
-# 120 with share_tails); 64 up to 512 then 128 padded 5.2% for 86, and the H200 measured that padding at 15.1 of
-# a request's 91.2 ms (recipes/RESULTS.md, s5). More buckets cost capture time, once per bucket.
+# 120 with share_tails); 64 up to 512 then 128 padded 5.2% for 86, and that padding cost a
+# measurable share of a request's time (recipes/RESULTS.md). More buckets cost capture time, once per bucket.
 TOKEN_STEPS = ((4096, 32),)
 
 

@@ -166,9 +166,8 @@ def move_inputs(ctx: PackContext, device) -> None:
     """Move the context's inputs (``static_tensors()``, built on the host) to ``device`` in one pinned, asynchronous
     copy per dtype: each becomes a view of a flat buffer (``ctx.inputs``), so that a graph replay also copies one
     buffer per dtype, not each tensor. Contexts with equal graph keys get equal buffer layouts (equal tensor
-    shapes, in a fixed order). On the H200 (recipes/RESULTS.md: s9 ``host9`` -> ``flat9``, two machines) the
-    replay's launch went from 0.09-0.36 to 0.06-0.21 ms per request; building the context did not get cheaper
-    (0.25-0.8 ms)."""
+    shapes, in a fixed order). That made a replay's launch cheaper; building the context did not get cheaper
+    (recipes/RESULTS.md, "The host")."""
     device = torch.device(device)
     groups: dict[torch.dtype, list[torch.Tensor]] = {}
     for tensor in ctx.static_tensors():

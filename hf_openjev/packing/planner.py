@@ -19,10 +19,9 @@ once per candidate. ``share_tails=True`` shares the exact common prefix: the par
 its conv and its attention keys are computed once; in the Gated DeltaNet its children re-run its rows (< 64 of
 them) from the state at the multiple of ``align`` before it, so their chunk boundaries do not move. A tree with
 tails always runs in one pack (the children read the tail's rows); one too large for a pack is planned without.
-The default (``DEFAULT_SHARE_TAILS``, with ``min_shared_tokens`` 16): on the H200 at 27B it took the JevBench mean
-from 77.0 to 72.0 ms in one run, and against the fp32 oracle it is as close as aligned-only sharing and stock
-Transformers + fla in bf16 (27B mean |dp| 0.01364 vs 0.01368 and B's 0.01359; 7 flips vs 8 and 8), so it passes
-the fidelity gate at both measured shapes (recipes/RESULTS.md, Fidelity).
+The default (``DEFAULT_SHARE_TAILS``, with ``min_shared_tokens`` 16) is faster than aligned-only sharing on the
+JevBench workload and as close to the fp32 oracle as aligned-only sharing and stock Transformers + fla in bf16,
+so it passes the fidelity gate (docs/design.md "Numerics"; figures in recipes/RESULTS.md, "Fidelity").
 
 Packs: trees are packed in order into groups of at most ``max_sequences`` candidates and ``max_tokens``
 tokens. A tree too large for one pack is split: its prefixes run first (their states are kept), then its

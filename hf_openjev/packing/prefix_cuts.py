@@ -1,6 +1,6 @@
 """Clean cuts: where a text can be cut so that tokenizing the part before the cut gives exactly its first tokens.
 
-The ``max_length`` check (contract §2 item 7) must reject a candidate iff its full tokenization is longer than
+The ``max_length`` check (docs/contract.md §2 item 7) must reject a candidate iff its full tokenization is longer than
 ``max_length``. A 4 MiB state takes seconds to tokenize in full; a prefix of it that already has more than
 ``max_length`` tokens settles the verdict in milliseconds, but only if the prefix's tokens really are the
 text's first tokens: in general they are not (``"hel"`` may tokenize as ``h el`` while ``"hello"`` is one

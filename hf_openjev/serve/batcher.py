@@ -341,7 +341,7 @@ class Batcher:
             if len(scores) != len(live) or len(caches) != len(live):
                 raise InferenceError(f"the scorer returned {len(scores)} results for {len(live)} requests")
             path = result.path  # "fast" or "reference": what ran
-        except Exception as exc:  # noqa: BLE001 - contract §2: any failure inside inference is a 500 for the group
+        except Exception as exc:  # docs/contract.md §2: a failure inside inference is the group's 500
             with self._cond:
                 replica.failures += 1
                 replica.failing += 1

@@ -154,7 +154,7 @@ class LoadingApp:
             await self._driver.start()
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # noqa: BLE001 - reported; serve raises it once uvicorn stopped
+        except BaseException as exc:  # reported; serve raises it once uvicorn stopped
             self.error, self.stage = exc, "failed"
             expected = isinstance(exc, ValueError)  # CheckpointError, UsageError, ...: one line
             logger.error("loading the model failed: %s", exc, exc_info=not expected)

@@ -1,9 +1,9 @@
 """``hf-openjev serve``: a Jev-compatible HTTP server (Starlette on uvicorn) over a merged export.
 
-Routes (contract §7):
+Routes (docs/contract.md §7):
 
 * ``POST /v1/systemone`` (and its alias ``POST /v1/inference``): one decision request -> the response of
-  contract §6, with ``metadata.request_id`` and the batch it shared;
+  docs/contract.md §6, with ``metadata.request_id`` and the batch it shared;
 * ``GET /v1/models``: the served names, both as ``{"object": "list", "data": [{"id", "object", ...}]}``
   (OpenAI style) and as ``{"models": [{"name", "description", "release_date"}]}`` (what the TypeSafe SDK reads);
 * ``GET /health``: readiness, for load balancers: 200 ``{"status": "ok", ...}`` once the lifespan has started the
@@ -12,7 +12,7 @@ Routes (contract §7):
 * ``GET /health/live`` (liveness) and ``GET /metrics`` (Prometheus): :mod:`hf_openjev.serve.ops`, which also checks
   API keys and writes the JSON access log.
 
-A request goes through, in this order (contract §2; the first error wins):
+A request goes through, in this order (docs/contract.md §2; the first error wins):
 
 1. ``Content-Type`` must be ``application/json`` (case-insensitive, parameters ignored) -> 415;
 2. the body is read with a hard 4 MiB cap (a larger ``Content-Length`` is refused before reading) -> 413;
@@ -97,7 +97,7 @@ class HTTPError(Exception):
 
 
 def error_body(message: str, *, type: str, loc: list, reason: str | None = None) -> dict:
-    """``{"error": msg, "detail": [{"msg": msg, "type": ..., "loc": [...]}]}`` (contract §7).
+    """``{"error": msg, "detail": [{"msg": msg, "type": ..., "loc": [...]}]}`` (docs/contract.md §7).
 
     ``reason`` (a :class:`RequestError`'s ``detail``: the question and field at fault, or the served model names)
     goes into the entry's ``ctx`` as FastAPI does for context, ``{"ctx": {"reason": ...}}``: the contract's
@@ -130,7 +130,7 @@ def _is_json_media_type(value: str | None) -> bool:
 
 
 def _error_loc(message: str, obj) -> list:
-    """Where a contract §2 error points to, FastAPI style (``["body", field, ...]``)."""
+    """Where a docs/contract.md §2 error points to, FastAPI style (``["body", field, ...]``)."""
     if message.startswith(MSG_INVALID_JSON) or message == contract.MSG_NOT_OBJECT:
         return ["body"]
     if message == contract.MSG_MODEL:
@@ -287,11 +287,11 @@ class _ServerState:
 
     # -- CPU work, on the executor -------------------------------------------------------------------------
     def prepare(self, body: bytes):
-        """Strict JSON, validation, tokenization (contract §2 items 2..7)."""
+        """Strict JSON, validation, tokenization (docs/contract.md §2 items 2..7)."""
         return self.tokenize(*self.parse(body))
 
     def parse(self, body: bytes):
-        """Strict JSON and validation (contract §2 items 2..6): ``(decoded body, ParsedRequest)``."""
+        """Strict JSON and validation (docs/contract.md §2 items 2..6): ``(decoded body, ParsedRequest)``."""
         obj = None
         try:
             obj = loads_strict(body)
@@ -300,7 +300,7 @@ class _ServerState:
             raise _validation_error(exc, obj) from None
 
     def tokenize(self, obj, parsed):
-        """Tokenization and the ``max_length`` check (contract §2 item 7): the PreparedRequest."""
+        """Tokenization and the ``max_length`` check (docs/contract.md §2 item 7): the PreparedRequest."""
         from ..scoring import tokenize_request
 
         try:
@@ -319,7 +319,7 @@ class _ServerState:
                                 "batch": {"requests": outcome.batch_requests, "input_tokens": outcome.batch_tokens,
                                           "queue_seconds": outcome.queue_seconds}})
             return dumps(response)
-        except Exception as exc:  # noqa: BLE001 - e.g. a non-finite score: an inference failure
+        except Exception as exc:  # e.g. a non-finite score: an inference failure
             raise InferenceError(f"model inference failed: {exc}") from exc
 
     # -- bookkeeping ---------------------------------------------------------------------------------------
@@ -421,7 +421,7 @@ async def decide(state: _ServerState, request: Request) -> Response:
     except ClientDisconnect:
         status, info = 499, "client disconnected"
         return Response(status_code=400)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         status, info = 500, f"{type(exc).__name__}: {exc}"
         logger.exception("request_id=%s failed", request_id)
         return _json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500,

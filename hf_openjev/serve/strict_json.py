@@ -1,4 +1,4 @@
-"""Strict JSON for request bodies (contract §1 "Strict JSON", §2 item 2).
+"""Strict JSON for request bodies (docs/contract.md §1 "Strict JSON", §2 item 2).
 
 ``loads_strict(body)`` accepts exactly what a strict JSON parser would and raises
 :class:`~hf_openjev.errors.RequestError` (status 422, ``request body is not valid JSON: <detail>``) for:
@@ -11,7 +11,7 @@
 * strings holding lone UTF-16 surrogates (``"\\ud800"``): they cannot be encoded as UTF-8, so they are not text;
 * nesting deeper than :data:`MAX_DEPTH` levels (also keeps the parser and the prompt renderer off the recursion limit).
 
-A decoded top level that is not an object is *not* rejected here: that is contract §2's next check
+A decoded top level that is not an object is *not* rejected here: that is docs/contract.md §2's next check
 (``request body must be a JSON object``), done by :func:`hf_openjev.contract.parse_request`.
 """
 

@@ -1,0 +1,27 @@
+"""The repository's own data (``data/`` at its root: JevBench with its licence) and the recipes loaded as modules.
+Nothing here reads outside the checkout."""
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def repo_path(relative: str) -> Path:
+    """``<repo>/<relative>``; a missing file is an error, never a skip."""
+    path = REPO / relative
+    if not path.exists():
+        raise FileNotFoundError(f"{relative} is missing from the checkout at {REPO}; restore it with git")
+    return path
+
+
+JEVBENCH_EASY = repo_path("data/jevbench-sample/easy.jsonl")
+
+
+def load_recipe(name: str):
+    """A script of ``recipes/`` imported as a module (they are scripts, not part of the package)."""
+    path = REPO / "recipes" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
