@@ -84,7 +84,7 @@ def read_export_config(export_dir: Path, *, fp8: bool = False):
         )
     try:
         config = Qwen3_5TextConfig.from_pretrained(str(export_dir))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise CheckpointError(f"{path} is not a valid Qwen3.5 text config: {exc}") from exc
     check_text_config(config, where=str(path))
     if getattr(config, "quantization_config", None) is not None:
