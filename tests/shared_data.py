@@ -2,6 +2,7 @@
 ``shared/`` beside the checkout, CI's layout; else /work/shared), and the recipes loaded as modules."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 _CANDIDATES = (Path(__file__).resolve().parents[1] / "shared", Path(__file__).resolve().parents[2] / "shared",
@@ -20,8 +21,12 @@ JEVBENCH_EASY = shared_path("data/jevbench-sample/easy.jsonl")
 
 
 def load_recipe(name: str):
-    """A script of ``recipes/`` imported as a module (they are scripts, not part of the package)."""
-    path = Path(__file__).resolve().parents[1] / "recipes" / f"{name}.py"
+    """A script of ``recipes/`` imported as a module (they are scripts, not part of the package), with ``recipes/``
+    on ``sys.path`` as ``python recipes/<name>.py`` has it, so that its ``benchlib`` imports resolve."""
+    recipes = Path(__file__).resolve().parents[1] / "recipes"
+    if str(recipes) not in sys.path:
+        sys.path.insert(0, str(recipes))
+    path = recipes / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
