@@ -29,5 +29,6 @@ def load_recipe(name: str):
     path = recipes / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import would (dataclasses look their module up there)
     spec.loader.exec_module(module)
     return module
