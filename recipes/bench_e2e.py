@@ -38,7 +38,7 @@ from benchlib.groups import native_comparison_lines, table
 from benchlib.provenance import git_commit, versions
 from benchlib.random_model import add_model_arguments, build_model, default_device
 from benchlib.timing import summarize
-from benchlib.workload import MANIFEST, add_manifest_argument, check_manifest_argument, manifest_identity
+from benchlib.workload import add_manifest_argument, check_manifest_argument, manifest_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "jevbench"  # the public JevBench tasks (MIT), as the repository ships them

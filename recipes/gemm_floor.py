@@ -67,7 +67,8 @@ def curve_pack_ms(curve: dict[int, float], tokens: int) -> float:
     return curve[at_least[0]] if at_least else curve[rows[-1]] * tokens / rows[-1]
 
 
-def workload_floor(requests, pack_ms=pack_floor_ms, *, ms_per_token: float = MS_PER_TOKEN, **plan_options) -> dict:
+def workload_floor(requests, pack_ms=pack_floor_ms, *, ms_per_token: float = MS_PER_TOKEN,
+                   **plan_options) -> dict:
     """``requests``: token ids ``[q][c]`` per request (the benchmark's workload: ``build_workload(...)[i][1].tokens``)."""
     floors, tokens = [], []
     questions = sum(len(tokens_of_request) for tokens_of_request in requests)
@@ -102,7 +103,8 @@ def main(argv=None) -> int:
         pack_ms, cost = (lambda tokens: curve_pack_ms(curve, tokens)), f"the measured curve of `{args.curve}`"
     requests = [request.tokens for _, request in build_workload(args.manifest, vocab=VOCAB, seed=0)]
     policies = {**POLICIES, "exact sharing (share_tails, threshold 16)": dict(share_tails=True, min_shared_tokens=16)}
-    results = {name: workload_floor(requests, pack_ms, ms_per_token=MS_PER_TOKEN * scale, **options) for name, options in policies.items()}
+    results = {name: workload_floor(requests, pack_ms, ms_per_token=MS_PER_TOKEN * scale, **options)
+               for name, options in policies.items()}
     lines = ["| plan | computed tokens | mean ms | p50 ms | p95 ms | max decisions/s, any batching |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {name} | {r['computed_tokens']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "

@@ -155,7 +155,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     columns = ["rows", f"{libraries[0]} ms", "TFLOP/s", "weight TB/s"] + [f"{lib} ms" for lib in libraries[1:]]
-    text = save_table(out, stem, result, f"One forward's GEMMs by row count ({args.shape.upper()} shape, graph-replayed)",
+    title = f"One forward's GEMMs by row count ({args.shape.upper()} shape, graph-replayed)"
+    text = save_table(out, stem, result, title,
                       columns, rows_out)
     inversions = ["", "## Inversions (a larger bucket within the window is faster)", ""]
     for library in libraries:

@@ -8,7 +8,6 @@ import random
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import torch
 

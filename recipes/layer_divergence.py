@@ -14,7 +14,6 @@ import argparse
 import json
 import random
 import sys
-from pathlib import Path
 
 import torch
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from benchlib.parity import parity
 from benchlib.provenance import versions
@@ -48,7 +47,8 @@ def main(argv=None) -> int:
     out, device, model = prepare_recipe(args)
     work = build_workload(args.manifest, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
     result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
-              "dtype": args.dtype, **manifest_identity(args.manifest), "requests": len(work), "rows": []}
+              "dtype": args.dtype, **manifest_identity(args.manifest),
+              "requests": len(work), "rows": []}
     reference = [r for _, r in run_pass(model, work, fast=False)]
     stock_alone = [r for _, r in run_pass(model, work, fast=False, batch_size=1)]
     result["rows"].append({"variant": "A1: stock, one candidate per batch", **parity(reference, stock_alone)})

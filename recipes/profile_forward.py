@@ -35,7 +35,8 @@ from benchlib.provenance import versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
 from benchlib.shapes import VOCAB
 from benchlib.timing import sync, time_fast_calls
-from benchlib.workload import MANIFEST, add_manifest_argument, build_workload, check_manifest_argument, single_candidate_request
+from benchlib.workload import (MANIFEST, add_manifest_argument, build_workload, check_manifest_argument,
+                               single_candidate_request)
 
 SHAPES_FILE = MANIFEST  # the default workload of --requests (--manifest)
 

@@ -34,7 +34,8 @@ from benchlib.provenance import versions
 from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES, VOCAB
 from benchlib.timing import sync
-from benchlib.workload import MANIFEST, add_manifest_argument, build_workload, check_manifest_argument, manifest_identity
+from benchlib.workload import (MANIFEST, add_manifest_argument, build_workload, check_manifest_argument,
+                               manifest_identity)
 
 LABELS = {"choice": lambda n: [f"o{i}" for i in range(n)], "score": lambda n: [str(i) for i in range(n)],
           "noul": lambda n: ["no", "yes"]}
@@ -144,7 +145,8 @@ def main(argv=None) -> int:
         return 0
     ranks = [json.loads((run_dir / f"timing.rank{k}.json").read_text()) for k in range(processes.world)]
     merge_results(run_dir, read_results, [t.key for t in tasks])
-    result = {"shape": args.shape, "dtype": args.dtype, **manifest_identity(args.manifest), "world": processes.world, "fast": fast,
+    result = {"shape": args.shape, "dtype": args.dtype, **manifest_identity(args.manifest),
+              "world": processes.world, "fast": fast,
               "batch_size": args.batch_size, "requests": len(tasks), "wall_seconds": mine["wall_seconds"],
               "requests_per_s": len(tasks) / mine["wall_seconds"], "ranks": ranks,
               "scored": len(read_results(run_dir / "results.jsonl")),

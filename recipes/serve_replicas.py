@@ -74,7 +74,8 @@ def main(argv=None) -> int:
     models = build_replicas(args)
     work = build_workload(args.manifest, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
     results = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
-               "dtype": args.dtype, **manifest_identity(args.manifest), "devices": [str(m.device) for m in models], "requests": len(work),
+               "dtype": args.dtype, **manifest_identity(args.manifest), "devices": [str(m.device) for m in models],
+               "requests": len(work),
                "build_s": time.perf_counter() - start, "replicas": {}}
     for count in (1, args.replicas):
         runs = results["replicas"][str(count)] = {}

@@ -49,7 +49,8 @@ def test_the_exact_manifest_is_the_default_and_the_estimated_one_stays():
     from benchlib.workload import ESTIMATED_MANIFEST, MANIFEST
 
     exact, estimated = (json.loads(p.read_text()) for p in (MANIFEST, ESTIMATED_MANIFEST))
-    assert [r["id"] for r in exact["requests"]] == [r["id"] for r in estimated["requests"]] and len(exact["requests"]) == 231
+    assert [r["id"] for r in exact["requests"]] == [r["id"] for r in estimated["requests"]]
+    assert len(exact["requests"]) == 231
     assert exact["chat_suffix_tokens"] == 9 and estimated["chars_per_token"] == 4.0
     oracle = json.loads((MANIFEST.parent / "oracle_mid.json").read_text())
     assert hashlib.sha256(ESTIMATED_MANIFEST.read_bytes()).hexdigest() == oracle["workload_sha256"]
