@@ -181,7 +181,9 @@ def measure_arm(model, arm: str, work: list[tuple[dict, dict]]) -> dict:
 def add_in_process(results: dict, path: Path) -> None:
     """Per arm of both runs: this run's mean minus the in-process run's (HTTP, tokenization, JSON)."""
     bench = json.loads(path.read_text())
-    results["in_process"] = {"file": path.name, "shape": bench.get("shape"), "manifest": bench.get("manifest")}
+    results["in_process"] = {"file": path.name, "shape": bench.get("shape"), "manifest": bench.get("manifest"),
+                             "same_workload": bench.get("manifest_sha256") == results["manifest_sha256"]
+                             and bench.get("shape") == results["shape"]}
     for arm, r in results["arms"].items():
         if arm in bench.get("arms", {}) and not bench["arms"][arm].get("parity_only"):
             r["in_process_mean_ms"] = bench["arms"][arm]["mean_ms"]
@@ -199,6 +201,9 @@ def write_markdown(results: dict, path: Path) -> None:
         over = r.get("over_in_process_ms")
         lines.append(f"| {arm} | {r['path']} | {r['n']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "
                      f"{r['warmup_s']:.1f} | {'-' if over is None else f'{over:.1f}'} |")
+    if results.get("in_process") and not results["in_process"]["same_workload"]:
+        lines += ["", f"The in-process file {results['in_process']['file']} ran another shape or manifest: its "
+                      "differences are not HTTP + tokenization alone."]
     lines += native_comparison_lines(results["arms"])
     path.write_text("\n".join(lines) + "\n")
 

@@ -68,7 +68,9 @@ def test_both_arms_answer_every_request_over_http_and_report_beside_the_native_s
                               "score|1-128": {"n": 1, "mean_ms": pytest.approx(r["per_request_ms"][2])}}
     assert results["arms"]["C"]["over_in_process_ms"] == pytest.approx(results["arms"]["C"]["mean_ms"] - 1.0)
     assert "over_in_process_ms" not in results["arms"]["B"]  # the in-process file has no B
+    assert results["in_process"]["same_workload"] is False  # that file names no manifest
     markdown = (out / "e2e_tiny_B-C.md").read_text()
+    assert "not HTTP + tokenization alone" in markdown
     assert "| choice | 1-128 | 72 | 44.07 |" in markdown and "| all | p95 | 231 | 471.11 |" in markdown
     assert "arm B: mean" in capsys.readouterr().out
 
