@@ -1,4 +1,4 @@
-"""Benchmark driver: the 231-request JevBench workload on a random Open-Jev model shape (docs: benchmark protocol).
+"""Benchmark driver: the 231-request JevBench workload on a random Open-Jev model shape (performance.md).
 
 One process, one set of weights, three arms:
 
