@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import save_table, versions
+from benchlib.provenance import versions
+from benchlib.tables import save_table
 
 HEADS, KV_HEADS, HEAD_DIM = 24, 4, 256  # 27B full attention (docs/checkpoints.md)
 

@@ -1,11 +1,12 @@
-"""The 27B forward's GEMM time at every graph-bucket row count: where a bigger bucket is faster than a smaller one.
+"""A forward's GEMM time at every graph-bucket row count: where a bigger bucket is faster than a smaller one.
 
     python recipes/gemm_sweep.py --out results/gemm_sweep              # CUDA: 32..4096 rows, step 32
     python recipes/gemm_sweep.py --max-rows 256 --out /tmp/sweep       # a shorter sweep
+    python recipes/gemm_sweep.py --shape 9b --out results/gemm_sweep   # gemm_sweep_9b.json: the 9B's GEMMs
 
-For each row count M, one CUDA graph holds the bf16 GEMMs of one packed forward at the 27B shape as the fast path
-runs them (stacked projections, ``F.linear`` on ``[out, in]`` weights): 48 Gated DeltaNet layers (in_proj
-qkv|z|b|a, out_proj), 16 attention layers (q|k|v, o_proj), 64 MLPs (gate|up, down). Two copies of each weight
+For each row count M, one CUDA graph holds the bf16 GEMMs of one packed forward at ``--shape`` (27B: 48 Gated
+DeltaNet layers (in_proj qkv|z|b|a, out_proj), 16 attention layers (q|k|v, o_proj), 64 MLPs (gate|up, down)) as
+the fast path runs them (stacked projections, ``F.linear`` on ``[out, in]`` weights). Two copies of each weight
 alternate so that no layer reads a weight the L2 cache still holds. The graph is replayed 1 + ``--repeats`` times;
 the fastest timed replay is the figure (a graph's kernels run back to back, as in the fast path's replays).
 
@@ -25,19 +26,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import save_table, versions
+from benchlib.provenance import versions
+from benchlib.shapes import SHAPES, gemm_shapes, layer_kinds
+from benchlib.tables import save_table
 
 # kind -> (name, out_features, in_features), stacked as the fast path stacks them; the MLP runs in every layer
-SHAPES_27B = {
-    "gdn": [("gdn in_proj qkv|z|b|a", 2 * 16 * 128 + 48 * 128 + 48 * 128 + 48 + 48, 5120),
-            ("gdn out_proj", 5120, 48 * 128)],
-    "attn": [("attn q|k|v", 2 * 24 * 256 + 2 * 4 * 256, 5120), ("attn o_proj", 5120, 24 * 256)],
-    "mlp": [("mlp gate|up", 2 * 17408, 5120), ("mlp down", 5120, 17408)],
-}
+SHAPES_27B = gemm_shapes("27b")  # any shape of benchlib.shapes: gemm_shapes(name), layer_kinds(name)
 SHAPES_SMOKE = {"gdn": [("in", 96, 64), ("out", 64, 48)], "attn": [("qkv", 80, 64), ("o", 64, 32)],
                 "mlp": [("up", 256, 64), ("down", 64, 128)]}
-LAYERS_27B = ["gdn", "gdn", "gdn", "attn"] * 16  # 64 layers, every 4th full attention (docs/checkpoints.md)
+LAYERS_27B = layer_kinds("27b")  # 64 layers, every 4th full attention (docs/checkpoints.md)
 LAYERS_SMOKE = ["gdn", "gdn", "gdn", "attn"]
 
 
@@ -113,17 +110,21 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no new row count after this many seconds (what was timed is still written)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU runs)")
+    parser.add_argument("--shape", default="27b", choices=sorted(SHAPES),
+                        help="the model shape whose GEMMs are timed (other than 27b: gemm_sweep_<shape>.json/.md)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not args.smoke:
         parser.error("no CUDA device: run with --smoke for a CPU check of this recipe")
-    shapes, layers = (SHAPES_SMOKE, LAYERS_SMOKE) if args.smoke else (SHAPES_27B, LAYERS_27B)
+    shapes, layers = (SHAPES_SMOKE, LAYERS_SMOKE) if args.smoke else (gemm_shapes(args.shape), layer_kinds(args.shape))
+    stem = "gemm_sweep" if args.shape == "27b" else f"gemm_sweep_{args.shape}"
     gen = torch.Generator(device=device).manual_seed(0)
     weights = {name: [torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
                       for _ in range(2)] for group in shapes.values() for name, n, k in group}
     flop_per_row, weight_bytes = flops_and_bytes(shapes, layers)
-    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shapes": shapes,
+    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
+              "shapes": shapes,
               "flop_per_row": flop_per_row, "weight_bytes": weight_bytes, "libraries": {}}
     libraries = [b.strip() for b in args.blas.split(",") if b.strip()]
     begun = time.perf_counter()
@@ -154,7 +155,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     columns = ["rows", f"{libraries[0]} ms", "TFLOP/s", "weight TB/s"] + [f"{lib} ms" for lib in libraries[1:]]
-    text = save_table(out, "gemm_sweep", result, "One forward's GEMMs by row count (27B shape, graph-replayed)",
+    title = f"One forward's GEMMs by row count ({args.shape.upper()} shape, graph-replayed)"
+    text = save_table(out, stem, result, title,
                       columns, rows_out)
     inversions = ["", "## Inversions (a larger bucket within the window is faster)", ""]
     for library in libraries:
@@ -162,7 +164,7 @@ def main(argv=None) -> int:
         inversions.append(f"- {library}: {len(found)}" + "".join(
             f"\n  - {x['rows']} rows {x['ms']} ms -> {x['faster_rows']} rows {x['faster_ms']} ms "
             f"(-{100 * x['saving']:.1f}%)" for x in found))
-    (out / "gemm_sweep.md").write_text(text + "\n".join(inversions) + "\n")
+    (out / f"{stem}.md").write_text(text + "\n".join(inversions) + "\n")
     print("\n".join(inversions))
     return 0
 

@@ -8,12 +8,12 @@ import random
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import SHAPES_FILE, VOCAB, build_model, build_workload
+from benchlib.random_model import build_model
+from benchlib.shapes import VOCAB
+from benchlib.workload import MANIFEST, build_workload
 
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.fast_path import score_fast
@@ -24,7 +24,7 @@ from hf_openjev.reference import score_reference
 def main() -> int:
     model = build_model("mid", seed=0, device="cuda")
     apply_patches(model)
-    work = build_workload(SHAPES_FILE, vocab=VOCAB, seed=0, limit=None)
+    work = build_workload(MANIFEST, vocab=VOCAB, seed=0, limit=None)
     rng = random.Random(0)
     picked = rng.sample(work, 40)
     for fast_opts in ({}, {"max_tokens": 512, "max_sequences": 2}):

@@ -28,8 +28,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import add_model_arguments, prepare_recipe, sync, versions
+from benchlib.provenance import versions
+from benchlib.random_model import add_model_arguments, prepare_recipe
+from benchlib.timing import sync
+from benchlib.workload import add_manifest_argument
 from profile_forward import requests_of
 
 PHASES = ("plan", "context", "launch", "graph (GPU)", "rest", "wall")
@@ -111,6 +113,7 @@ def main(argv=None) -> int:
     add_model_arguments(parser, shape="27b")
     parser.add_argument("--tokens", default="107", help="single noul candidates of these lengths")
     parser.add_argument("--requests", default="0,72", help="JevBench workload requests, 0-based indices")
+    add_manifest_argument(parser)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
     if args.repeats < 1:

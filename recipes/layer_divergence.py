@@ -14,12 +14,13 @@ import argparse
 import json
 import random
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import VOCAB, add_model_arguments, prepare_recipe, save_table, versions
+from benchlib.provenance import versions
+from benchlib.random_model import add_model_arguments, prepare_recipe
+from benchlib.shapes import VOCAB
+from benchlib.tables import save_table
 
 
 def layer_outputs(text_model, run) -> list[torch.Tensor]:

@@ -1,9 +1,11 @@
-"""The fp32 oracle of the decision-fidelity gate (docs/design.md "Numerics"): every JevBench request, exact arithmetic.
+"""The fp32 oracle of the decision-fidelity gate (docs/design.md, Numerics): every JevBench request, exact arithmetic.
 
-The bench's random model (``bench_jevbench.build_model``: bf16 weights, seeded) is hashed as stored
+The bench's random model (``benchlib.random_model.build_model``: bf16 weights, seeded) is hashed as stored
 (``hf_openjev.fidelity.hash_weights``), then upcast to fp32 and run by stock Transformers with its own torch code
 (fla unbound as in arm A, SDPA's math backend), TF32 off, one candidate per forward (the reference path with
-batch size 1: no padding). The workload is the bench's (``build_workload``, same seed, same random ids).
+batch size 1: no padding). The workload is the bench's (``build_workload``, same seed, same random ids) on
+``--manifest``, by default ``recipes/data/jevbench231-shapes-estimated.json``, on which the committed oracles were
+built (the bench's ``--oracle`` runs then use it too).
 
 Writes ``<out>/oracle_<shape>.json`` (hf_openjev.fidelity's oracle format) after every request, atomically, so
 a command killed at its time limit keeps what it finished; a later run resumes from that file (or from
@@ -27,10 +29,11 @@ from pathlib import Path
 
 import torch
 
-# recipes/ only: never the repository root, whose hf_openjev/ folder would shadow the installed package
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import (SHAPES, SHAPES_FILE, VOCAB, bind_fla, build_model, build_workload,
-                            git_commit, versions)
+from benchlib.fla_binding import bind_fla
+from benchlib.provenance import git_commit, versions
+from benchlib.random_model import build_model
+from benchlib.shapes import SHAPES, VOCAB
+from benchlib.workload import ESTIMATED_MANIFEST, add_manifest_argument, build_workload, check_manifest_argument
 
 from hf_openjev.fidelity import (ORACLE_FORMAT, describe_request, hash_tokens, hash_weights,
                                  load_oracle, verify_oracle_identity)
@@ -49,6 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="time budget of the whole command: no request starts unless its estimate fits")
     parser.add_argument("--limit", type=int, default=None, help="first N requests only (smoke runs)")
+    add_manifest_argument(parser, default=ESTIMATED_MANIFEST)
     parser.add_argument("--shard", default=None, metavar="K/N",
                         help="score only the requests whose workload index is K modulo N (one process per GPU; a "
                              "last run with every shard's file as --resume merges them)")
@@ -56,6 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="merge the --resume files (one model's shards) into <out>/oracle_<shape>.json and stop: "
                              "no model is built, so it runs on any machine")
     args = parser.parse_args(argv)
+    check_manifest_argument(parser, args)
     if args.merge_only and not args.resume:
         parser.error("--merge-only needs the files to merge as --resume")
     if args.shard is not None:
@@ -170,7 +175,7 @@ def make_header(args, model, *, weights_sha256: str, numerics: dict, kernels: di
            "shard": "/".join(map(str, args.shard)) if args.shard else None}
     return {"format": ORACLE_FORMAT, "shape": args.shape, "shape_config": SHAPES[args.shape], "seed": args.seed,
             "vocab": VOCAB, "temperature": model.temperature, "weights_sha256": weights_sha256,
-            "workload": SHAPES_FILE.name, "workload_sha256": hashlib.sha256(SHAPES_FILE.read_bytes()).hexdigest(),
+            "workload": args.manifest.name, "workload_sha256": hashlib.sha256(args.manifest.read_bytes()).hexdigest(),
             "n_total": n_total, **run, "runs": [*runs, run]}
 
 
@@ -189,7 +194,7 @@ def main(argv=None) -> int:
         print(f"refusing to resume: {error}", file=sys.stderr)
         return 2
     if args.merge_only:
-        return merge_oracles(progress, path)
+        return merge_oracles(progress, path, manifest=args.manifest)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = build_model(args.shape, seed=args.seed, device=device, dtype=torch.bfloat16)
     weights_sha256 = hash_weights(model)  # the stored bf16 weights, before the upcast
@@ -198,7 +203,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     assert all(p.dtype == torch.float32 for p in model.parameters())
     numerics, kernels = set_exact_numerics(), unbind_kernels()
-    full = build_workload(SHAPES_FILE, vocab=VOCAB, seed=args.seed)
+    full = build_workload(args.manifest, vocab=VOCAB, seed=args.seed)
     order = [item["id"] for item, _ in full]
     work = full[:args.limit]
     if args.shard is not None:
@@ -224,9 +229,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def merge_oracles(progress: dict, path: Path) -> int:
+def merge_oracles(progress: dict, path: Path, *, manifest: Path = ESTIMATED_MANIFEST) -> int:
     """Write the union of shards that ``read_progress`` checked to be one model's (shape, seed, weights)."""
-    order = [item["id"] for item in json.loads(SHAPES_FILE.read_text())["requests"]]
+    order = [item["id"] for item in json.loads(Path(manifest).read_text())["requests"]]
     header = {k: v for k, v in progress.items() if k not in ("requests", "n_done", "complete", "seconds")}
     header["shard"] = None
     oracle = write_oracle(path, header, {e["id"]: e for e in progress["requests"]}, order)

@@ -13,20 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import (
-    SHAPES_FILE,
-    VOCAB,
-    add_model_arguments,
-    build_workload,
-    parity,
-    prepare_recipe,
-    run_pass,
-    save_table,
-    versions,
-)
+from benchlib.parity import parity
+from benchlib.provenance import versions
+from benchlib.random_model import add_model_arguments, prepare_recipe
+from benchlib.shapes import VOCAB
+from benchlib.tables import save_table
+from benchlib.timing import run_pass
+from benchlib.workload import add_manifest_argument, build_workload, check_manifest_argument, manifest_identity
 
 VARIANTS = {  # name -> FastPathOptions changes (cuda_graphs always off)
     "all patches": {},
@@ -43,15 +37,18 @@ def main(argv=None) -> int:
     add_model_arguments(parser, shape="mid")
     parser.add_argument("--max-length", type=int, default=128, help="requests whose longest sequence fits")
     parser.add_argument("--limit", type=int, default=None, help="of the first N requests")
+    add_manifest_argument(parser)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of: " + ", ".join(VARIANTS))
     args = parser.parse_args(argv)
+    check_manifest_argument(parser, args)
     from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.patches import apply_patches
 
     out, device, model = prepare_recipe(args)
-    work = build_workload(SHAPES_FILE, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
+    work = build_workload(args.manifest, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
     result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
-              "dtype": args.dtype, "requests": len(work), "rows": []}
+              "dtype": args.dtype, **manifest_identity(args.manifest),
+              "requests": len(work), "rows": []}
     reference = [r for _, r in run_pass(model, work, fast=False)]
     stock_alone = [r for _, r in run_pass(model, work, fast=False, batch_size=1)]
     result["rows"].append({"variant": "A1: stock, one candidate per batch", **parity(reference, stock_alone)})

@@ -31,18 +31,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import (
-    SHAPES_FILE,
-    VOCAB,
-    add_model_arguments,
-    build_workload,
-    prepare_recipe,
-    single_candidate_request,
-    sync,
-    time_fast_calls,
-    versions,
-)
+from benchlib.provenance import versions
+from benchlib.random_model import add_model_arguments, prepare_recipe
+from benchlib.shapes import VOCAB
+from benchlib.timing import sync, time_fast_calls
+from benchlib.workload import (MANIFEST, add_manifest_argument, build_workload, check_manifest_argument,
+                               single_candidate_request)
+
+SHAPES_FILE = MANIFEST  # the default workload of --requests (--manifest)
 
 CATEGORIES = [  # first match wins; kernel names as CUPTI reports them (FA2's name mentions cutlass: attention first;
     # s5-s8 profiles before this order counted FA2 under gemm)
@@ -165,10 +161,12 @@ def write_markdown(result: dict, path: Path) -> None:
 
 def requests_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, object]]:
     """(label, PreparedRequest) for ``--tokens`` (single noul candidates) and ``--requests`` (JevBench workload
-    indices, the benchmark's token ids); a parser error when there are none or an index is out of range."""
+    indices of ``--manifest``, the benchmark's token ids); a parser error when there are none, an index is out of
+    range or the manifest is unreadable."""
+    check_manifest_argument(parser, args)
     targets = [(f"one {n}-token candidate", single_candidate_request(n)) for n in (int(x) for x in args.tokens.split(",") if x)]
     if args.requests:
-        work = build_workload(SHAPES_FILE, vocab=VOCAB, seed=args.seed)
+        work = build_workload(args.manifest, vocab=VOCAB, seed=args.seed)
         for i in (int(x) for x in args.requests.split(",") if x):
             if not 0 <= i < len(work):
                 parser.error(f"--requests: {i} is not an index of the {len(work)} JevBench requests")
@@ -185,6 +183,7 @@ def main(argv=None) -> int:
     add_model_arguments(parser, shape="27b")
     parser.add_argument("--tokens", default="107,3400", help="single noul candidates of these lengths")
     parser.add_argument("--requests", default="", help="JevBench workload requests, 0-based indices (e.g. 0,150)")
+    add_manifest_argument(parser)
     parser.add_argument("--fast-options", nargs="+", default=["{}"],
                         help="JSON of FastPathOptions, e.g. '{\"share_tails\": true}'; several: each is profiled "
                              "in turn with every patch option set")

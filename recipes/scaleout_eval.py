@@ -30,14 +30,18 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import SHAPES, SHAPES_FILE, VOCAB, build_model, build_workload, sync, versions
+from benchlib.provenance import versions
+from benchlib.random_model import build_model
+from benchlib.shapes import SHAPES, VOCAB
+from benchlib.timing import sync
+from benchlib.workload import (MANIFEST, add_manifest_argument, build_workload, check_manifest_argument,
+                               manifest_identity)
 
 LABELS = {"choice": lambda n: [f"o{i}" for i in range(n)], "score": lambda n: [str(i) for i in range(n)],
           "noul": lambda n: ["no", "yes"]}
 
 
-def workload_tasks(work) -> tuple[list, dict]:
+def workload_tasks(work, *, manifest: Path = MANIFEST) -> tuple[list, dict]:
     """(Tasks, (tier, id) -> (PreparedRequest, 0.0)) of bench_jevbench workload items, as eval's loop takes them:
     labels as the workload's parsed question has them (o0.., 0.., no/yes), expected the first label."""
     from hf_openjev.eval.tasks import Task
@@ -48,7 +52,7 @@ def workload_tasks(work) -> tuple[list, dict]:
         labels = LABELS[kind](len(item["suffix_tokens"]))
         task = Task(id=str(item.get("id", line)), tier="jevbench231", family=kind, kind=kind, group=None,
                     labels=labels, expected=labels[0], request={"questions": {"q": {"type": kind}}},
-                    file=SHAPES_FILE.name, line=line)
+                    file=Path(manifest).name, line=line)
         tasks.append(task)
         prepared[task.key] = (request, 0.0)
     return tasks, prepared
@@ -107,12 +111,14 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
+    add_manifest_argument(parser)
     parser.add_argument("--batch-size", type=int, default=16, help="requests per forward plan (eval's --batch-size)")
     parser.add_argument("--limit", type=int, default=None, help="first N requests only (smoke runs)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes over the rank's shard first")
     parser.add_argument("--fast", action=argparse.BooleanOptionalAction, default=None,
                         help="fast path (default: on with CUDA, as eval)")
     args = parser.parse_args(argv)
+    check_manifest_argument(parser, args)
 
     from hf_openjev.eval.evaluate import read_results
     from hf_openjev.eval.sharding import close_processes, current_processes, merge_results, rank_device
@@ -128,7 +134,8 @@ def main(argv=None) -> int:
             stale.unlink()
     processes.wait()
     model = build_model(args.shape, seed=args.seed, device=device, dtype=getattr(torch, args.dtype))
-    tasks, prepared = workload_tasks(build_workload(SHAPES_FILE, vocab=VOCAB, seed=args.seed, limit=args.limit))
+    tasks, prepared = workload_tasks(build_workload(args.manifest, vocab=VOCAB, seed=args.seed, limit=args.limit),
+                                      manifest=args.manifest)
     mine = measure(model, tasks, prepared, processes, out_dir=run_dir, batch_size=args.batch_size, fast=fast,
                    warmup=args.warmup)
     (run_dir / f"timing.rank{processes.rank}.json").write_text(json.dumps(mine))
@@ -138,7 +145,8 @@ def main(argv=None) -> int:
         return 0
     ranks = [json.loads((run_dir / f"timing.rank{k}.json").read_text()) for k in range(processes.world)]
     merge_results(run_dir, read_results, [t.key for t in tasks])
-    result = {"shape": args.shape, "dtype": args.dtype, "world": processes.world, "fast": fast,
+    result = {"shape": args.shape, "dtype": args.dtype, **manifest_identity(args.manifest),
+              "world": processes.world, "fast": fast,
               "batch_size": args.batch_size, "requests": len(tasks), "wall_seconds": mine["wall_seconds"],
               "requests_per_s": len(tasks) / mine["wall_seconds"], "ranks": ranks,
               "scored": len(read_results(run_dir / "results.jsonl")),

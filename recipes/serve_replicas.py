@@ -22,20 +22,24 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_jevbench import (SHAPES_FILE, VOCAB, add_model_arguments, build_model, build_workload,
-                            closed_loop, versions)
+from benchlib.closed_loop import closed_loop
+from benchlib.provenance import versions
+from benchlib.random_model import add_model_arguments, build_model
+from benchlib.shapes import VOCAB
+from benchlib.workload import add_manifest_argument, build_workload, check_manifest_argument, manifest_identity
 
 
 def parse_arguments(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(parser, shape="27b")
+    add_manifest_argument(parser)
     parser.add_argument("--replicas", type=int, default=None, help="GPUs to use (default: every visible one, >= 2)")
     parser.add_argument("--in-flight", default="16,32", help="closed-loop clients, comma-separated")
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     parser.add_argument("--limit", type=int, default=None, help="first N requests only (smoke runs)")
     parser.add_argument("--max-length", type=int, default=None, help="skip requests longer than this")
     args = parser.parse_args(argv)
+    check_manifest_argument(parser, args)
     if args.replicas is None:
         args.replicas = max(2, torch.cuda.device_count())
     if args.replicas < 2:
@@ -68,9 +72,10 @@ def main(argv=None) -> int:
     levels = [int(x) for x in args.in_flight.split(",") if x]
     start = time.perf_counter()
     models = build_replicas(args)
-    work = build_workload(SHAPES_FILE, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
+    work = build_workload(args.manifest, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
     results = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
-               "dtype": args.dtype, "devices": [str(m.device) for m in models], "requests": len(work),
+               "dtype": args.dtype, **manifest_identity(args.manifest), "devices": [str(m.device) for m in models],
+               "requests": len(work),
                "build_s": time.perf_counter() - start, "replicas": {}}
     for count in (1, args.replicas):
         runs = results["replicas"][str(count)] = {}

@@ -2,6 +2,7 @@
 Nothing here reads outside the checkout."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,9 +20,14 @@ JEVBENCH_EASY = repo_path("data/jevbench-sample/easy.jsonl")
 
 
 def load_recipe(name: str):
-    """A script of ``recipes/`` imported as a module (they are scripts, not part of the package)."""
-    path = REPO / "recipes" / f"{name}.py"
+    """A script of ``recipes/`` imported as a module (they are scripts, not part of the package), with ``recipes/``
+    on ``sys.path`` as ``python recipes/<name>.py`` has it, so that its ``benchlib`` imports resolve."""
+    recipes = REPO / "recipes"
+    if str(recipes) not in sys.path:
+        sys.path.insert(0, str(recipes))
+    path = recipes / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import would (dataclasses look their module up there)
     spec.loader.exec_module(module)
     return module

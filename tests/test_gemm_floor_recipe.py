@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from repo_data import load_recipe
 
@@ -28,7 +30,8 @@ def test_one_request_by_hand():
 
 def test_the_workload_table(tmp_path, capsys):
     recipe = load_recipe("gemm_floor")
-    assert recipe.main(["--out", str(tmp_path)]) == 0
+    estimated = Path(__file__).resolve().parents[1] / "recipes/data/jevbench231-shapes-estimated.json"
+    assert recipe.main(["--manifest", str(estimated), "--out", str(tmp_path)]) == 0  # the figures below are its
     import json
 
     results = json.loads((tmp_path / "gemm_floor.json").read_text())
@@ -55,3 +58,22 @@ def test_a_measured_curve_costs_packs_at_their_bucket(tmp_path):
     results = json.loads((tmp_path / "o" / "gemm_floor.json").read_text())
     assert "exact sharing (share_tails, threshold 16)" in results
     assert "the measured curve" in (tmp_path / "o" / "gemm_floor.md").read_text()
+
+
+def test_the_default_workload_is_the_exact_manifest_and_other_shapes_scale_the_floor(tmp_path):
+    recipe = load_recipe("gemm_floor")
+    assert recipe.main(["--out", str(tmp_path / "27b")]) == 0
+    assert recipe.main(["--shape", "9b", "--out", str(tmp_path / "9b")]) == 0
+    import json
+
+    exact = json.loads((tmp_path / "27b" / "gemm_floor.json").read_text())
+    nine = json.loads((tmp_path / "9b" / "gemm_floor_9b.json").read_text())
+    assert recipe.shape_scale("27b") == 1.0 and 0.2 < recipe.shape_scale("9b") < 0.5
+    for name, r in exact.items():  # the same plans, each pack's floor scaled by the 9B's GEMM weights
+        assert nine[name]["computed_tokens"] == r["computed_tokens"]
+        assert nine[name]["mean_ms"] == pytest.approx(r["mean_ms"] * recipe.shape_scale("9b"))
+    estimated = Path(__file__).resolve().parents[1] / "recipes/data/jevbench231-shapes-estimated.json"
+    assert recipe.main(["--manifest", str(estimated), "--out", str(tmp_path / "e")]) == 0
+    other = json.loads((tmp_path / "e" / "gemm_floor.json").read_text())
+    assert other["no sharing"]["computed_tokens"] != exact["no sharing"]["computed_tokens"]
+    assert "9b shape" in (tmp_path / "9b" / "gemm_floor_9b.md").read_text()

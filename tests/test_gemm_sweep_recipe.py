@@ -29,6 +29,20 @@ def test_the_27b_shapes_count_the_backbone_weights():
     assert recipe.LAYERS_27B.count("attn") == 16 and len(recipe.LAYERS_27B) == 64
 
 
+def test_every_shape_counts_its_own_gemms():
+    recipe = load_recipe("gemm_sweep")
+    from benchlib.shapes import gemm_shapes, layer_kinds
+
+    assert recipe.SHAPES_27B == gemm_shapes("27b") and recipe.LAYERS_27B == layer_kinds("27b")
+    nine, two = layer_kinds("9b"), layer_kinds("2b")
+    assert (len(nine), nine.count("attn"), len(two), two.count("attn")) == (32, 8, 24, 6)
+    assert nine[3] == "attn" and nine[:3] == ["gdn"] * 3  # every 4th layer full attention
+    _, nine_bytes = recipe.flops_and_bytes(gemm_shapes("9b"), nine)
+    (gdn_in, _, _), (gdn_out, _, _) = [(n, k, name) for name, n, k in gemm_shapes("9b")["gdn"]]
+    assert gdn_in == 2 * 16 * 128 + 2 * 32 * 128 + 2 * 32 and gdn_out == 4096
+    assert 6.0e9 < nine_bytes / 2 < 8.5e9  # the 9B's projections: well below 9 B with embeddings left out
+
+
 def test_a_smoke_sweep_on_the_cpu_writes_its_table(tmp_path):
     recipe = load_recipe("gemm_sweep")
     torch.set_num_threads(1)

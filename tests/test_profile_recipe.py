@@ -59,9 +59,9 @@ def test_the_profiler_takes_jevbench_requests_and_fast_options(tmp_path):
     (request,) = tails["requests"]
     top = request["top_kernels_ms"]
     assert top and all(k["launches"] >= 1 for k in top)  # CPU: aten ops and their call counts
-    shapes = json.loads((recipe.SHAPES_FILE).read_text())["requests"][0]  # easy-intent-00: prefix 38, 5 candidates
+    shapes = json.loads((recipe.SHAPES_FILE).read_text())["requests"][0]  # easy-intent-00: prefix 36 (exact shapes), 5 candidates
     assert request["tokens"] == sum(shapes["prefix_tokens"] + s for s in shapes["suffix_tokens"])
-    assert request["label"].startswith("JevBench request 0 (easy-intent-00, choice: prefix 38")
+    assert request["label"].startswith("JevBench request 0 (easy-intent-00, choice: prefix 36")
     markdown = (tmp_path / "profile_tiny.md").read_text()
     assert "JevBench request 0" in markdown and '"share_tails": true' in markdown
 

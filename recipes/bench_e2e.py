@@ -1,0 +1,244 @@
+"""End-to-end benchmark: the 231 JevBench requests as text through ``hf-openjev serve``'s app over HTTP.
+
+    python recipes/bench_e2e.py --shape 27b --arms B,C --out results/e2e
+
+Measured the way the native server measures its published figures: the requests as text (built from
+``data/jevbench/{easy,original,hard}.jsonl`` by ``hf_openjev.eval.tasks``, as ``hf-openjev eval`` builds them),
+served by the package's own server app (``hf_openjev.serve.server.create_app``: arm C the fast path, arm B the
+reference path, as ``serve --reference``) on 127.0.0.1 with uvicorn, the bench's seeded random weights
+(``benchlib.random_model.build_model``, handed to the app in-process) and the real Qwen3.5 tokenizer
+(``hf_openjev.qwen_tokenizer.load_qwen_tokenizer``; ``--tokenizer DIR`` loads another one instead). One client in
+its own process (``benchlib/http_client.py``) holds one keep-alive connection and sends the next request when the
+previous answer is parsed; serialization, HTTP, tokenization, the model and response parsing are inside the timer.
+Per arm: one warm-up pass, then one timed pass.
+
+Writes ``e2e_<shape>_<arms>.json`` (per arm: ``mean_ms``, ``p50_ms``, ``p95_ms``, the kind x longest-candidate
+table, per-request ms; the command, versions, device, git commit) and ``.md`` with the native server's group means
+beside it. Requests are bucketed by the exact manifest's token counts (``recipes/data/jevbench231-shapes.json``,
+matched by task id). ``--in-process bench_<shape>_<dtype>.json`` adds what HTTP and tokenization add per request
+over that in-process run's mean (same shape and arms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from benchlib.groups import native_comparison_lines, table
+from benchlib.provenance import git_commit, versions
+from benchlib.random_model import add_model_arguments, build_model, default_device
+from benchlib.timing import summarize
+from benchlib.workload import add_manifest_argument, check_manifest_argument, manifest_identity
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data" / "jevbench"  # the public JevBench tasks (MIT), as the repository ships them
+TIERS = ("easy", "original", "hard")
+CLIENT = Path(__file__).resolve().parent / "benchlib" / "http_client.py"
+QWEN_CHAT = ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")  # Qwen3.5's halves
+
+
+def parse_arguments(argv) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
+    """The checked namespace (``arms`` a list) and its parser; every check before any work."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_arguments(parser, shape="27b")
+    add_manifest_argument(parser)
+    parser.add_argument("--arms", default="B,C", help="B: the reference path (serve --reference); C: the fast path")
+    parser.add_argument("--data", type=Path, default=DATA,
+                        help="folder of easy.jsonl, original.jsonl and hard.jsonl (default: the repository's "
+                             "data/jevbench)")
+    parser.add_argument("--limit", type=int, default=None, help="first N requests only (smoke runs)")
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="a Hugging Face tokenizer folder instead of the real Qwen3.5 tokenizer (smoke runs)")
+    parser.add_argument("--in-process", type=Path, default=None, metavar="BENCH.json",
+                        help="bench_jevbench.py's result of the same shape: report HTTP + tokenization over it")
+    args = parser.parse_args(argv)
+    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not args.arms or not set(args.arms) <= {"B", "C"} or len(set(args.arms)) != len(args.arms):
+        parser.error(f"--arms: give B and/or C, each once (got {','.join(args.arms) or 'nothing'})")
+    check_manifest_argument(parser, args)
+    missing = [t for t in TIERS if not (args.data / f"{t}.jsonl").is_file()]
+    if missing:
+        parser.error(f"--data {args.data}: no {', '.join(f'{t}.jsonl' for t in missing)} there; the JevBench "
+                     "tasks belong in the repository's data/jevbench/ (or pass --data DIR)")
+    if args.in_process is not None and not args.in_process.is_file():
+        parser.error(f"--in-process {args.in_process}: no such file")
+    if args.limit is not None and args.limit < 1:
+        parser.error("--limit must be at least 1")
+    return args, parser
+
+
+def load_requests(data: Path, manifest: Path, *, limit: int | None) -> list[tuple[dict, dict]]:
+    """(manifest item, request dict) per task of ``data``'s tiers in order (first ``limit``); a task the manifest
+    does not name is an error (its bucket would be unknown)."""
+    from hf_openjev.eval.tasks import Source, load_tasks
+
+    tasks, invalid = load_tasks([Source(data / f"{t}.jsonl", t) for t in TIERS], progress=False)
+    if invalid:
+        raise ValueError(f"{invalid[0]['file']}:{invalid[0]['line']}: {invalid[0]['error']}")
+    shapes = {item["id"]: item for item in json.loads(manifest.read_text())["requests"]}
+    unknown = [t.id for t in tasks if t.id not in shapes]
+    if unknown:
+        raise ValueError(f"task {unknown[0]!r} is not in {manifest.name}: pass the manifest of these tasks")
+    return [(shapes[t.id], t.request) for t in tasks][:limit]
+
+
+def load_tokenizer(path: Path | None):
+    """The real Qwen3.5 tokenizer (``hf_openjev.qwen_tokenizer``), or the one saved at ``path``; a one-line
+    SystemExit when it is not available."""
+    if path is not None:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path))
+    try:
+        from hf_openjev.qwen_tokenizer import load_qwen_tokenizer
+    except ImportError as error:
+        raise SystemExit(f"bench_e2e: the real Qwen3.5 tokenizer is not available ({error}); install the project's "
+                         "tokenizer extra (qwen-tokenizer), or pass --tokenizer DIR for a smoke run") from None
+    return load_qwen_tokenizer()
+
+
+def attach_tokenizer(model, tokenizer) -> None:
+    """Give the random model ``tokenizer`` and the chat halves its template renders (Qwen3.5's own without one)."""
+    from hf_openjev.chat import render_chat_halves
+    from hf_openjev.errors import CheckpointError
+
+    try:
+        prefix, suffix = render_chat_halves(tokenizer)
+    except CheckpointError:
+        prefix, suffix = QWEN_CHAT
+    model.tokenizer = tokenizer
+    model.manifest = dataclasses.replace(model.manifest, chat_prefix=prefix, chat_suffix=suffix)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_arm(model, arm: str):
+    """A started uvicorn server of the package's app for ``arm`` on 127.0.0.1 (a thread), and its port."""
+    import uvicorn
+
+    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.patches import patch_record, revert_patches
+    from hf_openjev.serve.server import create_app
+
+    if arm == "B" and patch_record(model) is not None:
+        revert_patches(model)  # B is the stock model, as serve --reference loads it
+    app = create_app(model, fast=arm == "C", options=FastPathOptions() if arm == "C" else None)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False, lifespan="on"))
+    thread = threading.Thread(target=server.run, name=f"e2e-{arm}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"arm {arm}: the server did not start on 127.0.0.1:{port}")
+        time.sleep(0.01)
+    return server, thread, port
+
+
+def run_client(port: int, requests: list[dict], work: Path) -> dict:
+    """The client process's warm-up and timed passes over ``requests`` (see benchlib/http_client.py)."""
+    plan, result = work / "plan.json", work / "result.json"
+    plan.write_text(json.dumps({"host": "127.0.0.1", "port": port, "path": "/v1/systemone",
+                                "passes": ["warm-up", "timed"], "requests": requests}))
+    done = subprocess.run([sys.executable, str(CLIENT), str(plan), str(result)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip() or f"the client exited with {done.returncode}")
+    return json.loads(result.read_text())
+
+
+def measure_arm(model, arm: str, work: list[tuple[dict, dict]]) -> dict:
+    """One arm: serve, run the client (warm-up, timed), stop the server; the arm's summary and table."""
+    server, thread, port = serve_arm(model, arm)
+    start = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            client = run_client(port, [request for _, request in work], Path(scratch))
+    finally:
+        server.should_exit = True
+        thread.join(60)
+    times = client["passes"]["timed"]["ms"]
+    warmup_s = sum(client["passes"]["warm-up"]["ms"]) / 1000
+    return {**summarize(times), "warmup_s": warmup_s, "wall_s": time.perf_counter() - start,
+            "table": table([(item, None) for item, _ in work], times), "per_request_ms": times,
+            "path": "fast" if arm == "C" else "reference"}
+
+
+def add_in_process(results: dict, path: Path) -> None:
+    """Per arm of both runs: this run's mean minus the in-process run's (HTTP, tokenization, JSON)."""
+    bench = json.loads(path.read_text())
+    results["in_process"] = {"file": path.name, "shape": bench.get("shape"), "manifest": bench.get("manifest"),
+                             "same_workload": bench.get("manifest_sha256") == results["manifest_sha256"]
+                             and bench.get("shape") == results["shape"]}
+    for arm, r in results["arms"].items():
+        if arm in bench.get("arms", {}) and not bench["arms"][arm].get("parity_only"):
+            r["in_process_mean_ms"] = bench["arms"][arm]["mean_ms"]
+            r["over_in_process_ms"] = r["mean_ms"] - bench["arms"][arm]["mean_ms"]
+
+
+def write_markdown(results: dict, path: Path) -> None:
+    lines = [f"# JevBench-231 end to end over HTTP, {results['shape']} shape, {results['dtype']}, random weights", "",
+             f"Command: `{results['command']}`", "",
+             "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()), "",
+             f"Git commit: {results['git_commit']}; tokenizer: {results['tokenizer']}; requests: {results['n']}", "",
+             "| arm | path | n | mean ms | p50 ms | p95 ms | warm-up s | over in-process ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for arm, r in results["arms"].items():
+        over = r.get("over_in_process_ms")
+        lines.append(f"| {arm} | {r['path']} | {r['n']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "
+                     f"{r['warmup_s']:.1f} | {'-' if over is None else f'{over:.1f}'} |")
+    if results.get("in_process") and not results["in_process"]["same_workload"]:
+        lines += ["", f"The in-process file {results['in_process']['file']} ran another shape or manifest: its "
+                      "differences are not HTTP + tokenization alone."]
+    lines += native_comparison_lines(results["arms"])
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    args, parser = parse_arguments(argv)
+    try:
+        work = load_requests(args.data, args.manifest, limit=args.limit)
+    except ValueError as error:
+        parser.error(f"--data / --manifest: {error}")
+    tokenizer = load_tokenizer(args.tokenizer)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"e2e_{args.shape}_{'-'.join(args.arms)}"
+    info = versions()
+    results = {"command": " ".join([sys.executable, *sys.argv]), "versions": info, "device": info["device"],
+               "git_commit": git_commit(), "shape": args.shape, "seed": args.seed, "dtype": args.dtype,
+               **manifest_identity(args.manifest), "data": str(args.data.name), "n": len(work),
+               "tokenizer": f"{type(tokenizer).__name__}, {len(tokenizer)} tokens"
+                            + (f" ({args.tokenizer.name})" if args.tokenizer else " (Qwen3.5)"),
+               "arms": {}}
+    model = build_model(args.shape, seed=args.seed, device=default_device(), dtype=getattr(torch, args.dtype))
+    attach_tokenizer(model, tokenizer)
+    for arm in args.arms:
+        results["arms"][arm] = measure_arm(model, arm, work)
+        r = results["arms"][arm]
+        print(f"arm {arm}: mean {r['mean_ms']:.1f} ms, p50 {r['p50_ms']:.1f}, p95 {r['p95_ms']:.1f} "
+              f"({r['n']} requests over HTTP)", flush=True)
+        (out / f"{stem}.json").write_text(json.dumps(results, indent=1))  # after every arm
+    if args.in_process is not None:
+        add_in_process(results, args.in_process)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    write_markdown(results, out / f"{stem}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

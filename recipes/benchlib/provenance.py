@@ -1,0 +1,44 @@
+"""What a result file records about where it came from: versions, device, git commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def versions() -> dict:
+    import transformers
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"}
+    for name in ("triton", "fla"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001
+            info[name] = None
+    return info
+
+
+def git_commit() -> str | None:
+    """The checkout's commit (``+dirty`` when tracked files changed), or None outside a git checkout.
+
+    ``$HF_OPENJEV_COMMIT`` wins: a device run from an exported snapshot of a commit names that commit."""
+    import subprocess
+
+    if os.environ.get("HF_OPENJEV_COMMIT"):
+        return os.environ["HF_OPENJEV_COMMIT"]
+
+    try:
+        def git(*cmd):
+            return subprocess.run(["git", "-C", str(ROOT), *cmd], capture_output=True, text=True, check=True,
+                                  timeout=30).stdout.strip()
+        commit, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")

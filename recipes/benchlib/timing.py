@@ -1,0 +1,75 @@
+"""Per-request timing of the recipes: device syncs, passes over the workload, single-candidate calls, summaries."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from benchlib.workload import single_candidate_request
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def reset_peak() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gb() -> float:
+    return torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else float("nan")
+
+
+def run_pass(model, work, *, fast: bool, batch_size: int = 32):
+    """Time every request (sync at both ends); returns per-request (seconds, response). ``batch_size``: the
+    reference path's right-padded batch (fast=False); the fast path runs with the options the model is patched
+    with (``apply_patches``)."""
+    from hf_openjev.scoring import build_answer, score_prepared
+
+    out = []
+    for _, prepared in work:
+        sync()
+        start = time.perf_counter()
+        result = score_prepared(model, [prepared], fast=fast, batch_size=batch_size)
+        response = build_answer(model, prepared, result.scores[0], seconds=result.seconds,
+                                prefix_cache=result.prefix_cache[0], method=result.path)
+        sync()
+        out.append((time.perf_counter() - start, response))
+    return out
+
+
+def time_fast_calls(model, request, *, calls: int, options=None) -> list[float]:
+    """ms of ``calls`` fast-path calls on ``request``, each timed like run_pass (a device sync at both ends), with
+    ``options`` (a FastPathOptions; default: the ones the model is patched with)."""
+    from hf_openjev.scoring import score_prepared
+
+    times = []
+    for _ in range(calls):
+        sync()
+        t = time.perf_counter()
+        score_prepared(model, [request], fast=True, options=options)
+        sync()
+        times.append((time.perf_counter() - t) * 1000)
+    return times
+
+
+def time_single(model, tokens: int, *, repeats: int) -> dict:
+    """One candidate of ``tokens`` tokens on the fast path: the first call (may autotune / capture) and the median
+    of the next ``repeats``, peak memory."""
+    reset_peak()
+    times = time_fast_calls(model, single_candidate_request(tokens), calls=1 + repeats)
+    out = {"tokens": tokens, "first_ms": times[0], "peak_memory_gb": peak_gb()}
+    if repeats:
+        out["median_ms"] = statistics.median(times[1:])
+    return out
+
+
+def summarize(times_ms: list[float]) -> dict:
+    s = sorted(times_ms)
+    n = len(s)
+    return {"n": n, "mean_ms": statistics.fmean(s), "p50_ms": s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2,
+            "p95_ms": s[max(0, int(0.95 * n) - 1)], "max_ms": s[-1]}
