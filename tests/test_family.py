@@ -240,3 +240,17 @@ def test_serve_refuses_an_unknown_shape_before_loading_unless_allowed(unmarked, 
     monkeypatch.setattr(server, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
     assert cli.main(["serve", "--model", str(unmarked.export), "--allow-unknown-shape"]) == 0
     assert seen["allow_unknown_shape"] is True
+
+
+def test_a_cached_tiny_build_without_the_mark_is_rebuilt(tmp_path):
+    """A demo cache made before the mark existed would be refused by the check: build_tiny_checkpoint rebuilds it."""
+    from hf_openjev.export.tiny import build_tiny_checkpoint
+
+    tiny = build_tiny_checkpoint(tmp_path / "tiny")
+    path = tiny.export / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    del manifest["test_checkpoint"]
+    path.write_text(json.dumps(manifest))
+    build_tiny_checkpoint(tmp_path / "tiny")
+    assert json.loads(path.read_text())["test_checkpoint"] is True
+    load_export(tiny.export, dtype="float32", device="cpu")

@@ -272,6 +272,16 @@ def _check_adapter_against_base(package, pairs: dict, found: dict) -> None:
                                       "adapter weights adapt; the adapter config and weights do not match")
 
 
+def _check_family(base_dir, package_dir, package, text_config, identity: BaseIdentity, allow_unknown: bool) -> None:
+    """The base's shape against the Open-Jev family (:mod:`hf_openjev.family`), with every name the package and the
+    base directory give (model id, PEFT's base, ``model.json``'s base, the base's own repo id)."""
+    names = package_names(package) + [claim.value for claim in identity.package_names]
+    names += [identity.base_name.value] if identity.base_name is not None else []
+    check_family_member(text_config, temperature=package.temperature, names=names,
+                        test_checkpoint=is_test_package(package), allow_unknown=allow_unknown,
+                        where=f"{base_dir} with {package_dir}")
+
+
 def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwrite: bool = False,
                 max_shard_bytes: int = MAX_SHARD_BYTES, allow_base_mismatch: bool = False,
                 allow_unknown_shape: bool = False) -> _Plan:
@@ -302,11 +312,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
             f"{package.checkpoint_dir / 'head.pt'}: head weight has shape {list(package.head_weight.shape)} but the "
             f"base's hidden size is {hidden} (need [1, {hidden}]); the package and the base model do not match"
         )
-    names = package_names(package) + [c.value for c in identity.package_names]
-    names += [identity.base_name.value] if identity.base_name is not None else []
-    check_family_member(text_config, temperature=package.temperature, names=names,
-                        test_checkpoint=is_test_package(package), allow_unknown=allow_unknown_shape,
-                        where=f"{base_dir} with {package_dir}")
+    _check_family(base_dir, package_dir, package, text_config, identity, allow_unknown_shape)
 
     headers = {path: read_safetensors_headers(path) for path in files}
     index = base_dir / "model.safetensors.index.json"

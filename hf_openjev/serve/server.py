@@ -607,9 +607,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     fast path and is refused with ``fast=False`` (:func:`~hf_openjev.fp8_option.select_fp8_path`), before anything
     else. Every replica is loaded with ``load_export(..., fp8=fp8)``: quantized on the CPU, then moved, so no device
     holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8_option.FP8_HELP`).
-
-    An export whose shape is no Open-Jev model's is refused before the model loads (:mod:`hf_openjev.family`)
-    unless ``allow_unknown_shape``."""
+    ``allow_unknown_shape``: serve a shape that is no Open-Jev model's (:mod:`hf_openjev.family`)."""
     import uvicorn
 
     from .keys import read_api_keys
