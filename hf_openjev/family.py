@@ -133,7 +133,7 @@ def check_family_member(config, *, temperature: float, names: Iterable[str] = ()
     other = next((m for m in MEMBERS if m is not matched and m.temperature == temperature), None)
     if other is not None:
         raise CheckpointError(f"{where}: it has the shape of {matched.name} but the temperature of {other.name} "
-                              f"({temperature!r}); the package's temperature.json comes from another model")
+                              f"({temperature!r}); the package's temperature.json comes from another model; {how}")
     tied = bool(getattr(config, "tie_word_embeddings", False))
     if tied != matched.tied:
         raise CheckpointError(f"{where}: tie_word_embeddings is {str(tied).lower()} but {matched.name} "
