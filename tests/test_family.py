@@ -254,3 +254,10 @@ def test_a_cached_tiny_build_without_the_mark_is_rebuilt(tmp_path):
     build_tiny_checkpoint(tmp_path / "tiny")
     assert json.loads(path.read_text())["test_checkpoint"] is True
     load_export(tiny.export, dtype="float32", device="cpu")
+
+
+def test_a_test_checkpoint_mark_must_be_a_boolean(unmarked):
+    path = unmarked.export / MANIFEST_NAME
+    path.write_text(json.dumps({**json.loads(path.read_text()), "test_checkpoint": "yes"}))
+    with pytest.raises(CheckpointError, match="test_checkpoint must be true or false, got 'yes'"):
+        load_export(unmarked.export, device="cpu")
