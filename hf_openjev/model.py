@@ -25,6 +25,7 @@ from .checkpoint.package import read_base_text_config, read_package
 from .devices import check_device
 from .dtypes import resolve_dtype
 from .errors import CheckpointError
+from .family import check_family_member, is_test_package, package_names
 from .unmerged_lora import apply_lora_unmerged
 
 SERVED_ALIASES = ("open-jev", "jev-latest")
@@ -102,14 +103,15 @@ class JevModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, *, dtype="auto", device=None, device_map=None, fp8="off",
-                        **_pipeline_kwargs) -> "JevModel":
-        """Entry used by ``transformers.pipeline("jev-decision", model=<export dir>)`` (``fp8`` through its
-        ``model_kwargs``: see :func:`load_export`)."""
+                        allow_unknown_shape: bool = False, **_pipeline_kwargs) -> "JevModel":
+        """Entry used by ``transformers.pipeline("jev-decision", model=<export dir>)`` (``fp8`` and
+        ``allow_unknown_shape`` through its ``model_kwargs``: see :func:`load_export`)."""
         target = device if device is not None else device_map
-        return load_export(path, dtype=dtype, device=target, fp8=fp8)
+        return load_export(path, dtype=dtype, device=target, fp8=fp8, allow_unknown_shape=allow_unknown_shape)
 
 
-def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str = "off") -> JevModel:
+def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str = "off",
+                allow_unknown_shape: bool = False) -> JevModel:
     """Load a merged export directory (docs/checkpoints.md) into a :class:`JevModel`.
 
     ``dtype`` is the backbone's dtype (default bfloat16); the head is always fp32. An FP8 export is loaded with
@@ -127,6 +129,9 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str =
     nothing more (a narrower mode is refused: the bf16 weights are gone). A ``device_map`` dict is refused with
     ``fp8``: the model goes to one device. A :class:`UsageError` (a ``ValueError``) for a bad ``fp8``, before
     anything is read.
+
+    The export's shape must be an Open-Jev model's (:func:`hf_openjev.family.check_family_member`: a
+    :class:`CheckpointError` naming the nearest one otherwise); ``allow_unknown_shape=True`` loads any shape.
     """
     from .fp8.prepare import check_fp8_target
 
@@ -140,6 +145,9 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str =
             f"{export_dir}: the head has {len(manifest.head_weight)} inputs but hidden_size is "
             f"{text_config.hidden_size}; the manifest and the weights come from different models"
         )
+    check_family_member(text_config, temperature=manifest.temperature, names=[manifest.model_id],
+                        test_checkpoint=manifest.test_checkpoint, allow_unknown=allow_unknown_shape,
+                        where=str(export_dir))
     tokenizer = load_tokenizer(export_dir)
     build_on = device if fp8 == "off" else "cpu"  # FP8: the bf16 weights stay on the host
     backbone = _load_export_backbone(export_dir, text_config, manifest, dtype=resolve_dtype(dtype), device=build_on)
@@ -162,8 +170,9 @@ def _load_export_backbone(export_dir: Path, text_config, manifest: ExportManifes
 
 
 def load_reference(base_dir: str | Path, package_dir: str | Path, *, dtype="auto", device=None,
-                   max_length: int | None = None) -> JevModel:
-    """The published package + base directory as the unmerged PEFT reference model (fp32 adapter on the backbone)."""
+                   max_length: int | None = None, allow_unknown_shape: bool = False) -> JevModel:
+    """The published package + base directory as the unmerged PEFT reference model (fp32 adapter on the backbone).
+    The base's shape must be an Open-Jev model's, as for :func:`load_export`, unless ``allow_unknown_shape``."""
     from .chat import render_chat_halves
     from .checkpoint.manifest import check_max_length
 
@@ -175,6 +184,9 @@ def load_reference(base_dir: str | Path, package_dir: str | Path, *, dtype="auto
         raise CheckpointError(
             f"the head has {package.head_weight.shape[1]} inputs but the base hidden size is {text_config.hidden_size}"
         )
+    check_family_member(text_config, temperature=package.temperature, names=package_names(package),
+                        test_checkpoint=is_test_package(package), allow_unknown=allow_unknown_shape,
+                        where=f"{base_dir} with {package_dir}")
     tokenizer = load_tokenizer(base_dir)
     chat_prefix, chat_suffix = render_chat_halves(tokenizer)
     if max_length is None:
@@ -189,6 +201,7 @@ def load_reference(base_dir: str | Path, package_dir: str | Path, *, dtype="auto
         chat_suffix=chat_suffix,
         head_weight=tuple(package.head_weight.flatten().tolist()),
         head_bias=float(package.head_bias[0]),
+        test_checkpoint=is_test_package(package),
     )
     backbone = load_backbone(base_dir, text_config, dtype=resolve_dtype(dtype), device=device)
     peft_backbone = apply_lora_unmerged(backbone, package).eval()

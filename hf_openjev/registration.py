@@ -62,7 +62,8 @@ def check_paths_before_transformers() -> None:
     in "Unrecognized model ... model_type". This wraps ``transformers.pipelines.pipeline`` (once; idempotent) so that,
     for this task only, :func:`hf_openjev.devices.check_device` and
     :func:`hf_openjev.checkpoint.manifest.check_export_dir` (the check ``eval`` and ``serve`` use) run first and raise
-    their one-line ``ValueError``; every other task goes straight to Transformers. ``from transformers import pipeline``
+    their one-line ``ValueError``; ``allow_unknown_shape=True`` goes to the loader (``model_kwargs``,
+    :mod:`hf_openjev.family`); every other task goes straight to Transformers. ``from transformers import pipeline``
     done before ``import hf_openjev`` keeps the unwrapped function (the pipeline class still checks the device).
     """
     import transformers.pipelines as pipelines
@@ -80,6 +81,9 @@ def check_paths_before_transformers() -> None:
             check_device(kwargs.get("device"))
             if isinstance(model, (str, os.PathLike)):
                 check_export_dir(model)
+            if "allow_unknown_shape" in kwargs:  # a loader option: it reaches JevModel.from_pretrained
+                kwargs["model_kwargs"] = {**(kwargs.get("model_kwargs") or {}),
+                                          "allow_unknown_shape": kwargs.pop("allow_unknown_shape")}
         return original(task, model, *args, **kwargs)
 
     pipeline._hf_openjev_checks = True

@@ -110,7 +110,8 @@ def write_synthetic(root: Path, layers: int, hidden: int, shard_bytes: int) -> d
     torch.save({"weight": torch.randn(1, hidden, generator=generator) * 0.1, "bias": torch.zeros(1)}, ckpt / "head.pt")
     (ckpt / "temperature.json").write_text(json.dumps({"temperature": 1.5}))
     (ckpt / "model.json").write_text(json.dumps({"model_id": "open-jev/synthetic", "revision": "synthetic",
-                                                 "max_length": 4096, "lora_rank": 8}))
+                                                 "max_length": 4096, "lora_rank": 8,
+                                                 "test_checkpoint": True}))  # no family member's shape
     files = sorted(base.glob("*.safetensors"))
     return {
         "config": {"hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": 3 * hidden,

@@ -101,7 +101,7 @@ def test_package_layout(tiny_checkpoint):
     ckpt = tiny_checkpoint.package / "checkpoint"
     model_info = json.loads((ckpt / "model.json").read_text())
     assert model_info == {"model_id": TINY_MODEL_ID, "revision": "tiny-seed0", "max_length": 4096, "lora_rank": 8,
-                          "method": "lora+scalar-head"}
+                          "method": "lora+scalar-head", "test_checkpoint": True}  # not checked against the family
     assert json.loads((ckpt / "temperature.json").read_text()) == {"temperature": TINY_TEMPERATURE}
     adapter_config = json.loads((ckpt / "adapter" / "adapter_config.json").read_text())
     assert adapter_config["r"] == 8 and adapter_config["lora_alpha"] == 16.0
@@ -125,7 +125,9 @@ def test_export_is_a_merged_text_checkpoint(tiny_checkpoint):
     export = tiny_checkpoint.export
     manifest = json.loads((export / MANIFEST_NAME).read_text())
     assert list(manifest) == ["format", "model_id", "base_revision", "base_fingerprint", "checkpoint_revision",
-                              "temperature", "max_length", "chat_prefix", "chat_suffix", "head_weight", "head_bias"]
+                              "temperature", "max_length", "chat_prefix", "chat_suffix", "head_weight", "head_bias",
+                              "test_checkpoint"]
+    assert manifest["test_checkpoint"] is True  # the package's mark, carried into the export
     assert manifest["format"] == EXPORT_FORMAT == "open-jev-text-merged/1"
     assert manifest["model_id"] == TINY_MODEL_ID
     assert manifest["temperature"] == TINY_TEMPERATURE

@@ -39,16 +39,22 @@ class ExportManifest:
     # an FP8 export's ``quantization`` entry (hf_openjev.fp8.scheme.manifest_block: scheme, layout, modules, ...);
     # None for a bf16 export
     quantization: dict | None = field(default=None, hash=False)
+    # true for a checkpoint built for tests (hf_openjev.checkpoint.tiny): its shape is not checked against the family
+    # (hf_openjev.family); written only when true
+    test_checkpoint: bool = False
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["head_weight"] = list(self.head_weight)
         order = ["format", "model_id", "base_revision", "base_fingerprint", "checkpoint_revision", "temperature",
-                 "max_length", "chat_prefix", "chat_suffix", "head_weight", "head_bias", "quantization"]
+                 "max_length", "chat_prefix", "chat_suffix", "head_weight", "head_bias", "quantization",
+                 "test_checkpoint"]
         if not self.base_fingerprint:  # an older export reads and hashes as it always did
             order.remove("base_fingerprint")
         if self.quantization is None:  # a bf16 export too
             order.remove("quantization")
+        if not self.test_checkpoint:
+            order.remove("test_checkpoint")
         return {key: data[key] for key in order}
 
 
@@ -141,6 +147,9 @@ def read_manifest(export_dir: str | Path) -> ExportManifest:
         if not isinstance(data[key], str):
             raise CheckpointError(f"{path}: {key} must be a string")
     weight, bias = check_head(data["head_weight"], data["head_bias"])
+    test_checkpoint = data.get("test_checkpoint", False)
+    if not isinstance(test_checkpoint, bool):
+        raise CheckpointError(f"{path}: test_checkpoint must be true or false, got {test_checkpoint!r}")
     return ExportManifest(
         model_id=data["model_id"],
         base_revision=str(data.get("base_revision", "")),
@@ -154,6 +163,7 @@ def read_manifest(export_dir: str | Path) -> ExportManifest:
         head_bias=bias,
         format=fmt,
         quantization=quantization,
+        test_checkpoint=test_checkpoint,
     )
 
 

@@ -157,7 +157,9 @@ def read_lora_pairs(package: OpenJevPackage) -> dict[str, tuple[torch.Tensor, to
 
 
 def read_base_text_config(base_dir: str | Path):
-    """The base's text config (``qwen3_5_text``), from a full ``qwen3_5`` config or a text-only one."""
+    """The base's text config (``qwen3_5_text``), from a full ``qwen3_5`` config or a text-only one. A full config's
+    top-level ``tie_word_embeddings`` (what ``Qwen3_5ForConditionalGeneration`` ties by) wins over its
+    ``text_config``'s, so that a tied base (the 2B) exports tied."""
     from transformers import Qwen3_5TextConfig
 
     base = Path(base_dir)
@@ -171,7 +173,10 @@ def read_base_text_config(base_dir: str | Path):
     if model_type == "qwen3_5":
         if not isinstance(data.get("text_config"), dict):
             raise CheckpointError(f"{base / 'config.json'}: a qwen3_5 config needs a text_config object")
+        top = data
         data = dict(data["text_config"])
+        if isinstance(top.get("tie_word_embeddings"), bool):  # the full model ties by its top-level flag
+            data["tie_word_embeddings"] = top["tie_word_embeddings"]
     data.pop("model_type", None)
     data.pop("architectures", None)
     try:

@@ -5,10 +5,14 @@ adds ``<root>/export/``, the merged export):
 
 ```
 <root>/base/      a full-style Qwen3.5 base: config.json (qwen3_5 with text_config), weights under
-                  model.language_model. plus a vision tensor, an MTP tensor and lm_head (which export drops),
+                  model.language_model. plus a vision tensor, an MTP tensor and lm_head (which export drops;
+                  none with tied embeddings: ``tiny_text_config(tie_word_embeddings=True)``, as the 2B),
                   and a byte-level BPE tokenizer with the Qwen chat special tokens and chat template
 <root>/package/   the published package: checkpoint/{model.json, adapter/, head.pt, temperature.json}
 ```
+
+The package's ``model.json`` says ``"test_checkpoint": true``: its shape is no Open-Jev model's, and the family
+check (:mod:`hf_openjev.family`) lets it through for that mark, not for its size.
 
 The weights are random: answers from this checkpoint mean nothing.
 """
@@ -20,6 +24,8 @@ import os
 from pathlib import Path
 
 import torch
+
+from ..family import TEST_CHECKPOINT_KEY
 
 TINY_TEMPERATURE = 2.5343690298472983
 TINY_MODEL_ID = "open-jev/tiny-random"
@@ -132,12 +138,13 @@ def write_tiny_base_and_package(root: str | Path, *, seed: int = 0, config=None,
     hidden = config.hidden_size
     weights["model.visual.patch_embed.proj.weight"] = torch.randn(8, 3, 2, 2, generator=generator).bfloat16()
     weights["mtp.fc.weight"] = torch.randn(hidden, 2 * hidden, generator=generator).bfloat16()
-    weights["lm_head.weight"] = torch.randn(config.vocab_size, hidden, generator=generator).bfloat16()
+    if not config.tie_word_embeddings:  # a tied base stores the embedding once (as save_pretrained does)
+        weights["lm_head.weight"] = torch.randn(config.vocab_size, hidden, generator=generator).bfloat16()
     save_file(weights, str(base / "model.safetensors"), metadata={"format": "pt"})
     text = config.to_dict()
     text.pop("architectures", None)
     full_config = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-                   "text_config": text, "vision_config": {"depth": 1, "hidden_size": 8, "num_heads": 1,
+                   "tie_word_embeddings": config.tie_word_embeddings, "text_config": text, "vision_config": {"depth": 1, "hidden_size": 8, "num_heads": 1,
                                                           "out_hidden_size": hidden}}
     (base / "config.json").write_text(json.dumps(full_config, indent=1))
     tokenizer.save_pretrained(str(base))
@@ -154,7 +161,7 @@ def write_tiny_base_and_package(root: str | Path, *, seed: int = 0, config=None,
     torch.save(head, ckpt / "head.pt")
     (ckpt / "temperature.json").write_text(json.dumps({"temperature": temperature}))
     model_info = {"model_id": TINY_MODEL_ID, "revision": f"tiny-seed{seed}", "max_length": max_length,
-                  "lora_rank": lora_rank, "method": "lora+scalar-head"}
+                  "lora_rank": lora_rank, "method": "lora+scalar-head", TEST_CHECKPOINT_KEY: True}
     (ckpt / "model.json").write_text(json.dumps(model_info, indent=1))
     return base, package
 

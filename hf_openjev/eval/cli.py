@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..fp8.option import FP8_CHOICES, FP8_HELP, select_fp8_path
+from ..family import UNKNOWN_SHAPE_HELP
 
 
 def add_arguments(parser) -> None:
@@ -24,6 +25,7 @@ def add_arguments(parser) -> None:
                         help="force the fast path on/off (default: on for CUDA)")
     parser.add_argument("--fp8", default="off", choices=FP8_CHOICES,
                         help=FP8_HELP + "; results of another --fp8 mode in --out are not resumed")
+    parser.add_argument("--allow-unknown-shape", action="store_true", help=UNKNOWN_SHAPE_HELP)
     parser.add_argument("--no-resume", dest="resume", action="store_false",
                         help="start afresh instead of skipping tasks already in OUT/results.jsonl")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -53,7 +55,7 @@ def run(args) -> int:
         fast = select_fp8_path(args.fp8, args.fast, fp8_flag="--fp8", reference_flag="--no-fast")
         summary = evaluate(model=args.model, data=args.data, out_dir=args.out, batch_size=args.batch_size,
                            fast=fast, device=args.device, dtype=args.dtype, resume=args.resume,
-                           progress=args.progress, fp8=args.fp8)
+                           progress=args.progress, fp8=args.fp8, allow_unknown_shape=args.allow_unknown_shape)
     except (EvalInputError, UsageError) as exc:
         if main:
             print(f"hf-openjev eval: error: {exc}", file=sys.stderr)

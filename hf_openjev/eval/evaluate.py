@@ -306,7 +306,8 @@ def select_shard(tasks: list[Task], prepared: dict, processes: Processes, *, pat
 
 
 def _score_sharded(model, pending: list[Task], *, model_path, processes: Processes, out_dir: Path, device,
-                   dtype, batch_size: int, fast, progress: bool, invalid: list[dict], fp8: str = "off") -> None:
+                   dtype, batch_size: int, fast, progress: bool, invalid: list[dict], fp8: str = "off",
+                   allow_unknown_shape: bool = False) -> None:
     """One rank of a run over several processes: tokenize every pending task (same result on every rank; the
     rejected ones are reported by rank 0 only), take this rank's token-balanced shard, load the model only when
     the shard is not empty and append its records to ``results.rank<k>.jsonl``. No collective call."""
@@ -330,7 +331,7 @@ def _score_sharded(model, pending: list[Task], *, model_path, processes: Process
     if not mine:
         return
     if model_path is not None:
-        model = load_export(model_path, dtype=dtype, device=device, fp8=fp8)
+        model = load_export(model_path, dtype=dtype, device=device, fp8=fp8, allow_unknown_shape=allow_unknown_shape)
     score_shard(model, mine, prepared, out_path=own, batch_size=batch_size, fast=fast, progress=progress and main,
                 desc=f"hf-openjev eval (rank 0 of {processes.world})")
 
@@ -346,12 +347,14 @@ def score_shard(model, tasks: list[Task], prepared: dict, *, out_path: Path, bat
 
 
 def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = None, device=None,
-             dtype="auto", resume: bool = True, progress: bool = True, fp8: str = "off") -> dict:
+             dtype="auto", resume: bool = True, progress: bool = True, fp8: str = "off",
+             allow_unknown_shape: bool = False) -> dict:
     """Evaluate ``model`` on the tasks in ``data``; write the outputs to ``out_dir``; return the summary.
 
     See the module docstring for resume, outputs, ``fp8`` and several processes, :mod:`hf_openjev.eval.tasks` for
     inputs, and :mod:`hf_openjev.eval.metrics` for metrics. Under a launcher (``accelerate launch``, ``torchrun``)
-    every rank calls this and returns the same summary; rank 0 writes it.
+    every rank calls this and returns the same summary; rank 0 writes it. An export whose shape is no Open-Jev model's is
+    refused before any task is read (:mod:`hf_openjev.family`) unless ``allow_unknown_shape``.
     """
     from ..errors import UsageError
     from ..fp8.option import select_fp8_path
@@ -371,9 +374,11 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
         manifest, model_path = model.manifest, None
     else:
         from ..checkpoint.manifest import read_manifest
+        from ..family import check_export_shape
 
         model_path = Path(model)
         manifest = read_manifest(model_path)  # CheckpointError for a bad export, before reading any task
+        check_export_shape(model_path, allow_unknown=allow_unknown_shape)
     fingerprint = model_fingerprint(manifest, fp8)
     processes = current_processes()
     main = processes.is_main
@@ -387,14 +392,15 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     if pending and processes.world > 1:
         _score_sharded(model, pending, model_path=model_path, processes=processes, out_dir=out_dir,
                        device=rank_device(device, processes), dtype=dtype, batch_size=batch_size, fast=fast,
-                       progress=progress, invalid=invalid, fp8=fp8)
+                       progress=progress, invalid=invalid, fp8=fp8, allow_unknown_shape=allow_unknown_shape)
     elif pending:
         if model_path is not None:
             import torch
 
             if device is None:
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-            model = load_export(model_path, dtype=dtype, device=device, fp8=fp8)
+            model = load_export(model_path, dtype=dtype, device=device, fp8=fp8,
+                                allow_unknown_shape=allow_unknown_shape)
         scored = _run_batches(model, pending, out_path=out_dir / RESULTS_NAME, batch_size=batch_size, fast=fast,
                               progress=progress, invalid=invalid, warn=_warn, done=len(tasks) - len(pending),
                               total=len(tasks))

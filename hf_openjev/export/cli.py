@@ -1,5 +1,5 @@
 """``hf-openjev export --base DIR --package DIR --out DIR [--max-length N] [--overwrite] [--allow-base-mismatch]
-[--fp8 [all|no-gdn]]``.
+[--allow-unknown-shape] [--fp8 [all|no-gdn]]``.
 
 Merges the published package's LoRA adapter into the base model and writes a merged export
 (``open-jev-text-merged/1``), then prints what it did and the verification figures (merged tensors against
@@ -36,6 +36,7 @@ def parse_size(text: str) -> int:
 
 
 def add_arguments(parser) -> None:
+    from ..family import UNKNOWN_SHAPE_HELP
     from .merge import DEFAULT_PROBE_MAX_PARAMS, MAX_SHARD_BYTES, PROBE_MODES
 
     parser.add_argument("--base", required=True, metavar="DIR",
@@ -59,6 +60,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--allow-base-mismatch", action="store_true",
                         help="export even when the package names another base model (repo id, revision or weight "
                              "fingerprint) than --base; the report then warns that the answers may mean nothing")
+    parser.add_argument("--allow-unknown-shape", action="store_true", help=UNKNOWN_SHAPE_HELP)
     add_fp8_argument(parser, "--fp8", const="all",
                      help="write an FP8 export instead (e4m3 projections, per-channel scales; the merge goes to a "
                           "temporary directory first): all (default) or no-gdn (the Gated DeltaNet's projections "
@@ -97,7 +99,8 @@ def run(args) -> int:
 
     options = dict(max_length=args.max_length, overwrite=args.overwrite, verify=args.verify, probe=args.probe,
                    probe_max_params=args.probe_max_params, progress=args.progress,
-                   max_shard_bytes=args.max_shard_size, log=log, allow_base_mismatch=args.allow_base_mismatch)
+                   max_shard_bytes=args.max_shard_size, log=log, allow_base_mismatch=args.allow_base_mismatch,
+                   allow_unknown_shape=args.allow_unknown_shape)
     with sigterm_unwinds():
         if args.fp8 is None:
             lines = merge_lora(args.base, args.package, args.out, **options).lines()

@@ -61,6 +61,7 @@ import torch
 from ..checkpoint.files import (FLOAT_DTYPES, base_weight_files, expected_backbone_shapes, load_tokenizer,
                                 read_safetensors_headers, text_key)
 from ..errors import CheckpointError
+from ..family import check_family_member, is_test_package, package_names
 from .identity import BaseIdentity, check_base_identity
 from ..checkpoint.out_dir import check_free_space, missing_parents, read_umask, remove_empty
 from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader
@@ -339,14 +340,24 @@ def _plan_items(files: list[Path], headers: dict, found: dict, pairs: dict) -> l
             module = name[: -len(".weight")] if name.endswith(".weight") else None
             items.append(_Item(path, key, name, shape, dtype, module if module in pairs else None))
     return items
+def _check_family(base_dir, package_dir, package, text_config, identity: BaseIdentity, allow_unknown: bool) -> None:
+    """The base's shape against the Open-Jev family (:mod:`hf_openjev.family`), with every name the package and the
+    base directory give (model id, PEFT's base, ``model.json``'s base, the base's own repo id)."""
+    names = package_names(package) + [claim.value for claim in identity.package_names]
+    names += [identity.base_name.value] if identity.base_name is not None else []
+    check_family_member(text_config, temperature=package.temperature, names=names,
+                        test_checkpoint=is_test_package(package), allow_unknown=allow_unknown,
+                        where=f"{base_dir} with {package_dir}")
 
 
 def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwrite: bool = False,
-                max_shard_bytes: int = MAX_SHARD_BYTES, allow_base_mismatch: bool = False) -> _Plan:
+                max_shard_bytes: int = MAX_SHARD_BYTES, allow_base_mismatch: bool = False,
+                allow_unknown_shape: bool = False) -> _Plan:
     """Every check of the export, without writing anything. Raises :class:`CheckpointError` saying what to fix.
 
     The base must be the one the package names, where both sides can be read (:mod:`.identity`); a mismatch is
-    refused unless ``allow_base_mismatch``.
+    refused unless ``allow_base_mismatch``. The base's shape must be an Open-Jev model's, consistent with the
+    names and temperature the package carries (:mod:`hf_openjev.family`), unless ``allow_unknown_shape``.
     """
     from ..chat import render_chat_halves
 
@@ -369,6 +380,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
             f"{package.checkpoint_dir / 'head.pt'}: head weight has shape {list(package.head_weight.shape)} but the "
             f"base's hidden size is {hidden} (need [1, {hidden}]); the package and the base model do not match"
         )
+    _check_family(base_dir, package_dir, package, text_config, identity, allow_unknown_shape)
 
     headers = {path: read_safetensors_headers(path) for path in files}
     _check_index(base_dir, headers)
@@ -397,6 +409,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
         chat_suffix=chat_suffix,
         head_weight=tuple(float(v) for v in package.head_weight.flatten().tolist()),
         head_bias=float(package.head_bias[0]),
+        test_checkpoint=is_test_package(package),
     )
     return _Plan(base_dir=base_dir, package_dir=package_dir, out_dir=out_dir, package=package,
                  text_config=text_config, files=files, pairs=pairs, items=items, shards=shards, dropped=dropped,
@@ -620,13 +633,14 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
                verify: bool = True, probe: str = "auto", probe_max_params: int = DEFAULT_PROBE_MAX_PARAMS,
                probe_tolerance: float = DEFAULT_PROBE_TOLERANCE, progress: bool = True,
                max_shard_bytes: int = MAX_SHARD_BYTES, log: Callable[[str], None] | None = None,
-               allow_base_mismatch: bool = False) -> ExportReport:
+               allow_base_mismatch: bool = False, allow_unknown_shape: bool = False) -> ExportReport:
     """Merge the package's LoRA adapter into the base and write a merged export at ``out_dir``.
 
     See the module docstring for what is written, checked and verified. ``probe`` is ``"auto"`` (run the score
     probe when the backbone has at most ``probe_max_params`` parameters), ``"on"`` or ``"off"``; it only applies
     with ``verify=True``. ``allow_base_mismatch`` exports even when the package names another base than
-    ``base_dir`` (:mod:`.identity`; the report then warns). ``log`` receives progress notes (e.g. ``print``).
+    ``base_dir`` (:mod:`.identity`; the report then warns). ``allow_unknown_shape`` exports a shape that is no
+    Open-Jev model's (:mod:`hf_openjev.family`). ``log`` receives progress notes (e.g. ``print``).
     The export directory gets the usual permissions (``0o777`` minus the umask). Returns an :class:`ExportReport`
     (``os.fspath(report)`` is ``out_dir``). Raises :class:`CheckpointError` on bad inputs (nothing is written)
     and on a failed verification (nothing is left behind).
@@ -636,7 +650,8 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
     say = log or (lambda _message: None)
     start = time.perf_counter()
     plan = plan_export(base_dir, package_dir, out_dir, max_length=max_length, overwrite=overwrite,
-                       max_shard_bytes=max_shard_bytes, allow_base_mismatch=allow_base_mismatch)
+                       max_shard_bytes=max_shard_bytes, allow_base_mismatch=allow_base_mismatch,
+                       allow_unknown_shape=allow_unknown_shape)
     out_dir = plan.out_dir
     report = ExportReport(out_dir=out_dir, shards=[], tensors=len(plan.items), merged=sorted(plan.pairs),
                           copied=sum(1 for i in plan.items if i.module is None and i.source_dtype == "BF16"),

@@ -186,8 +186,10 @@ def run_probe(export_dir, base_dir, package_dir, requests=None) -> ProbeCheck:
     start = time.perf_counter()
     models = []
     with _quiet_transformers():
-        for model in (load_export(export_dir, dtype="float32", device="cpu"),
-                      load_reference(base_dir, package_dir, dtype="float32", device="cpu")):
+        # allow_unknown_shape: the export's plan has checked the shape (or was told to allow it)
+        for model in (load_export(export_dir, dtype="float32", device="cpu", allow_unknown_shape=True),
+                      load_reference(base_dir, package_dir, dtype="float32", device="cpu",
+                                     allow_unknown_shape=True)):
             # The probe requests are fixed; score them whatever --max-length the export was given.
             model.manifest = dataclasses.replace(model.manifest, max_length=16384)
             models.append(model)

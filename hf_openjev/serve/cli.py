@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..fp8.option import FP8_CHOICES, FP8_HELP
+from ..family import UNKNOWN_SHAPE_HELP
 from .batcher import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS
 
 
@@ -28,6 +29,7 @@ def add_arguments(parser) -> None:
     fast.add_argument("--reference", dest="fast", action="store_false", help="force the reference path")
     parser.add_argument("--fp8", default="off", choices=FP8_CHOICES,
                         help=FP8_HELP + "; with --devices, every replica loads this way")
+    parser.add_argument("--allow-unknown-shape", action="store_true", help=UNKNOWN_SHAPE_HELP)
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="seconds to wait for in-flight requests at shutdown (default 30)")
     parser.add_argument("--limit-concurrency", type=int, default=None,
@@ -63,4 +65,4 @@ def _serve(serve, args) -> int:
                  fast=args.fast, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
                  limit_concurrency=args.limit_concurrency, warm_up_shapes=args.warm_up,
                  api_key_file=args.api_key_file, metrics_auth=args.metrics_auth, devices=args.devices,
-                 fp8=args.fp8)
+                 fp8=args.fp8, allow_unknown_shape=args.allow_unknown_shape)

@@ -46,14 +46,16 @@ def parse_devices(text: str) -> list[str]:
     return devices
 
 
-def load_replicas(model_dir, devices: list[str], *, dtype="auto", fp8: str = "off") -> list:
+def load_replicas(model_dir, devices: list[str], *, dtype="auto", fp8: str = "off",
+                  allow_unknown_shape: bool = False) -> list:
     """The export loaded once per device, in order (:func:`hf_openjev.model.load_export`; with ``fp8`` on, each
     replica is quantized on the CPU before it moves to its device, so no device holds the bf16 weights)."""
     from ..model import load_export
 
     models = []
     for device in devices:
-        models.append(load_export(model_dir, dtype=dtype, device=device, fp8=fp8))
+        models.append(load_export(model_dir, dtype=dtype, device=device, fp8=fp8,
+                                  allow_unknown_shape=allow_unknown_shape))
         logger.info("replica %d of %d loaded on %s%s", len(models), len(devices), device, _fp8_note(models[-1]))
     return models
 

@@ -611,7 +611,8 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
           max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
           max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
           log_level: str = "info", limit_concurrency: int | None = None, warm_up_shapes=None,
-          api_key_file=None, metrics_auth: bool = False, devices=None, fp8: str = "off") -> int:
+          api_key_file=None, metrics_auth: bool = False, devices=None, fp8: str = "off",
+          allow_unknown_shape: bool = False) -> int:
     """Load the export in ``model_dir`` and serve it with uvicorn until SIGINT/SIGTERM (graceful).
 
     uvicorn listens at once; ``GET /health`` answers 503 (``loading``, ``warming_up``) until the model is loaded,
@@ -631,13 +632,15 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     ``fp8`` (``"all"``, ``"no-gdn"``; default ``"off"``): the fast path's FP8 projections, opt-in; it selects the
     fast path and is refused with ``fast=False`` (:func:`~hf_openjev.fp8.option.select_fp8_path`), before anything
     else. Every replica is loaded with ``load_export(..., fp8=fp8)``: quantized on the CPU, then moved, so no device
-    holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8.option.FP8_HELP`)."""
+    holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8.option.FP8_HELP`).
+    ``allow_unknown_shape``: serve a shape that is no Open-Jev model's (:mod:`hf_openjev.family`)."""
     import uvicorn
 
     from .keys import read_api_keys
     from .lifecycle import LoadingApp, build_server
 
     from ..checkpoint.manifest import check_export_dir
+    from ..family import check_export_shape
     from ..fast_options import FastPathOptions
     from ..fp8.option import select_fp8_path
     from ..scoring import use_fast_path
@@ -648,6 +651,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     ops = ServerOps(api_keys=read_api_keys(api_key_file), metrics_auth=metrics_auth)  # bad keys: before loading
     shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
     check_export_dir(model_dir)  # a package dir, a CUDA device without CUDA, a busy port: before the model loads
+    check_export_shape(model_dir, allow_unknown=allow_unknown_shape)
     devices = _check_devices(device, devices)
     check_port_free(host, port)
     _configure_logging(log_level)
@@ -655,7 +659,8 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     def build(report_stage):  # on a thread, while uvicorn already answers /health with 503
         from .replicas import load_replicas, warm_up_replicas
 
-        models = load_replicas(model_dir, devices or [device or _default_device()], dtype=dtype, fp8=fp8)
+        models = load_replicas(model_dir, devices or [device or _default_device()], dtype=dtype, fp8=fp8,
+                               allow_unknown_shape=allow_unknown_shape)
         model = models[0]
         if shapes is not None:
             if use_fast_path(model, fast):
