@@ -56,6 +56,11 @@ def check_arguments(*, model, out, data, workload, configs, oracle, oracle_devic
         raise UsageError("give the requests as task files (data / --data) or as a workload (--workload), one of them")
     if oracle_device not in PLACEMENTS:
         raise UsageError(f"oracle_device must be one of {', '.join(PLACEMENTS)}, got {oracle_device!r}")
+    if oracle_device in ("cuda", "multi-gpu", "offload"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--oracle-device {oracle_device} needs a CUDA GPU and none is visible; use cpu or auto")
     try:
         parsed = parse_configs(configs)
         sources = resolve_inputs(data) if data is not None else []
