@@ -281,3 +281,29 @@ def test_the_estimate_grows_with_the_work_and_the_streamed_bytes():
     small = estimate_oracle_seconds(gpu, tokens=1000, sequences=10)
     assert 0 < small < estimate_oracle_seconds(gpu, tokens=2000, sequences=10)
     assert estimate_oracle_seconds(offload, tokens=1000, sequences=10) > small
+
+
+def test_the_benchmarks_oracle_is_reused_on_an_export_of_its_random_weights(tmp_path, monkeypatch):
+    """recipes/oracle.py's file (today's ORACLE_FORMAT) and recipes/random_export.py's export of the same seeded
+    weights: the fingerprints agree, nothing is scored again, and B's row is the benchmark's own B against it."""
+    from test_oracle_recipe import run_oracle
+
+    from hf_openjev.fidelity import compare_with_oracle, select_requests
+    from hf_openjev.fidelity_check import entries_from_responses, items_from_workload
+
+    assert run_oracle(["--shape", "tiny", "--limit", "2", "--out", str(tmp_path)]) == 0
+    bench_oracle = tmp_path / "oracle_tiny.json"
+    export = load_recipe("random_export").write_random_export("tiny", tmp_path / "random-tiny")
+    monkeypatch.setattr(oracle_module, "score_oracle_request", lambda *a: pytest.fail("the oracle was scored again"))
+    report = check_fidelity(model=export, out=tmp_path / "out", workload=SHAPES, limit=2, oracle=bench_oracle,
+                            configs="default", name="tiny", progress=False)
+    oracle = json.loads(bench_oracle.read_text())
+    assert report["oracle_sha256_check"]["run"] == oracle["weights_sha256"]
+    bench = load_recipe("bench_jevbench")
+    model = bench.build_model("tiny", seed=0, device="cpu")
+    work = bench.build_workload(bench.SHAPES_FILE, vocab=bench.VOCAB, seed=0, limit=2)
+    items = items_from_workload(work)
+    b_entries = entries_from_responses(items, [r for _, r in bench.run_pass(model, work, fast=False)])
+    b = compare_with_oracle(select_requests(oracle["requests"], [i.id for i in items]), b_entries)
+    assert report["configurations"]["B"]["max_abs_dp"] == b.max_abs_dp > 0
+    assert report["configurations"]["B"]["mean_abs_dp"] == b.mean_abs_dp
