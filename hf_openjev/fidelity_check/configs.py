@@ -32,8 +32,8 @@ def parse_configs(spec: str | list[str]) -> dict[str, FastPathOptions]:
             raise ValueError(f"unknown configuration {part!r}: use {', '.join(NAMED_CONFIGS)} or a FastPathOptions "
                              ".json file")
         if name == REFERENCE or name in configs:
-            raise ValueError(f"configuration name {name!r} is {'reserved for the reference path' if name == REFERENCE else 'given twice'}; "
-                             "rename the file")
+            why = "reserved for the reference path" if name == REFERENCE else "given twice"
+            raise ValueError(f"configuration name {name!r} is {why}; rename the file")
         configs[name] = options
     return configs
 

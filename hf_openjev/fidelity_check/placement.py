@@ -143,7 +143,9 @@ def measure_free_memory() -> tuple[list[int], int]:
     import psutil
     import torch
 
-    gpus = [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = []
+    if torch.cuda.is_available():
+        gpus = [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())]
     return gpus, int(psutil.virtual_memory().available)
 
 

@@ -12,7 +12,8 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..fidelity import build_fidelity_report, compare_with_oracle, plot_fidelity, render_fidelity_markdown, select_requests
+from ..fidelity import (build_fidelity_report, compare_with_oracle, plot_fidelity, render_fidelity_markdown,
+                        select_requests)
 from .configs import REFERENCE
 from .oracle import check_oracle_progress
 

@@ -182,7 +182,8 @@ def _announce_placement(model, bf16, pending, oracle_device: str, log):
     """Choose where the fp32 oracle runs; log it and the estimated time."""
     import torch
 
-    from .placement import activation_bytes, choose_oracle_placement, estimate_oracle_seconds, fp32_sizes, measure_free_memory
+    from .placement import (activation_bytes, choose_oracle_placement, estimate_oracle_seconds, fp32_sizes,
+                            measure_free_memory)
 
     layer_bytes, other_bytes = fp32_sizes(model)
     longest = max(len(seq) for item in pending for seq in item.prepared.sequences)
@@ -204,7 +205,9 @@ def _announce_placement(model, bf16, pending, oracle_device: str, log):
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def _answer(model, items, *, fast: bool, options=None, desc: str, progress: bool) -> list[dict]:
