@@ -307,3 +307,43 @@ def test_the_benchmarks_oracle_is_reused_on_an_export_of_its_random_weights(tmp_
     b = compare_with_oracle(select_requests(oracle["requests"], [i.id for i in items]), b_entries)
     assert report["configurations"]["B"]["max_abs_dp"] == b.max_abs_dp > 0
     assert report["configurations"]["B"]["mean_abs_dp"] == b.mean_abs_dp
+
+
+def test_named_configurations_and_options_files(tmp_path):
+    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.fidelity_check.configs import parse_configs
+
+    (tmp_path / "B.json").write_text("{}")
+    (tmp_path / "big-packs.json").write_text(json.dumps({"max_sequences": 32}))
+    configs = parse_configs(f"default, aligned,fp8-no-gdn,{tmp_path / 'big-packs.json'}")
+    assert list(configs) == ["default", "aligned", "fp8-no-gdn", "big-packs"]
+    assert configs["default"] == FastPathOptions() and configs["aligned"].share_tails is False
+    assert configs["fp8-no-gdn"].fp8 == "no-gdn" and configs["big-packs"].max_sequences == 32
+    with pytest.raises(ValueError, match="reserved for the reference path"):
+        parse_configs([str(tmp_path / "B.json")])
+    with pytest.raises(ValueError, match="given twice"):
+        parse_configs("default,default")
+
+
+def test_a_warmed_up_configuration_keeps_its_second_pass(export, tasks, monkeypatch):
+    import hf_openjev.scoring as scoring
+    from hf_openjev.eval.tasks import load_tasks, resolve_inputs
+    from hf_openjev.fidelity_check.requests import answer_items, items_from_tasks
+    from hf_openjev.model import load_export
+
+    model = load_export(export, dtype="float32", device="cpu")
+    items, _ = items_from_tasks(model, load_tasks(resolve_inputs([tasks]))[0][:2])
+    real, calls = scoring.score_prepared, []
+
+    def counted(*args, **kwargs):
+        calls.append(args[1][0])
+        result = real(*args, **kwargs)
+        result.seconds = float(len(calls))  # marks which call answered (the response's inference_seconds)
+        return result
+
+    monkeypatch.setattr(scoring, "score_prepared", counted)
+    responses = answer_items(model, items, fast=False, warm_up=True, progress=False)
+    assert calls == [items[0].prepared, items[1].prepared] * 2
+    assert [r["metadata"]["inference_seconds"] for r in responses] == [3.0, 4.0]  # the second pass's answers
+    once = answer_items(model, items, fast=False, progress=False)
+    assert [r["metadata"]["inference_seconds"] for r in once] == [5.0, 6.0]

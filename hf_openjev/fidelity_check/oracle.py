@@ -146,8 +146,9 @@ def extend_oracle(model, items: Sequence[tuple[str, str, object]], *, path: Path
     todo = [item for item in items if item[0] not in done]
     with exact_numerics() as (numerics, kernels):
         header = {**header, "numerics": numerics, "kernels": kernels}
-        header["runs"] = [*header.get("runs", []), {k: header[k] for k in ("command", "device", "numerics",
-                                                                            "kernels", "placement") if k in header}]
+        header["runs"] = [*header.get("runs", []), {k: header[k] for k in ("command", "device", "versions",
+                                                                            "numerics", "kernels", "placement")
+                                                        if k in header}]
         oracle = write_oracle(path, header, done, order)
         tokens = sum(p.input_tokens for _, _, p in todo)
         with tqdm(total=tokens, unit="tok", unit_scale=True, desc="fp32 oracle", disable=not progress or not todo,

@@ -59,17 +59,28 @@ def entries_from_responses(items: Sequence[FidelityItem], responses: Sequence[di
 
 
 def answer_items(model, items: Sequence[FidelityItem], *, fast: bool, options=None, batch_size: int = 32,
-                 desc: str = "", progress: bool = True) -> list[dict]:
+                 warm_up: bool = False, desc: str = "", progress: bool = True) -> list[dict]:
     """Each item alone through ``model`` (``fast``: the fast path with ``options``, patched in place first; else the
-    reference path in right-padded batches of ``batch_size`` candidates, as a user runs it): the responses."""
+    reference path in right-padded batches of ``batch_size`` candidates, as a user runs it): the responses.
+    ``warm_up``: one unrecorded pass first (kernels autotune and CUDA graphs are captured there), then the answers
+    of the steady state, as the benchmark measures them."""
     from tqdm.auto import tqdm
 
-    from ..scoring import build_answer, prepare_path, score_prepared
+    from ..scoring import prepare_path
 
     method = prepare_path(model, fast, options)
+    for label in (["warm-up " + desc] if warm_up else []) + [desc]:  # the last pass's answers are kept
+        responses = _answer_pass(model, items, fast=method == "fast", options=options, batch_size=batch_size,
+                                 bar=tqdm(items, desc=label, unit="req", disable=not progress, file=sys.stderr))
+    return responses
+
+
+def _answer_pass(model, items, *, fast: bool, options, batch_size: int, bar) -> list[dict]:
+    from ..scoring import build_answer, score_prepared
+
     responses = []
-    for item in tqdm(items, desc=desc, unit="req", disable=not progress, file=sys.stderr):
-        result = score_prepared(model, [item.prepared], fast=method == "fast", batch_size=batch_size, options=options)
+    for item in bar:
+        result = score_prepared(model, [item.prepared], fast=fast, batch_size=batch_size, options=options)
         responses.append(build_answer(model, item.prepared, result.scores[0], seconds=result.seconds,
                                       prefix_cache=result.prefix_cache[0], method=result.path))
     return responses
