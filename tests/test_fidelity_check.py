@@ -347,3 +347,24 @@ def test_a_warmed_up_configuration_keeps_its_second_pass(export, tasks, monkeypa
     assert [r["metadata"]["inference_seconds"] for r in responses] == [3.0, 4.0]  # the second pass's answers
     once = answer_items(model, items, fast=False, progress=False)
     assert [r["metadata"]["inference_seconds"] for r in once] == [5.0, 6.0]
+
+
+def test_a_device_map_names_every_module_of_the_backbone(export, spec):
+    """The map multi-gpu and offload load with (here every entry on the CPU, the one device a CPU test has):
+    Transformers accepts its module names, and the model scores as the plain fp32 load does."""
+    from hf_openjev.fidelity_check.placement import OraclePlacement, fp32_sizes, load_oracle_model
+    from hf_openjev.model import load_export
+
+    layer_bytes, other_bytes = fp32_sizes(export)
+    assert sorted(layer_bytes) == [0, 1, 2, 3] and other_bytes > 0
+    device_map = plan_device_map(layer_bytes, other_bytes, [10**12], offload=False)
+    placement = OraclePlacement("multi-gpu", sum(layer_bytes.values()) + other_bytes, "test",
+                                device_map={k: "cpu" for k in device_map})
+    mapped, plain = load_oracle_model(export, placement), load_export(export, dtype="float32", device="cpu")
+    modules = {n for n, _ in plain.backbone.named_children() if n != "layers"}
+    assert set(device_map) == modules | {f"layers.{i}" for i in range(len(plain.backbone.layers))}  # all placed
+    ids = list(range(1000, 1040))
+    assert mapped.dtype == torch.float32 and spec.score(mapped, ids) == pytest.approx(spec.score(plain, ids), abs=1e-6)
+    from hf_openjev.reference import score_reference
+
+    assert score_reference(mapped, [ids]) == pytest.approx(score_reference(plain, [ids]), abs=1e-6)

@@ -162,12 +162,13 @@ def estimate_oracle_seconds(placement: OraclePlacement, *, tokens: int, sequence
 
 def load_oracle_model(export_dir: str | Path, placement: OraclePlacement):
     """The export in fp32 where ``placement`` says (a :class:`~hf_openjev.model.JevModel`; with a device map its
-    head sits on GPU 0 and takes its input from wherever the final norm ran)."""
+    head sits where the embeddings are, GPU 0, and takes its input from wherever the final norm ran)."""
     from ..model import load_export
 
     if placement.kind in ("cpu", "cuda"):
         return load_export(export_dir, dtype="float32", device=placement.kind)
     model = load_export(export_dir, dtype="float32", device=dict(placement.device_map))
-    model.head.to("cuda:0")
+    main = placement.device_map["embed_tokens"]  # where the forward starts (GPU 0; "cpu" in a CPU-only map)
+    model.head.to("cpu" if main == "cpu" else f"cuda:{main}")
     model.head.register_forward_pre_hook(lambda module, args: tuple(a.to(module.weight.device) for a in args))
     return model
