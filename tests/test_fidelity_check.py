@@ -368,3 +368,16 @@ def test_a_device_map_names_every_module_of_the_backbone(export, spec):
     from hf_openjev.reference import score_reference
 
     assert score_reference(mapped, [ids]) == pytest.approx(score_reference(plain, [ids]), abs=1e-6)
+
+
+def test_the_commands_help_imports_neither_torch_nor_transformers():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom hf_openjev.cli import build_parser\nhelp_text = build_parser('fidelity').format_help()\n"
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert result.stdout.split() == ["False", "False"]
+    help_text = subprocess.run([sys.executable, "-m", "hf_openjev", "fidelity", "--help"], capture_output=True,
+                               text=True, check=True, timeout=120).stdout
+    assert "--oracle-device" in help_text and "fp8-no-gdn" in help_text and "--workload" in help_text
