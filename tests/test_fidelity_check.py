@@ -46,7 +46,7 @@ def tasks(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def first_run(export, tasks, tmp_path_factory):
     out = tmp_path_factory.mktemp("fidelity-out")
-    report = check_fidelity(model=export, out=out, data=[tasks], configs="default", progress=False)
+    report = check_fidelity(model=export, out=out, data=[tasks], configs="default,fp8-all", progress=False)
     return out, report
 
 
@@ -109,7 +109,9 @@ def test_exact_numerics_unbind_the_kernels_and_put_everything_back(monkeypatch):
 def test_the_report_has_the_gate_agreement_and_accuracy(first_run):
     out, report = first_run
     configs = report["configurations"]
-    assert list(configs) == ["B", "default"] and configs["B"]["passes"] is True
+    assert list(configs) == ["B", "default", "fp8-all"] and configs["B"]["passes"] is True
+    assert report["configuration_options"] == {"default": {}, "fp8-all": {"fp8": "all"}}
+    assert configs["fp8-all"]["mean_abs_dp"] != configs["default"]["mean_abs_dp"]  # its own model, quantized
     for c in configs.values():
         assert c["n_requests"] == 3 and 0 < c["max_abs_dp"] < 0.05 and c["p99_abs_dp"] <= c["max_abs_dp"]
         agreement = c["decision_agreement"]
@@ -381,3 +383,12 @@ def test_the_commands_help_imports_neither_torch_nor_transformers():
     help_text = subprocess.run([sys.executable, "-m", "hf_openjev", "fidelity", "--help"], capture_output=True,
                                text=True, check=True, timeout=120).stdout
     assert "--oracle-device" in help_text and "fp8-no-gdn" in help_text and "--workload" in help_text
+
+
+def test_tasks_the_contract_rejects_all_leave_a_one_line_error(export, tmp_path):
+    row = json.loads(JEVBENCH_EASY.read_text().splitlines()[0])
+    row["state"] = "word " * 20000  # far over the export's max_length in tokens
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(UsageError, match="no request to compare: the contract rejects all 1 task"):
+        check_fidelity(model=export, out=tmp_path / "out", data=[path], progress=False)

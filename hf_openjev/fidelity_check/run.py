@@ -98,6 +98,9 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
     started = time.perf_counter()
     bf16, weights_sha256 = _load_bf16(model, "off", log)
     items, rejected = _make_items(bf16, tasks, workload, seed=seed, limit=limit, log=log)
+    if not items:
+        raise UsageError(f"no request to compare: the contract rejects all {len(rejected)} task(s) (first: "
+                         f"{rejected[0]['error']})" if rejected else "no request to compare")
     own_oracle = out / f"oracle_{run_name}.json"
     progress_file, done = _open_oracle([p for p in (oracle, own_oracle) if p is not None], weights_sha256, items)
     pending = [item for item in items if item.id not in done]
