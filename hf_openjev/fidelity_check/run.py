@@ -121,15 +121,16 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
             _release_memory()
     from .report import judge_against_oracle
 
-    meta = {"command": command, "versions": run_info(),
-            "device": run_info()["device"], "shape": run_name, "model": str(model), "seed": seed,
-            "inputs": {"data": [str(s.path) for s in sources], "workload": None if workload is None else str(workload)},
-            "invalid_tasks": invalid + rejected, "oracle": {"path": str(own_oracle), "placement": placement and
-                                                            placement.describe(), "complete": oracle_data["complete"]},
+    info = run_info()
+    meta = {"command": command, "versions": info, "device": info["device"], "shape": run_name, "model": str(model),
+            "seed": seed, "inputs": {"data": [str(s.path) for s in sources],
+                                     "workload": None if workload is None else str(workload)},
+            "invalid_tasks": invalid + rejected,
+            "oracle": {"path": str(own_oracle), "complete": oracle_data["complete"],
+                       "placement": placement.describe() if placement else "nothing to score: reused"},
             "oracle_sha256_check": {"oracle": oracle_data["weights_sha256"], "run": weights_sha256, "match": True},
             "configuration_options": {c: o.to_dict(changed_only=True) for c, o in parsed.items()},
-            "requests_compared": len(items), "seconds": None}
-    meta["seconds"] = time.perf_counter() - started
+            "requests_compared": len(items), "seconds": time.perf_counter() - started}
     return judge_against_oracle(oracle_data, weights_sha256=weights_sha256, items=items, entries_by_name=entries,
                                 out=out, name=run_name, meta=meta)
 
