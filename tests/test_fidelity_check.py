@@ -198,14 +198,17 @@ def test_an_oracle_of_another_checkpoint_is_refused_before_any_scoring(export, t
     (["--oracle", "nowhere.json"], "no such file"),
     (["--oracle-device", "offload"], "needs a CUDA GPU"),
     (["--data", "absent.jsonl"], "no such file or directory"),
+    (["--workload", "BAD_SHAPES"], "is not an id / kind / prefix_tokens / suffix_tokens shape"),
 ])
 def test_bad_options_are_refused_before_anything_loads(export, tasks, tmp_path, monkeypatch, capsys, extra,
                                                        message):
     refuse_loading(monkeypatch)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.json").write_text(json.dumps({"turbo": True}))
-    extra = [e.replace("BAD_JSON", "bad.json") for e in extra]
-    data = [] if "--data" in extra else ["--data", str(tasks)]
+    (tmp_path / "shapes.json").write_text(json.dumps({"requests": [{"id": "r", "kind": "noul", "prefix_tokens": 3,
+                                                                     "suffix_tokens": [1, 2]}]}))
+    extra = [e.replace("BAD_JSON", "bad.json").replace("BAD_SHAPES", "shapes.json") for e in extra]
+    data = [] if "--data" in extra or "--workload" in extra else ["--data", str(tasks)]
     if "offload" in extra and torch.cuda.is_available():
         pytest.fail("this case is written for a machine without CUDA")
     code = main(["fidelity", "--model", str(export), *data, "--out", "out", *extra])
