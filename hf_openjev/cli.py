@@ -1,7 +1,7 @@
 """``hf-openjev``: a thin command line over keyword-only functions.
 
-Subcommands: ``demo``, ``export``, ``quantize``, ``eval``, ``serve``. Each lives in its own module, which exposes
-``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them up.
+Subcommands: ``demo``, ``export``, ``quantize``, ``eval``, ``serve``, ``fidelity``. Each lives in its own module,
+which exposes ``add_arguments(parser)`` and ``run(args) -> int``; this file only wires them up.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ COMMANDS = {
     "quantize": ("hf_openjev.export.quantize_cli", "quantize a merged export's projections to FP8 (opt-in)"),
     "eval": ("hf_openjev.eval.cli", "evaluate a merged export on JevBench-style tasks"),
     "serve": ("hf_openjev.serve.cli", "serve a merged export over HTTP (Jev-compatible API)"),
+    "fidelity": ("hf_openjev.fidelity_check.cli",
+                 "judge fast-path configurations against the fp32 oracle on your own checkpoint and tasks"),
 }
 
 

@@ -21,7 +21,7 @@ def _stamp(root: Path) -> dict:
 def test_build_parser_knows_every_subcommand():
     parser = cli.build_parser("demo")
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert list(sub.choices) == ["demo", "export", "quantize", "eval", "serve"]
+    assert list(sub.choices) == ["demo", "export", "quantize", "eval", "serve", "fidelity"]
     args = parser.parse_args(["demo", "--cache-dir", "/x", "--device", "cpu", "--dtype", "bfloat16"])
     assert (args.command, args.cache_dir, args.device, args.dtype) == ("demo", "/x", "cpu", "bfloat16")
     assert parser.parse_args(["demo"]).dtype == "float32"

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # source folder -> the package it installs as (pyproject's package-dir mapping)
 SOURCES = {"hf_openjev": "hf_openjev", "ops": "hf_openjev.ops", "patches": "hf_openjev.patches"}
-COMMANDS = ("hf_openjev.export", "hf_openjev.eval", "hf_openjev.serve")
+COMMANDS = ("hf_openjev.export", "hf_openjev.eval", "hf_openjev.serve", "hf_openjev.fidelity_check")
 COMMAND_LEVEL_CORE = {"hf_openjev.cli", "hf_openjev.demo"}  # command modules that live in the core folder
 
 

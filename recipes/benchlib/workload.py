@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 
 from benchlib.shapes import VOCAB
+from hf_openjev.workload import build_workload  # noqa: F401  (the bench's random-id workload; re-exported)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MANIFEST = DATA / "jevbench231-shapes.json"  # exact token shapes (real tokenizer): the benchmark's default
@@ -44,31 +45,6 @@ def check_manifest(path: Path) -> str | None:
 def manifest_identity(path: Path) -> dict:
     """``{"manifest": file name, "manifest_sha256": ...}`` for a result file."""
     return {"manifest": Path(path).name, "manifest_sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
-
-
-def build_workload(path: Path, *, vocab: int, seed: int, limit: int | None = None, max_length: int | None = None):
-    """PreparedRequests with random token ids, identical within each request's shared prefix (optionally only
-    those whose longest sequence is at most ``max_length`` tokens; the ids do not depend on the filter)."""
-    from hf_openjev.contract import parse_request
-    from hf_openjev.scoring import PreparedRequest
-
-    data = json.loads(Path(path).read_text())
-    rng = random.Random(seed)
-    work = []
-    for item in data["requests"][:limit]:
-        n = len(item["suffix_tokens"])
-        kind = item["kind"]
-        criteria = {"choice": {f"o{i}": None for i in range(n)}, "score": [f"level {i}" for i in range(n)],
-                    "noul": None}[kind]
-        question = {"type": kind, "instructions": "x"}
-        if criteria is not None:
-            question["criteria"] = criteria
-        parsed = parse_request({"state": "x", "questions": {"q": question}})
-        prefix = [rng.randrange(1000, vocab) for _ in range(item["prefix_tokens"])]
-        tokens = [[prefix + [rng.randrange(1000, vocab) for _ in range(s)] for s in item["suffix_tokens"]]]
-        if max_length is None or item["prefix_tokens"] + max(item["suffix_tokens"]) <= max_length:
-            work.append((item, PreparedRequest(parsed, tokens)))
-    return work
 
 
 def single_candidate_request(tokens: int):

@@ -1,0 +1,55 @@
+"""``hf-openjev fidelity``: the command line over :func:`hf_openjev.fidelity_check.check_fidelity`."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from .configs import NAMED_CONFIGS
+from .placement import PLACEMENTS
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="merged export directory (from `hf-openjev export`)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", nargs="+", metavar="PATH",
+                        help="JevBench task files (.jsonl, .json, .parquet) or dataset directories, as eval reads them")
+    source.add_argument("--workload", metavar="SHAPES.json",
+                        help="the benchmark's request shapes (recipes/data/jevbench231-shapes.json) filled with "
+                             "seeded random token ids, as recipes/bench_jevbench.py builds them")
+    parser.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0, the benchmark's)")
+    parser.add_argument("--limit", type=int, default=None, help="the first N requests only")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="fidelity_<name>.json/.md/.png and the oracle, oracle_<name>.json (resumed when there)")
+    parser.add_argument("--name", default=None, help="the <name> of the files (default: the export's folder name)")
+    parser.add_argument("--configs", default="default", metavar="LIST",
+                        help=f"comma-separated configurations judged against B (the reference path in bf16): "
+                             f"{', '.join(NAMED_CONFIGS)}, or a FastPathOptions .json file (default: default)")
+    parser.add_argument("--oracle", default=None, metavar="FILE",
+                        help="an earlier oracle file to start from (e.g. recipes/data/oracle_27b.json); refused "
+                             "unless its weights fingerprint is this export's")
+    parser.add_argument("--oracle-device", default="auto", choices=PLACEMENTS,
+                        help="where the fp32 oracle runs: auto (one GPU when it fits, else several, else offloaded "
+                             "layer by layer from the host; the CPU without a GPU), cpu, cuda, multi-gpu, offload")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+
+
+def run(args) -> int:
+    from ..errors import UsageError
+    from .run import check_fidelity
+
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be a positive number of requests, got {args.limit}")
+    command = "hf-openjev " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    report = check_fidelity(model=args.model, out=args.out, data=args.data, workload=args.workload, seed=args.seed,
+                            limit=args.limit, configs=args.configs, oracle=args.oracle,
+                            oracle_device=args.oracle_device, name=args.name, progress=args.progress, command=command)
+    for config, c in report["configurations"].items():
+        verdict = {True: "passes", False: "FAILS", None: "-"}[c["passes"]]
+        accuracy = f", accuracy {c['accuracy']['accuracy']:.4f}" if c.get("accuracy") else ""
+        print(f"{config}: max |dp| {c['max_abs_dp']:.4g}, p99 {c['p99_abs_dp']:.4g}, mean {c['mean_abs_dp']:.4g}, "
+              f"{c['flips']} flips (+{c['near_tie_flips']} near-tie), agreement "
+              f"{c['decision_agreement']['agreement']:.4f}{accuracy}: {verdict}"
+              + ("" if config != "B" else " (the yardstick)"))
+    print(f"wrote {args.out}/fidelity_{report['shape']}.json, .md, .png")
+    return 0

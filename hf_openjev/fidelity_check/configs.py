@@ -1,0 +1,56 @@
+"""The configurations ``hf-openjev fidelity`` judges: named fast-path setups or FastPathOptions JSON files.
+
+``B`` (the reference path in bf16, the gate's yardstick) always runs. Names: ``default`` (the fast path's
+defaults), ``aligned`` (prefixes shared only up to a multiple of 64 tokens), ``fp8-all`` and ``fp8-no-gdn`` (FP8
+projections). A path ending in ``.json`` holds one object of :class:`~hf_openjev.fast_options.FastPathOptions`
+names and values; the configuration is named after the file's stem. Pure Python: checked before anything loads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..fast_options import FastPathOptions
+
+REFERENCE = "B"
+NAMED_CONFIGS = {"default": {}, "aligned": {"share_tails": False}, "fp8-all": {"fp8": "all"},
+                 "fp8-no-gdn": {"fp8": "no-gdn"}}
+
+
+def parse_configs(spec: str | list[str]) -> dict[str, FastPathOptions]:
+    """``"default,aligned,opts.json"`` (or a list of those) -> {name: FastPathOptions}, in the order given; a
+    one-line ValueError for an unknown name, an unreadable file or a bad option."""
+    parts = [p.strip() for p in (spec.split(",") if isinstance(spec, str) else spec) if p and p.strip()]
+    configs: dict[str, FastPathOptions] = {}
+    for part in parts:
+        if part.endswith(".json"):
+            name, options = _read_options_file(Path(part))
+        elif part in NAMED_CONFIGS:
+            name, options = part, FastPathOptions.from_mapping(NAMED_CONFIGS[part])
+        else:
+            raise ValueError(f"unknown configuration {part!r}: use {', '.join(NAMED_CONFIGS)} or a FastPathOptions "
+                             ".json file")
+        if name == REFERENCE or name in configs:
+            why = "reserved for the reference path" if name == REFERENCE else "given twice"
+            raise ValueError(f"configuration name {name!r} is {why}; rename the file")
+        configs[name] = options
+    return configs
+
+
+def _read_options_file(path: Path) -> tuple[str, FastPathOptions]:
+    try:
+        mapping = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such options file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a JSON object of fast-path options ({exc})") from None
+    try:
+        return path.stem, FastPathOptions.from_mapping(mapping)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def fp8_mode(options: FastPathOptions) -> str:
+    """The FP8 mode a configuration needs its model loaded with ("off": the bf16 model serves it)."""
+    return options.fp8

@@ -1,0 +1,87 @@
+"""The verdict of a fidelity run: each configuration against the oracle, judged by the gate against B, plus the
+decision agreement with the oracle and the accuracy against the tasks' expected labels; written as
+``fidelity_<name>.json``, ``.md`` and ``.png``.
+
+:func:`judge_against_oracle` is the whole back end, for any caller that has an oracle and answers: ``hf-openjev
+fidelity`` and the benchmark driver's ``--oracle`` mode.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..fidelity import (build_fidelity_report, compare_with_oracle, plot_fidelity, render_fidelity_markdown,
+                        select_requests)
+from .configs import REFERENCE
+from .oracle import check_oracle_progress
+
+
+def task_distribution(kind: str, probabilities: Sequence[float], labels: Sequence[str]) -> dict[str, float]:
+    """One question's entry probabilities as {label: p}: choice / score in the labels' order (the request's
+    criteria follow them), noul ``[p(yes)]`` as {"no": 1 - p, "yes": p}."""
+    if kind == "noul":
+        return {"no": 1.0 - float(probabilities[0]), "yes": float(probabilities[0])}
+    return dict(zip(labels, map(float, probabilities)))
+
+
+def accuracy_against_labels(items: Sequence, entries: Sequence[Mapping]) -> dict | None:
+    """Accuracy of ``entries`` against the items' expected labels (eval's prediction rule), None without tasks."""
+    from ..eval.metrics import predict
+
+    scored = [(item.task, entry) for item, entry in zip(items, entries) if item.task is not None]
+    if not scored:
+        return None
+    correct = 0
+    for task, entry in scored:
+        probabilities = entry["probabilities"][task.qid]
+        correct += predict(task_distribution(task.kind, probabilities, task.labels)) == task.expected
+    return {"n": len(scored), "correct": correct, "accuracy": correct / len(scored)}
+
+
+def judge_against_oracle(oracle: Mapping, *, weights_sha256: str, items: Sequence,
+                         entries_by_name: Mapping[str, Sequence[Mapping]], out: str | Path, name: str,
+                         meta: Mapping | None = None) -> dict:
+    """Compare every configuration's entries (``entries_by_name``, each in ``items`` order; ``"B"`` is the gate's
+    yardstick) with ``oracle``'s, after checking its weights and token ids (one-line ``ValueError``); write
+    ``<out>/fidelity_<name>.{json,md,png}`` and return the report."""
+    done = check_oracle_progress(dict(oracle), weights_sha256=weights_sha256,
+                                 tokens_sha256={item.id: item.tokens_sha256 for item in items})
+    oracle_entries = select_requests(list(done.values()), [item.id for item in items])
+    n_questions = sum(len(e["probabilities"]) for e in oracle_entries)
+    stats = {config: compare_with_oracle(oracle_entries, list(entries)) for config, entries in entries_by_name.items()}
+    report = build_fidelity_report(stats, reference=REFERENCE, **dict(meta or {}))
+    report["oracle_accuracy"] = accuracy_against_labels(items, oracle_entries)
+    for config, entries in entries_by_name.items():
+        flips = stats[config].flips + stats[config].near_tie_flips
+        report["configurations"][config].update(
+            decision_agreement={"n_questions": n_questions, "disagreements": flips,
+                                "agreement": 1.0 - flips / n_questions},
+            accuracy=accuracy_against_labels(items, entries))
+    write_report(Path(out), f"fidelity_{name}", report)
+    return report
+
+
+def render_agreement_markdown(report: Mapping) -> str:
+    """The decision agreement and accuracy section of the markdown."""
+    oracle = report.get("oracle_accuracy")
+    lines = ["", "## Decisions", "", "| configuration | agreement with the oracle | accuracy against the labels |",
+             "|---|---|---|"]
+    if oracle:
+        lines.append(f"| fp32 oracle | 1 | {oracle['accuracy']:.4f} ({oracle['correct']}/{oracle['n']}) |")
+    for config, c in report["configurations"].items():
+        a, acc = c["decision_agreement"], c.get("accuracy")
+        cell = "-" if not acc else f"{acc['accuracy']:.4f} ({acc['correct']}/{acc['n']})"
+        lines.append(f"| `{config}` | {a['agreement']:.4f} ({a['disagreements']} of {a['n_questions']} differ) "
+                     f"| {cell} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, stem: str, report: Mapping) -> None:
+    """``<stem>.json`` (compact), ``<stem>.png`` (max |dp| per request) and ``<stem>.md`` under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(report, separators=(",", ":")) + "\n")
+    plot_fidelity(report, out / f"{stem}.png")
+    markdown = render_fidelity_markdown(report, plot_name=f"{stem}.png") + render_agreement_markdown(report)
+    (out / f"{stem}.md").write_text(markdown)

@@ -1,0 +1,253 @@
+"""``check_fidelity``: the fidelity gate on a user's own checkpoint and data.
+
+Order of work (every check that needs no weights comes first):
+
+1. configurations, inputs (task files or a workload), the oracle file and ``oracle_device`` are checked; the
+   export's manifest and tensor headers are read (its fp32 size);
+2. the export is loaded in bf16 on the GPU (the CPU without one) and its stored weights hashed; the requests are
+   tokenized; an oracle (``oracle=`` and ``<out>/oracle_<name>.json``) of other weights or other token ids under
+   the same request id is refused;
+3. B (the reference path in bf16, right-padded batches, whatever kernels Transformers bound) and each bf16
+   configuration answer every request (the fast path patched in place);
+4. the bf16 model is freed and the fp32 oracle scores the requests it lacks, placed where it fits
+   (:mod:`.placement`), written after every request to ``<out>/oracle_<name>.json``;
+5. each FP8 configuration loads the export again with its mode (quantized on the CPU) and answers;
+6. :func:`~.report.judge_against_oracle` writes ``fidelity_<name>.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import gc
+import platform
+import sys
+import time
+from pathlib import Path
+
+from ..errors import UsageError
+from .configs import REFERENCE, fp8_mode, parse_configs
+from .placement import PLACEMENTS
+from .requests import answer_items, entries_from_responses, items_from_tasks, items_from_workload
+
+
+def run_info() -> dict:
+    """Versions and the device, for the report and the oracle file."""
+    import torch
+    import transformers
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"}
+    try:
+        import fla
+
+        info["fla"] = fla.__version__
+    except Exception:  # noqa: BLE001 - fla-core is optional
+        info["fla"] = None
+    return info
+
+
+def check_arguments(*, model, out, data, workload, configs, oracle, oracle_device, name) -> tuple[dict, list, str]:
+    """(configurations, task sources, the run's name) once every argument is usable; a one-line UsageError."""
+    from ..eval.tasks import EvalInputError, resolve_inputs
+    from ..checkpoint.manifest import read_manifest
+    from ..workload import check_workload_file
+
+    if (data is None) == (workload is None):
+        raise UsageError("give the requests as task files (data / --data) or as a workload (--workload), one of them")
+    if oracle_device not in PLACEMENTS:
+        raise UsageError(f"oracle_device must be one of {', '.join(PLACEMENTS)}, got {oracle_device!r}")
+    if oracle_device in ("cuda", "multi-gpu", "offload"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--oracle-device {oracle_device} needs a CUDA GPU and none is visible; use cpu or auto")
+    try:
+        parsed = parse_configs(configs)
+        sources = resolve_inputs(data) if data is not None else []
+        if workload is not None:
+            check_workload_file(workload)
+        if oracle is not None and not Path(oracle).is_file():
+            raise ValueError(f"--oracle {oracle}: no such file")
+    except (ValueError, EvalInputError) as exc:
+        raise UsageError(str(exc)) from None
+    if Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out {out} is a file; give a directory")
+    read_manifest(Path(model))  # CheckpointError for a bad export, before anything loads
+    run_name = name or Path(model).resolve().name
+    if not run_name or "/" in run_name:
+        raise UsageError(f"name {run_name!r} cannot name a file; pass another name (--name)")
+    return parsed, sources, run_name
+
+
+def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit: int | None = None,
+                   configs="default", oracle=None, oracle_device: str = "auto", name: str | None = None,
+                   progress: bool = True, log=None, command: str | None = None) -> dict:
+    """Judge ``configs`` (see :func:`.configs.parse_configs`) on the export ``model`` against its fp32 oracle on
+    the tasks of ``data`` (eval's inputs) or on the benchmark's random-id ``workload`` (a shapes file; ``seed``,
+    ``limit``); write ``<out>/fidelity_<name>.{json,md,png}`` and ``<out>/oracle_<name>.json``; return the report.
+    ``oracle``: an earlier oracle file to start from (today's ORACLE_FORMAT); ``command``: what the report and the
+    oracle file record as the command. See the module docstring."""
+    command = command or "hf_openjev.fidelity_check.check_fidelity"
+    log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+    parsed, sources, run_name = check_arguments(model=model, out=out, data=data, workload=workload, configs=configs,
+                                                oracle=oracle, oracle_device=oracle_device, name=name)
+    out = Path(out)
+    tasks, invalid = _read_tasks(sources, progress) if data is not None else ([], [])
+    if data is not None and not tasks:
+        raise UsageError("no valid task in the data" + (f" (first: {invalid[0]['error']})" if invalid else ""))
+    started = time.perf_counter()
+    bf16, weights_sha256 = _load_bf16(model, "off", log)
+    items, rejected = _make_items(bf16, tasks, workload, seed=seed, limit=limit, log=log)
+    if not items:
+        raise UsageError(f"no request to compare: the contract rejects all {len(rejected)} task(s) (first: "
+                         f"{rejected[0]['error']})" if rejected else "no request to compare")
+    own_oracle = out / f"oracle_{run_name}.json"
+    progress_file, done = _open_oracle([p for p in (oracle, own_oracle) if p is not None], weights_sha256, items)
+    pending = [item for item in items if item.id not in done]
+    placement = _announce_placement(model, bf16, pending, oracle_device, log) if pending else None
+    entries = {REFERENCE: _answer(bf16, items, fast=False, desc="B: reference bf16", progress=progress)}
+    for config, options in parsed.items():
+        if fp8_mode(options) == "off":
+            entries[config] = _answer(bf16, items, fast=True, options=options, desc=config, progress=progress)
+    del bf16
+    _release_memory()
+    oracle_data = _complete_oracle(model, items, done, progress_file, placement, path=own_oracle, name=run_name,
+                                   seed=seed, weights_sha256=weights_sha256, progress=progress, command=command)
+    for config, options in parsed.items():
+        if fp8_mode(options) != "off":
+            quantized, _ = _load_bf16(model, fp8_mode(options), log, hash_it=False)
+            entries[config] = _answer(quantized, items, fast=True, options=options, desc=config, progress=progress)
+            del quantized
+            _release_memory()
+    from .report import judge_against_oracle
+
+    info = run_info()
+    meta = {"command": command, "versions": info, "device": info["device"], "shape": run_name, "model": str(model),
+            "seed": seed, "inputs": {"data": [str(s.path) for s in sources],
+                                     "workload": None if workload is None else str(workload)},
+            "invalid_tasks": invalid + rejected,
+            "oracle": {"path": str(own_oracle), "complete": oracle_data["complete"],
+                       "placement": placement.describe() if placement else "nothing to score: reused"},
+            "oracle_sha256_check": {"oracle": oracle_data["weights_sha256"], "run": weights_sha256, "match": True},
+            "configuration_options": {c: o.to_dict(changed_only=True) for c, o in parsed.items()},
+            "requests_compared": len(items), "seconds": time.perf_counter() - started}
+    return judge_against_oracle(oracle_data, weights_sha256=weights_sha256, items=items, entries_by_name=entries,
+                                out=out, name=run_name, meta=meta)
+
+
+def _read_tasks(sources, progress: bool):
+    from ..eval.tasks import load_tasks
+
+    return load_tasks(sources, progress=progress,
+                      warn=lambda m: print(f"hf-openjev fidelity: {m}", file=sys.stderr, flush=True))
+
+
+def _load_bf16(model, fp8: str, log, *, hash_it: bool = True):
+    """The export in bf16 on the GPU (CPU without one), with ``fp8`` projections when not "off"; and the stored
+    weights' sha256 (hashed before any patch)."""
+    import torch
+
+    from ..fidelity import hash_weights
+    from ..model import load_export
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    loaded = load_export(model, dtype="bfloat16", device=device, fp8=fp8)
+    sha = hash_weights(loaded) if hash_it else None
+    log(f"loaded {model} in bf16{'' if fp8 == 'off' else f' with fp8 {fp8}'} on {device} "
+        f"({time.perf_counter() - t0:.1f} s)" + (f"; weights sha256 {sha}" if sha else ""))
+    return loaded, sha
+
+
+def _make_items(model, tasks, workload, *, seed: int, limit, log):
+    if workload is None:
+        return items_from_tasks(model, tasks[:limit], warn=log)
+    from ..workload import build_workload
+
+    return items_from_workload(build_workload(workload, vocab=model.config.vocab_size, seed=seed, limit=limit)), []
+
+
+def _open_oracle(paths, weights_sha256: str, items):
+    """(the oracle files' merged content or None, its entries by id), refused (UsageError) when another
+    checkpoint's or when a request id has other token ids."""
+    from .oracle import check_oracle_progress, read_oracle_progress
+
+    try:
+        progress_file = read_oracle_progress(paths)
+        done = {} if progress_file is None else check_oracle_progress(
+            progress_file, weights_sha256=weights_sha256, where=" / ".join(map(str, paths)),
+            tokens_sha256={item.id: item.tokens_sha256 for item in items})
+    except ValueError as exc:
+        raise UsageError(f"refusing the oracle: {exc}") from None
+    return progress_file, done
+
+
+def _announce_placement(model, bf16, pending, oracle_device: str, log):
+    """Choose where the fp32 oracle runs; log it and the estimated time."""
+    import torch
+
+    from .placement import (activation_bytes, choose_oracle_placement, estimate_oracle_seconds, fp32_sizes,
+                            measure_free_memory)
+
+    layer_bytes, other_bytes = fp32_sizes(model)
+    longest = max(len(seq) for item in pending for seq in item.prepared.sequences)
+    gpu_free, host_free = measure_free_memory()
+    bf16_gpu = sum(p.numel() * p.element_size() for p in bf16.parameters()) if bf16.device.type == "cuda" else 0
+    gpu_free = [f + (bf16_gpu if i == 0 else 0) for i, f in enumerate(gpu_free)]  # freed before the oracle loads
+    try:
+        placement = choose_oracle_placement(requested=oracle_device, layer_bytes=layer_bytes, other_bytes=other_bytes,
+                                            activations=activation_bytes(bf16.config, longest), gpu_free=gpu_free,
+                                            host_free=host_free)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    tokens = sum(item.prepared.input_tokens for item in pending)
+    sequences = sum(len(item.prepared.sequences) for item in pending)
+    seconds = estimate_oracle_seconds(placement, tokens=tokens, sequences=sequences, threads=torch.get_num_threads())
+    log(f"{placement.describe()}; {len(pending)} requests ({tokens} tokens, {sequences} forwards) to score, "
+        f"roughly {_duration(seconds)} (the progress bar shows the measured rate)")
+    return placement
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _answer(model, items, *, fast: bool, options=None, desc: str, progress: bool) -> list[dict]:
+    """The entries of one configuration; the fast path on CUDA answers its second pass (warmed up, as measured)."""
+    warm_up = fast and model.device.type == "cuda"
+    return entries_from_responses(items, answer_items(model, items, fast=fast, options=options, warm_up=warm_up,
+                                                      desc=desc, progress=progress))
+
+
+def _release_memory() -> None:
+    """Give the memory of models no longer referenced back (the caller has dropped its last reference)."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _complete_oracle(model, items, done, progress_file, placement, *, path: Path, name: str, seed: int,
+                     weights_sha256: str, progress: bool, command: str) -> dict:
+    """Score what the oracle lacks (fp32, where ``placement`` says) and return it, written to ``path``."""
+    from .oracle import extend_oracle, write_oracle
+    from .placement import load_oracle_model
+
+    if progress_file is not None:
+        header = {k: v for k, v in progress_file.items()
+                  if k not in ("requests", "n_done", "n_total", "complete", "seconds")}
+    else:
+        header = {"shape": name, "seed": seed, "weights_sha256": weights_sha256}
+    if placement is None:  # nothing to score: a copy of what the given files hold
+        return write_oracle(path, header, done, [item.id for item in items])
+    header.update(command=command, device=run_info()["device"], versions=run_info(), placement=placement.describe())
+    fp32 = load_oracle_model(model, placement)
+    try:
+        return extend_oracle(fp32, [(i.id, i.kind, i.prepared) for i in items], path=path, header=header, done=done,
+                             progress=progress)
+    finally:
+        del fp32
+        _release_memory()
