@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from shared_data import JEVBENCH_EASY, load_recipe
+from repo_data import JEVBENCH_EASY, load_recipe
 
 from hf_openjev.cli import main
 from hf_openjev.errors import UsageError
@@ -24,7 +24,7 @@ from hf_openjev.workload import build_workload
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = ROOT / "recipes" / "data" / "jevbench231-shapes.json"
+SHAPES = ROOT / "recipes" / "data" / "jevbench231-shapes-estimated.json"  # the committed oracles' workload
 GB = 10**9
 
 
@@ -217,12 +217,14 @@ def test_bad_options_are_refused_before_anything_loads(export, tasks, tmp_path, 
 
 
 def test_the_workload_is_the_benchmarks_request_for_request():
+    """The package's workload gives the ids the committed oracles were built on (their per-request token hashes),
+    so the command and the benchmark score the same requests."""
     bench = load_recipe("bench_jevbench")
-    ours = build_workload(SHAPES, vocab=bench.VOCAB, seed=0)
-    theirs = bench.build_workload(bench.SHAPES_FILE, vocab=bench.VOCAB, seed=0)
-    assert len(ours) == len(theirs) == 231
-    assert all(a == c and b.tokens == d.tokens for (a, b), (c, d) in zip(ours, theirs))
-    assert [p.tokens for _, p in build_workload(SHAPES, vocab=bench.VOCAB, seed=1, limit=2)] != \
+    ours = build_workload(bench.SHAPES_FILE, vocab=bench.VOCAB, seed=0)
+    oracle = json.loads((ROOT / "recipes" / "data" / "oracle_mid.json").read_text())
+    assert len(ours) == len(oracle["requests"]) == 231
+    assert [hash_tokens(p.tokens) for _, p in ours] == [r["tokens_sha256"] for r in oracle["requests"]]
+    assert [p.tokens for _, p in build_workload(bench.SHAPES_FILE, vocab=bench.VOCAB, seed=1, limit=2)] != \
            [p.tokens for _, p in ours[:2]]
 
 
