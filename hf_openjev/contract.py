@@ -302,7 +302,7 @@ def tokenize_candidates(
     The first sequence longer than ``max_length`` raises ``RequestError("question <id>: <n> tokens exceeds
     max_length=<m>; no silent truncation")``; nothing is truncated. Returns token ids per question per candidate.
 
-    ``clean_cut(text, start)``: the first position ``c >= start`` where ``encode(text[:c])`` is a prefix of
+    ``clean_cut(text, start, end)``: the first position ``start <= c <= end`` where ``encode(text[:c])`` is a prefix of
     ``encode(text)``, or None (:func:`hf_openjev.prefix_cuts.prove_clean_cuts`). With it, a candidate of more than
     ``EXACT_COUNT_CHARS * max_length`` characters is first tokenized in growing prefixes ending at such cuts, and
     rejected as soon as one has more than ``max_length`` tokens: the verdict is the full tokenization's (a clean
@@ -358,7 +358,7 @@ def _count_past_max_length(text: str, encode: Callable[[str], list[int]], max_le
         return None
     want = 8 * (max_length + 1)
     while clean_cut is not None and want < len(text):
-        cut = clean_cut(text, want)
+        cut = clean_cut(text, want, 2 * want)  # searched up to there only
         if cut is None or cut >= len(text) or cut > 2 * want:
             break
         count = len(encode(text[:cut]))

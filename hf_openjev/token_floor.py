@@ -36,9 +36,14 @@ BYTE_CLASSES = (_DIGITS, _LETTERS, _SPACES, _OTHER_ASCII, _NON_ASCII)
 _finders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+_CLASS_OF = bytes(next(i for i, cls in enumerate(BYTE_CLASSES) if b in cls) for b in range(256))
+
+
 def count_byte_classes(data: bytes) -> tuple[int, ...]:
-    """How many bytes of ``data`` fall in each of :data:`BYTE_CLASSES` (C-speed: one ``translate`` per class)."""
-    return tuple(len(data) - len(data.translate(None, cls)) for cls in BYTE_CLASSES)
+    """How many bytes of ``data`` fall in each of :data:`BYTE_CLASSES` (C speed: one ``translate`` to class
+    numbers, one ``count`` per class)."""
+    classes = data.translate(_CLASS_OF)
+    return tuple(classes.count(i) for i in range(len(BYTE_CLASSES)))
 
 
 def _byte_decoder() -> dict[str, int]:

@@ -285,7 +285,9 @@ class _ServerState:
         self.batcher = batcher
         # small and big work on separate pools (small requests never queue behind 4 MiB bodies); the tokenizer
         # is called from several threads at once: it releases the GIL, and a call changes no setting of it
-        self.executor = PreparePools(workers=prepare_workers)
+        # one big worker: parsing JSON holds the GIL, so a second one would mostly take GIL time from small
+        # requests (their forwards release and retake it at every op)
+        self.executor = PreparePools(workers=prepare_workers, big_workers=1)
         self.drain_timeout_s = float(drain_timeout_s)
         self.retry_after_s = int(retry_after_s)
         self.draining = False
