@@ -16,7 +16,8 @@ from hf_openjev.errors import RequestError
 from hf_openjev.tiny import build_tiny_tokenizer
 from hf_openjev.token_floor import count_byte_classes, prove_token_floor
 
-ALPHABET = ["a", "Zz", " ", "  ", "1", "2024", "日本", "é", "e\u0301", "\n", "\t", "!!", "<|im_start|>", "🙂", "x" * 30]
+ALPHABET = ["a", "Zz", " ", "  ", "1", "2024", "日本", "é", "e\u0301", "\n", "\t", "!!", "<|im_start|>", "🙂",
+            "x" * 30]
 
 
 def _encode(tok):

@@ -5,7 +5,8 @@ lane. A group takes the head of every lane in turn (round 0: each lane's oldest 
 second, ...) while the token budget lasts, and the lanes served move to the back, so the next group starts with a
 client that was not served: a small request waits behind at most one group per other client, never behind
 another client's whole backlog. Lanes are ordered by when they were last served (never first; a lane that emptied
-keeps its client's turn for a while, so a client sending one request at a time gains nothing from it). Within a lane, requests keep their arrival order.
+keeps its client's turn for a while, so a client sending one request at a time gains nothing from it). Within a
+lane, requests keep their arrival order.
 
 Not thread-safe by itself: the batcher calls it under its lock.
 """

@@ -15,14 +15,20 @@ Routes (contract §7):
 A request goes through, in this order (contract §2; the first error wins):
 
 1. ``Content-Type`` must be ``application/json`` (case-insensitive, parameters ignored) -> 415;
-2. the body is read with a hard 4 MiB cap (a larger ``Content-Length`` is refused before reading) -> 413;
-   ``Content-Encoding`` gzip/deflate (and zstd where a decoder is installed) is decoded under the same cap;
+2. the body is read within ``--body-timeout`` (408) under a hard cap, ``--max-body-bytes`` (default 4 MiB; a larger
+   ``Content-Length`` is refused before reading) -> 413 naming the cap; ``Content-Encoding`` gzip/deflate (and zstd
+   where a decoder is installed) is decoded under the same cap;
 3. strict JSON (:mod:`hf_openjev.serve.strict_json`) and validation, then tokenization
    (:func:`hf_openjev.scoring.tokenize_request`), off the event loop on thread pools picked by size (small requests
-   never wait behind big ones: :mod:`hf_openjev.serve.preparing`) -> 422;
-4. admission to the :class:`~hf_openjev.serve.batcher.Batcher`: a full queue -> 503 ``server is busy`` with
-   ``Retry-After``; during shutdown -> 503 ``server is shutting down``;
+   never wait behind big ones: :mod:`hf_openjev.serve.preparing`) -> 422; past ``--max-request-tokens`` input
+   tokens -> 413 (tokenizing stops there);
+4. admission to the :class:`~hf_openjev.serve.batcher.Batcher` in the client's lane (its API key, else its
+   connection: :mod:`hf_openjev.serve.fair_queue`): a full queue -> 503 ``server is busy`` with ``Retry-After``;
+   during shutdown -> 503 ``server is shutting down``;
 5. scoring, shared with concurrent requests; a failure -> 500 ``model inference failed`` (nothing partial).
+
+Steps 3 to 5 are bounded (:mod:`hf_openjev.serve.bounded`): past ``--request-timeout`` -> 504 ``request deadline
+exceeded``; a client that disconnects gets nothing and its request leaves the queue unscored (logged as 499).
 
 So invalid input always gets a 4xx, never a 5xx. Every error body is
 ``{"error": msg, "detail": [{"msg": msg, "type": ..., "loc": [...]}]}``, which Open-Jev clients (``error``) and
@@ -30,9 +36,9 @@ FastAPI-style clients (``detail``) both read. Each request has an id (the client
 sane, else a fresh one): it is logged, returned in ``X-Request-Id`` and ``x-typesafe-request-id`` and put in
 ``metadata.request_id``.
 
-Shutdown (SIGINT/SIGTERM under uvicorn) is graceful: uvicorn stops accepting connections and waits for the
-responses in progress; then the lifespan handler refuses new work (503), waits for in-flight requests, lets the
-batcher answer every admitted request and stops its worker thread.
+Shutdown (SIGINT/SIGTERM under ``serve``) drains first (:mod:`hf_openjev.serve.lifecycle`): new and kept-alive
+requests get 503 while the requests in flight are answered, up to the drain timeout (then a JSON 503); then uvicorn
+stops and the lifespan handler lets the batcher answer every admitted request and stops its worker thread.
 """
 
 from __future__ import annotations
@@ -677,6 +683,35 @@ def check_port_free(host: str, port: int) -> None:
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host and --port") from None
 
 
+def _warm_up(models, shapes, fast, options, report_stage) -> None:
+    """Capture the fast path's graphs for ``shapes`` on every replica (nothing to capture on the reference path)."""
+    from ..scoring import use_fast_path
+    from .replicas import warm_up_replicas
+
+    if not use_fast_path(models[0], fast):
+        logger.warning("warm-up skipped: the reference path captures no graphs")
+        return
+    report_stage("warming_up")
+    for replica, report in zip(models, warm_up_replicas(models, shapes, options)):
+        logger.info("warm-up: %d requests in %.1f s (%d longer than max_length skipped) on %s; graphs: %s",
+                    report["requests"], report["seconds"], report["skipped_too_long"], replica.device,
+                    report["graphs"])
+
+
+def _check_devices(device, devices):
+    """``device`` checked (CUDA asked without CUDA: UsageError), or ``devices`` parsed (a list), not both."""
+    from ..errors import UsageError
+    from ..model import check_device
+    from .replicas import parse_devices
+
+    check_device(device)
+    if devices is None:
+        return None
+    if device is not None:
+        raise UsageError("give --device or --devices, not both")
+    return parse_devices(devices if isinstance(devices, str) else ",".join(map(str, devices)))
+
+
 def _uvicorn_config(app, *, host: str, port: int, log_level: str, drain_timeout_s: float,
                     limit_concurrency: int | None, header_timeout_s: float):
     """uvicorn's configuration for ``serve``: our access log instead of uvicorn's, the header deadline on its
@@ -718,9 +753,8 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     else. Every replica is loaded with ``load_export(..., fp8=fp8)``: quantized on the CPU, then moved, so no device
     holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8_option.FP8_HELP`).
 
-    ``limits`` (:class:`~hf_openjev.serve.limits.RequestLimits`): body bytes, input tokens, body and request
-    timeouts per request; ``header_timeout_s``: how long a connection may wait for a request's headers
-    (:mod:`hf_openjev.serve.header_timeout`). Every option is checked first (:mod:`.option_checks`)."""
+    ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`); ``header_timeout_s``:
+    :mod:`~hf_openjev.serve.header_timeout`. Every option is checked first (:mod:`.option_checks`)."""
     from .keys import read_api_keys
     from .lifecycle import LoadingApp, build_server
     from .ops import configure_access_log
@@ -729,8 +763,6 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     from ..fast_options import FastPathOptions
     from ..fp8_option import select_fp8_path
     from ..manifest import check_export_dir
-    from ..model import check_device
-    from ..scoring import use_fast_path
     from ..warmup import load_shapes
 
     check_serve_options(host=host, port=port, dtype=dtype, max_queue=max_queue, max_batch_tokens=max_batch_tokens,
@@ -742,14 +774,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     ops = ServerOps(api_keys=read_api_keys(api_key_file), metrics_auth=metrics_auth)  # bad keys: before loading
     shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
     check_export_dir(model_dir)  # a package dir, a CUDA device without CUDA, a busy port: before the model loads
-    check_device(device)
-    if devices is not None:
-        from ..errors import UsageError
-        from .replicas import parse_devices
-
-        if device is not None:
-            raise UsageError("give --device or --devices, not both")
-        devices = parse_devices(devices if isinstance(devices, str) else ",".join(map(str, devices)))
+    devices = _check_devices(device, devices)
     check_port_free(host, port)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -757,19 +782,12 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     configure_access_log()
 
     def build(report_stage):  # on a thread, while uvicorn already answers /health with 503
-        from .replicas import load_replicas, warm_up_replicas
+        from .replicas import load_replicas
 
         models = load_replicas(model_dir, devices or [device or _default_device()], dtype=dtype, fp8=fp8)
         model = models[0]
         if shapes is not None:
-            if use_fast_path(model, fast):
-                report_stage("warming_up")
-                for replica, report in zip(models, warm_up_replicas(models, shapes, options)):
-                    logger.info("warm-up: %d requests in %.1f s (%d longer than max_length skipped) on %s; "
-                                "graphs: %s", report["requests"], report["seconds"], report["skipped_too_long"],
-                                replica.device, report["graphs"])
-            else:
-                logger.warning("warm-up skipped: the reference path captures no graphs")
+            _warm_up(models, shapes, fast, options, report_stage)
         return create_app(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
                           fast=fast, options=options, drain_timeout_s=drain_timeout_s, ops=ops,
                           replicas=models if len(models) > 1 else None, limits=limits)
