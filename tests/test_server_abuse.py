@@ -297,16 +297,25 @@ def test_past_the_drain_timeout_requests_get_json_503_without_tracebacks(tiny_mo
     caplog.set_level(logging.INFO)
     server = _live(app, drain_timeout_s=0.5)
     try:
-        with serving(server) as (url, thread), ThreadPoolExecutor(max_workers=1) as pool:
+        with serving(server) as (url, thread), ThreadPoolExecutor(max_workers=1) as pool, \
+                socket.create_connection(_address(url), timeout=10) as stalled:
             pending = pool.submit(httpx.post, url + "/v1/systemone", json=REQUEST, timeout=30)
             assert scorer.entered.wait(20)
+            stalled.sendall(_raw_request(b"x" * 100)[:-90])  # its body never completes
+            deadline = time.monotonic() + 10
+            while app.state.jev.active < 2:
+                assert time.monotonic() < deadline, "the stalled request never reached the app"
+                time.sleep(0.01)
+            started = time.monotonic()
             server.handle_exit(signal.SIGTERM, None)
             response = pending.result(timeout=20)
+            stalled_answer = _read_until_closed(stalled)
             thread.join(20)
-            assert not thread.is_alive()
+            assert not thread.is_alive() and time.monotonic() - started < 10
     finally:
         scorer.gate.set()
     assert response.status_code == 503 and response.json()["error"] == "server is shutting down"
+    assert stalled_answer.startswith(b"HTTP/1.1 503") and b'"server is shutting down"' in stalled_answer
     assert "CancelledError" not in caplog.text and "Traceback" not in caplog.text
 
 
