@@ -62,6 +62,7 @@ MSG_SCORE_COUNT = "Score requires 2 to 10 descriptive levels"
 MSG_NOUL_CRITERIA = "Noul criteria must contain true and false descriptions"
 MSG_TYPE = "question type must be choice, score, or noul"
 MSG_CANDIDATES = "request exceeds the candidate limit"
+MSG_TOO_MANY_TOKENS = "request exceeds the server's input token limit"  # then ": <n> tokens > max_request_tokens=<m>"
 
 # --- prompt pieces (docs/contract.md §3) ---------------------------------------------------------------------------
 _PROPOSED = "Proposed answer: "
@@ -292,6 +293,8 @@ def tokenize_candidates(
     chat_suffix: str,
     max_length: int,
     clean_cut: Callable[[str, int], int | None] | None = None,
+    token_floor: Callable[[str], int] | None = None,
+    max_total_tokens: int | None = None,
 ) -> list[list[list[int]]]:
     """Tokenize every candidate, question by question, candidate by candidate (docs/contract.md §2 item 7).
 
@@ -299,20 +302,28 @@ def tokenize_candidates(
     The first sequence longer than ``max_length`` raises ``RequestError("question <id>: <n> tokens exceeds
     max_length=<m>; no silent truncation")``; nothing is truncated. Returns token ids per question per candidate.
 
-    ``clean_cut(text, start)``: the first position ``c >= start`` where ``encode(text[:c])`` is a prefix of
+    ``clean_cut(text, start, end)``: the first position ``start <= c <= end`` where ``encode(text[:c])`` is a prefix of
     ``encode(text)``, or None (:func:`hf_openjev.packing.prefix_cuts.prove_clean_cuts`). With it, a candidate of more
     than ``EXACT_COUNT_CHARS * max_length`` characters is first tokenized in growing prefixes ending at such cuts, and
     rejected as soon as one has more than ``max_length`` tokens: the verdict is the full tokenization's (a clean
     prefix's count is a lower bound of the whole's), ``<n>`` is then that prefix's count (a lower bound, already over
     ``max_length``, not the exact count) and the seconds of tokenizing megabytes are saved. Accepted candidates, and
     every candidate of at most ``EXACT_COUNT_CHARS * max_length`` characters, are tokenized in full (exact ``<n>``).
+    ``token_floor(text)``: a lower bound of the text's token count from its bytes
+    (:func:`hf_openjev.token_floor.prove_token_floor`), tried first on such long candidates, so that a text without
+    clean cuts (digits, CJK) is refused without tokenizing it either.
+
+    ``max_total_tokens``: the request's budget over all its sequences; tokenization stops at the first candidate
+    that takes the running total past it, with ``RequestError`` (status 413, :data:`MSG_TOO_MANY_TOKENS`) naming
+    the count so far and the limit: at most ``max_total_tokens + max_length`` tokens are ever computed.
     """
     result: list[list[list[int]]] = []
+    total = 0
     for question in parsed.questions:
         per_question: list[list[int]] = []
         for prompt in question.prompts:
             text = chat_prefix + prompt + chat_suffix
-            over = _count_past_max_length(text, encode, max_length, clean_cut)
+            over = _count_past_max_length(text, encode, max_length, clean_cut, token_floor)
             ids = list(encode(text)) if over is None else None
             if ids is None or len(ids) > max_length:
                 raise RequestError(
@@ -320,6 +331,12 @@ def tokenize_candidates(
                     f"max_length={max_length}; no silent truncation"
                 )
             per_question.append(ids)
+            total += len(ids)
+            if max_total_tokens is not None and total > max_total_tokens:
+                raise RequestError(f"{MSG_TOO_MANY_TOKENS}: at least {total} input tokens > "
+                                   f"max_request_tokens={max_total_tokens}", status=413,
+                                   detail=f"question {question.id!r} takes the request past {max_total_tokens} "
+                                          "input tokens; send fewer questions or candidates, or shorter texts")
         result.append(per_question)
     return result
 
@@ -328,23 +345,30 @@ EXACT_COUNT_CHARS = 16  # candidates of at most this many characters per max_len
 
 
 def _count_past_max_length(text: str, encode: Callable[[str], list[int]], max_length: int,
-                           clean_cut: Callable[[str, int], int | None] | None) -> int | None:
+                           clean_cut: Callable[[str, int], int | None] | None,
+                           token_floor: Callable[[str], int] | None = None) -> int | None:
     """The token count of a clean prefix of ``text`` that is already over ``max_length``, or None when there is no
     such prefix to find cheaply (short texts, no ``clean_cut``, no cut, or every prefix within the limit).
 
     Prefixes end at the first cut past 8 * (max_length + 1) characters, then past twice the previous cut, so the
-    characters tokenized add up to less than twice the last prefix."""
-    if clean_cut is None or len(text) <= EXACT_COUNT_CHARS * max_length:
+    characters tokenized add up to less than twice the last prefix; a cut farther than twice the wanted length
+    is not taken. Then ``token_floor``: a bound from the bytes over ``max_length`` settles it without tokenizing
+    (texts with no cut nearby: digits, CJK, no spaces)."""
+    if len(text) <= EXACT_COUNT_CHARS * max_length:
         return None
     want = 8 * (max_length + 1)
-    while want < len(text):
-        cut = clean_cut(text, want)
-        if cut is None or cut >= len(text):
-            return None
+    while clean_cut is not None and want < len(text):
+        cut = clean_cut(text, want, 2 * want)  # searched up to there only
+        if cut is None or cut >= len(text) or cut > 2 * want:
+            break
         count = len(encode(text[:cut]))
         if count > max_length:
             return count
         want = 2 * cut
+    if token_floor is not None:
+        floor = token_floor(text)
+        if floor > max_length:
+            return floor
     return None
 
 

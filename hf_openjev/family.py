@@ -30,7 +30,7 @@ from typing import NamedTuple
 from .errors import CheckpointError
 
 TEST_CHECKPOINT_KEY = "test_checkpoint"  # in model.json and open_jev_export.json: true for test checkpoints
-VOCAB_SIZE = 248_320  # every member's (checkpoints.md)
+VOCAB_SIZE = 248_320  # every member's (docs/checkpoints.md)
 UNKNOWN_SHAPE_HELP = ("accept a checkpoint whose shape (hidden, MLP, layers, heads, KV heads, GDN heads) is no "
                       "Open-Jev model's (27B, 9B, 2B), or that names one model but has another's shape, temperature "
                       "or tied flag; without it such a checkpoint is refused")  # --allow-unknown-shape
@@ -56,7 +56,7 @@ class ModelShape(NamedTuple):
 
 @dataclass(frozen=True)
 class FamilyMember:
-    """One published Open-Jev model (checkpoints.md, 'Models')."""
+    """One published Open-Jev model (docs/checkpoints.md "Models")."""
 
     name: str  # "Open-Jev-9B"
     base: str  # the Hugging Face repo id of its base model

@@ -48,26 +48,42 @@ def prepare_request(model, request) -> PreparedRequest:
     return tokenize_request(model, parse_request(request, served_models=model.served_model_names))
 
 
-def tokenize_request(model, parsed: ParsedRequest) -> PreparedRequest:
+def tokenize_request(model, parsed: ParsedRequest, *, max_total_tokens: int | None = None) -> PreparedRequest:
     """docs/contract.md §2 item 7 for a validated request: every candidate tokenized, or ``RequestError`` for the first one
     over ``model.max_length``. Over-long texts stop at a clean prefix already over the limit where the model's
     tokenizer allows it (:func:`hf_openjev.packing.prefix_cuts.prove_clean_cuts`); the verdict and the token counts of
-    accepted requests are those of full tokenization."""
+    accepted requests are those of full tokenization; texts without clean cuts are bounded from their bytes
+    (:mod:`hf_openjev.token_floor`). ``max_total_tokens``: the request's token budget (413 past it, tokenization
+    stopped there: :func:`~hf_openjev.contract.tokenize_candidates`)."""
+    own = _own_tokenizer(model)
     tokens = tokenize_candidates(parsed, model.encode, chat_prefix=model.chat_prefix,
                                  chat_suffix=model.chat_suffix, max_length=model.max_length,
-                                 clean_cut=_clean_cut_for(model))
+                                 clean_cut=_clean_cut_for(model) if own else None,
+                                 token_floor=_token_floor_for(model) if own else None,
+                                 max_total_tokens=max_total_tokens)
     return PreparedRequest(parsed, tokens)
 
 
-def _clean_cut_for(model):
-    """The model's clean-cut finder when ``model.encode`` is :class:`~hf_openjev.model.JevModel`'s own (its
-    tokenizer, no special tokens), else None: a stand-in's ``encode`` is tokenized in full."""
+def _own_tokenizer(model) -> bool:
+    """Whether ``model.encode`` is :class:`~hf_openjev.model.JevModel`'s own (its tokenizer, no special tokens);
+    a stand-in's ``encode`` is tokenized in full."""
     from .model import JevModel
+
+    return isinstance(model, JevModel) and "encode" not in vars(model) and type(model).encode is JevModel.encode
+
+
+def _clean_cut_for(model):
+    """The model's clean-cut finder (:func:`hf_openjev.packing.prefix_cuts.prove_clean_cuts`), or None."""
     from .packing.prefix_cuts import prove_clean_cuts
 
-    if not isinstance(model, JevModel) or "encode" in vars(model) or type(model).encode is not JevModel.encode:
-        return None
-    return prove_clean_cuts(model.tokenizer)
+    return prove_clean_cuts(model.tokenizer) if _own_tokenizer(model) else None
+
+
+def _token_floor_for(model):
+    """The model's byte-level token floor (:func:`hf_openjev.token_floor.prove_token_floor`), or None."""
+    from .token_floor import prove_token_floor
+
+    return prove_token_floor(model.tokenizer) if _own_tokenizer(model) else None
 
 
 def use_fast_path(model, fast: bool | None) -> bool:

@@ -592,7 +592,7 @@ def test_cli_server_drains_on_sigterm(model, tmp_path):
                 time.sleep(0.005)
             proc.send_signal(signal.SIGTERM)
             response = pending.result(timeout=120)
-        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a clean shutdown
+        assert proc.wait(timeout=60) == 0  # a clean drain: the signal is not raised again
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,4 +1,4 @@
-"""``hf-openjev fidelity``: the decision-fidelity gate (design.md, Numerics) on a user's own checkpoint and data.
+"""``hf-openjev fidelity``: the decision-fidelity gate (docs/design.md "Numerics") on a user's own checkpoint and data.
 
 :func:`check_fidelity` (``run.py``) builds or extends the fp32 oracle of an export on task files or the
 benchmark's workload (``oracle.py``, placed by ``placement.py``), answers them with B (the reference path in

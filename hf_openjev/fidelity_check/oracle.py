@@ -1,4 +1,4 @@
-"""The fp32 oracle of a checkpoint on a list of requests: build it, extend it, resume it (design.md, Numerics).
+"""The fp32 oracle of a checkpoint on a list of requests: build it, extend it, resume it (docs/design.md "Numerics").
 
 Exact arithmetic: stock Transformers (no patches) with its own torch code for the Gated DeltaNet and its conv
 (fla / causal-conv1d unbound), the weights upcast to fp32, TF32 off, fp32 matmuls at "highest", SDPA's math

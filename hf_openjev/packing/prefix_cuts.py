@@ -58,10 +58,11 @@ _CUT = re.compile(r"[!-~] ")
 _finders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def find_clean_cut(text: str, start: int) -> int | None:
-    """The first clean cut ``c >= start`` of ``text`` (``text[c] == " "`` after a printable non-space ASCII
-    character), or None."""
-    match = _CUT.search(text, max(start - 1, 0))
+def find_clean_cut(text: str, start: int, end: int | None = None) -> int | None:
+    """The first clean cut ``start <= c <= end`` of ``text`` (``text[c] == " "`` after a printable non-space ASCII
+    character), or None; ``end`` (default: the text's end) bounds the search, so a text without spaces is not
+    scanned to its end."""
+    match = _CUT.search(text, max(start - 1, 0), len(text) if end is None else end + 1)
     return None if match is None else match.start() + 1
 
 

@@ -2,9 +2,10 @@
 
 The server validates and tokenizes each request first (:func:`hf_openjev.scoring.prepare_request`), then hands
 the :class:`~hf_openjev.scoring.PreparedRequest` to :meth:`Batcher.submit`. One worker thread (torch is not
-safe for concurrent forwards on one model) takes the waiting requests in arrival order, as many as fit a token
-budget (``max_batch_tokens``, counted as unpadded input tokens; a request bigger than the budget runs alone), waiting
-at most ``max_wait_ms`` after the oldest one arrived for company (and only while ``company_hint()`` says more
+safe for concurrent forwards on one model) takes the waiting requests round-robin across clients
+(:mod:`~hf_openjev.serve.fair_queue`: one client's backlog never holds another's request back), as many as fit a
+token budget (``max_batch_tokens``, counted as unpadded input tokens; a request bigger than the budget runs alone),
+waiting at most ``max_wait_ms`` after the oldest one arrived for company (and only while ``company_hint()`` says more
 requests are on their way, when the server gives one: a lone request does not wait), scores the group with ONE call of
 :func:`hf_openjev.scoring.score_prepared` and splits the scores back per request. Every candidate is an
 independent sequence, so an answer does not depend on the requests it was batched with (beyond floating-point
@@ -26,7 +27,6 @@ last one never does. Admission is bounded: when ``max_queue`` requests are waiti
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import threading
@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import InferenceError
+from .fair_queue import FairQueue
 
 __all__ = ["BatchOutcome", "Batcher", "BatcherClosed", "QueueFull", "bind_device", "use_device"]
 
@@ -73,6 +74,7 @@ class _Item:
     tokens: int
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    client: object = None  # whose lane (hf_openjev.serve.fair_queue): an API key or a connection
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -162,7 +164,8 @@ class Batcher:
         self._score_fn = score_fn or _default_score_fn
         self._company_hint = company_hint
         self._name = name
-        self._queue: collections.deque[_Item] = collections.deque()
+        self._queue = FairQueue()
+        self.withdrawn = 0  # requests whose client left before a worker took them: never scored
         self._cond = threading.Condition()
         self._closed = False
         self._in_flight = 0  # requests taken by the workers and not yet resolved
@@ -207,7 +210,7 @@ class Batcher:
         return {"waiting": self.waiting, "in_flight": self.in_flight, "max_queue": self.max_queue,
                 "max_batch_tokens": self.max_batch_tokens, "max_wait_ms": self.max_wait_s * 1000.0,
                 "groups": self.groups, "requests": self.requests, "failures": self.failures,
-                "replicas": [r.stats() for r in self.replicas]}
+                "withdrawn": self.withdrawn, "replicas": [r.stats() for r in self.replicas]}
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -238,14 +241,17 @@ class Batcher:
         return await asyncio.get_running_loop().run_in_executor(None, lambda: self.close(timeout=timeout))
 
     # -- admission -------------------------------------------------------------------------------------------
-    async def submit(self, prepared) -> BatchOutcome:
-        """Queue one prepared request and wait for its scores.
+    async def submit(self, prepared, *, client=None) -> BatchOutcome:
+        """Queue one prepared request in ``client``'s lane (:mod:`~hf_openjev.serve.fair_queue`) and wait for its
+        scores.
 
         Raises :class:`QueueFull` or :class:`BatcherClosed` at once when it cannot be admitted, and
-        :class:`~hf_openjev.errors.InferenceError` when the forward of its group failed.
+        :class:`~hf_openjev.errors.InferenceError` when the forward of its group failed. Cancelled (the client
+        left, its deadline passed) while it waits, it leaves the queue and is never scored; once a worker took
+        its group, the group is scored and this request's answer dropped.
         """
         loop = asyncio.get_running_loop()
-        item = _Item(prepared, int(getattr(prepared, "input_tokens", 1)), loop.create_future(), loop)
+        item = _Item(prepared, int(getattr(prepared, "input_tokens", 1)), loop.create_future(), loop, client)
         with self._cond:
             if self._closed:
                 raise BatcherClosed("the server is shutting down")
@@ -254,22 +260,16 @@ class Batcher:
             self._queue.append(item)
             self._cond.notify_all()
         self.start()
-        return await item.future
+        try:
+            return await item.future
+        except asyncio.CancelledError:
+            with self._cond:
+                if self._queue.remove(item):
+                    self.withdrawn += 1
+                    self._cond.notify_all()
+            raise
 
     # -- workers ---------------------------------------------------------------------------------------------
-    def _fits(self) -> tuple[int, bool]:
-        """How many queued requests (FIFO) form the next group, and whether the budget is exhausted."""
-        total = 0
-        count = 0
-        for item in self._queue:
-            if count and total + item.tokens > self.max_batch_tokens:
-                return count, True
-            total += item.tokens
-            count += 1
-            if total >= self.max_batch_tokens:
-                return count, True
-        return count, False
-
     def _company_coming(self) -> bool:
         """Whether waiting can pay off: without a hint, always; with one, only while requests are on their way."""
         if self._company_hint is None:
@@ -289,14 +289,14 @@ class Batcher:
                         return None
                     self._cond.wait()
                     continue
-                count, full = self._fits()
+                group, full = self._queue.plan(self.max_batch_tokens)
                 if full or self._closed or not self._company_coming():
                     break
-                remaining = self._queue[0].enqueued + self.max_wait_s - time.monotonic()
+                remaining = self._queue.oldest().enqueued + self.max_wait_s - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            group = [self._queue.popleft() for _ in range(count)]
+            self._queue.take(group)
             self._in_flight += len(group)
             return group
 
@@ -380,7 +380,6 @@ class Batcher:
 
     def _fail_waiting(self, error: BaseException) -> None:
         with self._cond:
-            items = list(self._queue)
-            self._queue.clear()
+            items = self._queue.clear()
         for item in items:
             self._resolve(item, error=error)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from ..fp8.option import FP8_CHOICES, FP8_HELP
 from ..family import UNKNOWN_SHAPE_HELP
 from .batcher import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS
+from .header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from .limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REQUEST_TOKENS,
+                     DEFAULT_REQUEST_TIMEOUT_S)
 
 
 def add_arguments(parser) -> None:
@@ -31,7 +34,22 @@ def add_arguments(parser) -> None:
                         help=FP8_HELP + "; with --devices, every replica loads this way")
     parser.add_argument("--allow-unknown-shape", action="store_true", help=UNKNOWN_SHAPE_HELP)
     parser.add_argument("--drain-timeout", type=float, default=30.0,
-                        help="seconds to wait for in-flight requests at shutdown (default 30)")
+                        help="seconds to wait for in-flight requests after SIGTERM; past it they get a JSON 503 "
+                             "(default 30)")
+    limits = parser.add_argument_group("what one request may cost")
+    limits.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help=f"largest request body, decoded too; 413 above (default {DEFAULT_MAX_BODY_BYTES})")
+    limits.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS,
+                        help="input tokens over all of a request's candidate sequences; 413 above, tokenizing "
+                             f"stops there (default {DEFAULT_MAX_REQUEST_TOKENS})")
+    limits.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S,
+                        help="seconds from a request's arrival to its answer; 504 past it, its queued work dropped "
+                             f"(default {DEFAULT_REQUEST_TIMEOUT_S:g})")
+    limits.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S,
+                        help=f"seconds to receive a request's body; 408 past it (default {DEFAULT_BODY_TIMEOUT_S:g})")
+    limits.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
+                        help="seconds a connection may wait for a request's headers (new or kept alive) before "
+                             f"it is closed (default {DEFAULT_HEADER_TIMEOUT_S:g})")
     parser.add_argument("--limit-concurrency", type=int, default=None,
                         help="open connections/requests before uvicorn itself answers 503 (default: no limit)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -41,9 +59,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--api-key-file", metavar="PATH", default=None,
                         help="require Authorization: Bearer <key> with one of the keys in PATH (one a line; blank "
                              "lines and # comments ignored); also read from $HF_OPENJEV_API_KEYS (comma-separated). "
-                             "/health stays open")
+                             "/health, /health/live (probes carry no key) and /metrics stay open")
     parser.add_argument("--metrics-auth", action="store_true",
-                        help="/metrics needs a key too (default: open, like /health)")
+                        help="/metrics needs a key too (default: open, like /health and /health/live)")
 
 
 def run(args) -> int:
@@ -60,9 +78,14 @@ def run(args) -> int:
 
 
 def _serve(serve, args) -> int:
+    from .limits import RequestLimits
+
+    limits = RequestLimits(max_body_bytes=args.max_body_bytes, max_request_tokens=args.max_request_tokens,
+                           request_timeout_s=args.request_timeout, body_timeout_s=args.body_timeout)
     return serve(args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                  max_queue=args.max_queue, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                  fast=args.fast, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
                  limit_concurrency=args.limit_concurrency, warm_up_shapes=args.warm_up,
                  api_key_file=args.api_key_file, metrics_auth=args.metrics_auth, devices=args.devices,
-                 fp8=args.fp8, allow_unknown_shape=args.allow_unknown_shape)
+                 fp8=args.fp8, limits=limits, header_timeout_s=args.header_timeout,
+                 allow_unknown_shape=args.allow_unknown_shape)

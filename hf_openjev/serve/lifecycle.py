@@ -7,11 +7,17 @@ export, warm up, :func:`~hf_openjev.serve.server.create_app`) runs on a thread. 
 ``{"status": "ok"}``). If ``build`` fails, ``on_failure`` is called (``serve`` stops uvicorn) and
 :attr:`LoadingApp.error` holds the exception, which ``serve`` raises once uvicorn has stopped.
 
-:func:`build_server` makes the uvicorn server whose SIGINT/SIGTERM handler first marks the app draining
-(:func:`begin_drain`): from that moment new decision requests get 503 ``server is shutting down`` and ``/health``
-answers 503 ``{"status": "draining"}``, while uvicorn stops listening and waits (up to its
-``timeout_graceful_shutdown``) for the responses in progress, then runs the lifespan shutdown (which drains the
-batcher, bounded by the app's drain timeout).
+:func:`build_server` makes the uvicorn server whose SIGINT/SIGTERM handler drains before uvicorn stops:
+
+1. :func:`begin_drain` marks the app draining and logs how many requests it holds: from then on new decision
+   requests, on new connections or kept-alive ones, get a JSON 503 ``server is shutting down`` with
+   ``Retry-After`` and ``Connection: close``, and ``/health`` answers 503 ``{"status": "draining"}``; uvicorn
+   still listens, so a client gets that answer rather than a refused or reset connection;
+2. :func:`finish_drain` waits for the requests in flight, up to the app's drain timeout; past it, those still
+   held are answered with the same JSON 503 (their work cancelled, nothing partial);
+3. only then does uvicorn's own shutdown run: it closes the sockets and the idle connections, finds nothing in
+   progress, runs the lifespan shutdown (the batcher stops), and the process exits 0. A second signal cuts the
+   drain short (and the process ends with the signal's status, as uvicorn's does).
 """
 
 from __future__ import annotations
@@ -23,20 +29,46 @@ import logging
 import threading
 import time
 
-__all__ = ["LoadingApp", "begin_drain", "build_server"]
+__all__ = ["LoadingApp", "begin_drain", "build_server", "finish_drain"]
 
 logger = logging.getLogger("hf_openjev.serve.server")
 
 MSG_STARTING = "server is starting"
 
 
+ANSWER_EXPIRED_S = 5.0  # past the drain timeout, how long the requests still held have to send their 503
+
+
+def _state(app):
+    return getattr(getattr(app, "state", None), "jev", None)
+
+
 def begin_drain(app) -> bool:
-    """Mark the app built by ``create_app`` draining (``app.state.jev``); False when ``app`` is not one."""
-    state = getattr(getattr(app, "state", None), "jev", None)
+    """Mark the app built by ``create_app`` draining (``app.state.jev``) and log the requests it holds; False
+    when ``app`` is not one."""
+    state = _state(app)
     if state is None:
         return False
-    state.draining = True
+    if not state.draining:
+        state.draining = True
+        logger.info("shutting down: draining %d in-flight requests", state.active)
     return True
+
+
+async def finish_drain(app) -> None:
+    """Wait for the app's requests in flight, up to its drain timeout; then have those still held answered with
+    a JSON 503 (``state.expire()``) and give them :data:`ANSWER_EXPIRED_S` to send it."""
+    state = _state(app)
+    if state is None:
+        return
+    try:
+        await asyncio.wait_for(state.idle.wait(), timeout=state.drain_timeout_s)
+        return
+    except asyncio.TimeoutError:
+        logger.warning("drain timeout: %d requests still in flight get 503", state.active)
+    state.expire()
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(state.idle.wait(), timeout=ANSWER_EXPIRED_S)
 
 
 class _LifespanDriver:
@@ -96,6 +128,11 @@ class LoadingApp:
     def begin_drain(self) -> None:
         if self.app is None or not begin_drain(self.app):
             self.stage = "draining"
+
+    async def finish_drain(self) -> None:
+        """:func:`finish_drain` of the built app (nothing while loading)."""
+        if self.app is not None:
+            await finish_drain(self.app)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -179,13 +216,41 @@ class LoadingApp:
             await self._driver.stop()
 
 
-def build_server(config, *, on_exit):
-    """A ``uvicorn.Server`` for ``config`` that calls ``on_exit()`` first when SIGINT/SIGTERM arrives."""
+def build_server(config, *, on_exit, drain=None):
+    """A ``uvicorn.Server`` for ``config`` whose first SIGINT/SIGTERM calls ``on_exit()`` at once and whose
+    shutdown first awaits ``drain()`` (when given) while the sockets still listen and the connections stay open
+    (module doc); after a clean drain the signal is not raised again, so the process exits 0. A second signal
+    cuts the drain short. The handler may be called from any thread (tests call it directly)."""
     import uvicorn
 
     class _DrainingServer(uvicorn.Server):
+        _jev_loop = None
+        _jev_task = None
+        _jev_signals = 0
+
+        async def startup(self, sockets=None) -> None:
+            self._jev_loop = asyncio.get_running_loop()
+            await super().startup(sockets=sockets)
+
         def handle_exit(self, sig, frame) -> None:
-            on_exit()
+            self._jev_signals += 1
+            if self._jev_signals == 1:
+                on_exit()
+            elif self._jev_task is not None and self._jev_loop is not None:  # a second signal: stop draining
+                with contextlib.suppress(RuntimeError):
+                    self._jev_loop.call_soon_threadsafe(self._jev_task.cancel)
             super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets=None) -> None:
+            if drain is not None and self._jev_signals <= 1:
+                self._jev_task = asyncio.ensure_future(drain())
+                try:
+                    await self._jev_task
+                    self._captured_signals.clear()  # drained: exit 0 rather than dying by the signal
+                except asyncio.CancelledError:
+                    logger.warning("drain cut short by a second signal")
+                except Exception:
+                    logger.exception("draining failed")
+            await super().shutdown(sockets=sockets)
 
     return _DrainingServer(config)

@@ -7,12 +7,15 @@ HTTP request:
 
 1. makes sure it has a request id: the client's ``X-Request-Id`` when it is sane, else a fresh one written into the
    request's headers, so that the route handlers, the response and the access log share it;
-2. answers ``GET /health/live`` (200 while the process serves) and ``GET /metrics`` (Prometheus text format) itself;
-3. with keys configured, refuses every route but ``/health`` and ``/health/live`` (and ``/metrics`` unless
+2. refuses a request carrying both ``Content-Length`` and ``Transfer-Encoding`` (400, the connection closed:
+   proxies and servers may disagree on where it ends);
+3. answers ``GET /health/live`` (200 while the process serves) and ``GET /metrics`` (Prometheus text format) itself;
+4. with keys configured, refuses every route but ``/health`` and ``/health/live`` (and ``/metrics`` unless
    ``metrics_auth``) without ``Authorization: Bearer <key>``: 401 ``{"error": msg, "detail": {"error_type":
    "authentication_error", "message": msg}}`` (the shape jevcompat checks), with ``WWW-Authenticate: Bearer``;
-4. counts the request (``hf_openjev_requests_total{route,status}``, ``hf_openjev_request_seconds{route}``,
-   ``hf_openjev_decisions_total{outcome}`` for the decision routes) and writes one JSON line on the logger
+5. counts the request (``hf_openjev_requests_total{route,status}``, ``hf_openjev_request_seconds{route}``,
+   ``hf_openjev_decisions_total{outcome}`` for the decision routes; a client gone before its answer as status
+   499, outcome ``abandoned``) and writes one JSON line on the logger
    ``hf_openjev.serve.access``: method, path (no query string), status, duration_ms, request_id, client, bytes_in,
    bytes_out. Headers are never logged, so neither is a key.
 
@@ -34,7 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from ..errors import UsageError
 from .keys import KeyChecker
 
-__all__ = ["ACCESS_LOGGER", "OpsMiddleware", "ServerOps", "configure_access_log"]
+__all__ = ["ABANDONED", "ACCESS_LOGGER", "OpsMiddleware", "ServerOps", "configure_access_log"]
 
 ACCESS_LOGGER = "hf_openjev.serve.access"
 access_logger = logging.getLogger(ACCESS_LOGGER)
@@ -48,6 +51,8 @@ MSG_KEY_INVALID = "invalid API key"
 # The same rule as the server's own (hf_openjev.serve.server._REQUEST_ID_RE); not imported: server imports this.
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 _SEEN = "hf_openjev.ops"  # scope key: this request already went through an OpsMiddleware
+ABANDONED = "hf_openjev.abandoned"  # scope key: the client left and the app answers nothing (counted as 499)
+MSG_AMBIGUOUS_LENGTH = "request has both Content-Length and Transfer-Encoding"
 _DISCARD_BYTES = 1024 * 1024  # a refused body is read and dropped up to this, so the client reads the 401
 _DISCARD_SECONDS = 2.0
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -60,6 +65,8 @@ def _decision_outcome(status: int) -> str:
         return "ok"
     if status in (401, 403):
         return "unauthorized"
+    if status == 499:
+        return "abandoned"  # the client left before its answer: not its error, nor the server's
     if status == 503:
         return "unavailable"  # busy (queue full), starting or shutting down
     if status >= 500:
@@ -217,12 +224,20 @@ class OpsMiddleware:
         try:
             await self._dispatch(scope, exchange)
         finally:
+            if scope.get(ABANDONED) and not exchange.started:
+                exchange.status = 499
             seconds = time.perf_counter() - started
             self.ops.record_request(scope["path"], exchange.status, seconds)
             self._log(scope, exchange, seconds)
 
     async def _dispatch(self, scope, exchange: _Exchange) -> None:
         path, method = scope["path"], scope["method"]
+        if _header(scope, b"content-length") is not None and _header(scope, b"transfer-encoding") is not None:
+            body = json.dumps({"error": MSG_AMBIGUOUS_LENGTH, "detail": [
+                {"msg": MSG_AMBIGUOUS_LENGTH, "type": "bad_request", "loc": ["header", "transfer-encoding"],
+                 "ctx": {"reason": "send one of them (RFC 9112 §6.1: a request smuggling vector)"}}]})
+            await exchange.respond(400, body.encode(), "application/json", {"Connection": "close"})
+            return
         if path == "/health/live" and method in ("GET", "HEAD"):
             await exchange.respond(200, b'{"status": "alive"}', "application/json")
             return

@@ -15,14 +15,20 @@ Routes (docs/contract.md §7):
 A request goes through, in this order (docs/contract.md §2; the first error wins):
 
 1. ``Content-Type`` must be ``application/json`` (case-insensitive, parameters ignored) -> 415;
-2. the body is read with a hard 4 MiB cap (a larger ``Content-Length`` is refused before reading) -> 413;
-   ``Content-Encoding`` gzip/deflate (and zstd where a decoder is installed) is decoded under the same cap;
+2. the body is read within ``--body-timeout`` (408) under a hard cap, ``--max-body-bytes`` (default 4 MiB; a larger
+   ``Content-Length`` is refused before reading) -> 413 naming the cap; ``Content-Encoding`` gzip/deflate (and zstd
+   where a decoder is installed) is decoded under the same cap;
 3. strict JSON (:mod:`hf_openjev.serve.strict_json`) and validation, then tokenization
    (:func:`hf_openjev.scoring.tokenize_request`), off the event loop on thread pools picked by size (small requests
-   never wait behind big ones: :mod:`hf_openjev.serve.preparing`) -> 422;
-4. admission to the :class:`~hf_openjev.serve.batcher.Batcher`: a full queue -> 503 ``server is busy`` with
-   ``Retry-After``; during shutdown -> 503 ``server is shutting down``;
+   never wait behind big ones: :mod:`hf_openjev.serve.preparing`) -> 422; past ``--max-request-tokens`` input
+   tokens -> 413 (tokenizing stops there);
+4. admission to the :class:`~hf_openjev.serve.batcher.Batcher` in the client's lane (its API key, else its
+   connection: :mod:`hf_openjev.serve.fair_queue`): a full queue -> 503 ``server is busy`` with ``Retry-After``;
+   during shutdown -> 503 ``server is shutting down``;
 5. scoring, shared with concurrent requests; a failure -> 500 ``model inference failed`` (nothing partial).
+
+Steps 3 to 5 are bounded (:mod:`hf_openjev.serve.bounded`): past ``--request-timeout`` -> 504 ``request deadline
+exceeded``; a client that disconnects gets nothing and its request leaves the queue unscored (logged as 499).
 
 So invalid input always gets a 4xx, never a 5xx. Every error body is
 ``{"error": msg, "detail": [{"msg": msg, "type": ..., "loc": [...]}]}``, which Open-Jev clients (``error``) and
@@ -30,9 +36,9 @@ FastAPI-style clients (``detail``) both read. Each request has an id (the client
 sane, else a fresh one): it is logged, returned in ``X-Request-Id`` and ``x-typesafe-request-id`` and put in
 ``metadata.request_id``.
 
-Shutdown (SIGINT/SIGTERM under uvicorn) is graceful: uvicorn stops accepting connections and waits for the
-responses in progress; then the lifespan handler refuses new work (503), waits for in-flight requests, lets the
-batcher answer every admitted request and stops its worker thread.
+Shutdown (SIGINT/SIGTERM under ``serve``) drains first (:mod:`hf_openjev.serve.lifecycle`): new and kept-alive
+requests get 503 while the requests in flight are answered, up to the drain timeout (then a JSON 503); then uvicorn
+stops and the lifespan handler lets the batcher answer every admitted request and stops its worker thread.
 """
 
 from __future__ import annotations
@@ -59,7 +65,11 @@ from .. import contract
 from .batcher import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS, Batcher, BatcherClosed,
                       QueueFull, use_device)
 from ..errors import InferenceError, RequestError
-from .ops import OpsMiddleware, ServerOps
+from .bounded import ClientGone, DeadlinePassed, DrainExpired, run_bounded
+from .header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from .lifecycle import begin_drain, finish_drain
+from .limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
+from .ops import ABANDONED, OpsMiddleware, ServerOps
 from .preparing import PreparePools, measure_tokenize_work
 from .strict_json import MSG_INVALID_JSON, dumps, loads_strict
 
@@ -67,7 +77,7 @@ __all__ = ["MAX_BODY_BYTES", "create_app", "serve"]
 
 logger = logging.getLogger("hf_openjev.serve.server")
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES  # the default of --max-body-bytes
 DISCARD_LIMIT_BYTES = 64 * 1024 * 1024  # a refused body is read and dropped up to this, so the client sees the answer
 DISCARD_SECONDS = 5.0  # ... and for at most this long
 MSG_CONTENT_TYPE = "Content-Type must be application/json"
@@ -76,6 +86,8 @@ MSG_BUSY = "server is busy"
 MSG_SHUTTING_DOWN = "server is shutting down"
 MSG_INFERENCE = "model inference failed"
 MSG_INTERNAL = "internal server error"
+MSG_DEADLINE = "request deadline exceeded"
+MSG_BODY_TIMEOUT = "request body read timed out"
 REQUEST_ID_HEADER = "X-Request-Id"
 TYPESAFE_REQUEST_ID_HEADER = "x-typesafe-request-id"
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -164,8 +176,15 @@ def _zstd_decompressor():
     return zstd.ZstdDecompressor
 
 
-def _decode_content(body: bytes, encoding_header: str | None) -> bytes:
-    """Undo ``Content-Encoding`` (gzip, deflate, zstd when available) without ever holding more than 4 MiB."""
+def _too_large(limit: int, size: str) -> HTTPError:
+    """413 with the contract's message; the limit and the body's size in ``detail[0].ctx.reason``."""
+    return HTTPError(413, MSG_TOO_LARGE, type="request_too_large",
+                     reason=f"this server accepts bodies of at most {limit} bytes (--max-body-bytes); {size}")
+
+
+def _decode_content(body: bytes, encoding_header: str | None, limit: int = MAX_BODY_BYTES) -> bytes:
+    """Undo ``Content-Encoding`` (gzip, deflate, zstd when available) without ever holding more than ``limit``
+    bytes."""
     codings = [c.strip().lower() for c in (encoding_header or "").split(",") if c.strip()]
     for coding in reversed(codings):
         if coding == "identity":
@@ -174,9 +193,9 @@ def _decode_content(body: bytes, encoding_header: str | None) -> bytes:
             wbits = 31 if coding != "deflate" else 15
             try:
                 decoder = zlib.decompressobj(wbits)
-                out = decoder.decompress(body, MAX_BODY_BYTES + 1)
-                if len(out) > MAX_BODY_BYTES:
-                    raise HTTPError(413, MSG_TOO_LARGE, type="request_too_large")
+                out = decoder.decompress(body, limit + 1)
+                if len(out) > limit:
+                    raise _too_large(limit, "decoded, this one is larger")
                 if not decoder.eof:
                     raise zlib.error("truncated stream")
             except zlib.error as exc:
@@ -191,9 +210,9 @@ def _decode_content(body: bytes, encoding_header: str | None) -> bytes:
                                 type="unsupported_media_type", loc=["header", "content-encoding"])
             try:
                 decoder = factory()
-                out = decoder.decompress(body, max_length=MAX_BODY_BYTES + 1)
-                if len(out) > MAX_BODY_BYTES:
-                    raise HTTPError(413, MSG_TOO_LARGE, type="request_too_large")
+                out = decoder.decompress(body, max_length=limit + 1)
+                if len(out) > limit:
+                    raise _too_large(limit, "decoded, this one is larger")
                 if not decoder.eof:
                     raise ValueError("truncated stream")
             except HTTPError:
@@ -232,24 +251,24 @@ async def _discard_body(request: Request, already: int = 0) -> None:
         await asyncio.wait_for(drain(), timeout=DISCARD_SECONDS)
 
 
-async def _read_body(request: Request) -> bytes:
+async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
-            too_big = int(declared) > MAX_BODY_BYTES
+            too_big = int(declared) > limit
         except ValueError:
             too_big = False
         if too_big:
             await _discard_body(request)
-            raise HTTPError(413, MSG_TOO_LARGE, type="request_too_large")
+            raise _too_large(limit, f"this one declares {declared}")
     chunks = bytearray()
     async for chunk in request.stream():
         chunks += chunk
-        if len(chunks) > MAX_BODY_BYTES:
+        if len(chunks) > limit:
             seen = len(chunks)
             del chunks
             await _discard_body(request, seen)
-            raise HTTPError(413, MSG_TOO_LARGE, type="request_too_large")
+            raise _too_large(limit, "this one is larger")
     return bytes(chunks)
 
 
@@ -267,12 +286,14 @@ def _release_date(model) -> str:
 
 class _ServerState:
     def __init__(self, model, batcher: Batcher, *, prepare_workers: int, drain_timeout_s: float,
-                 retry_after_s: int, release_date: str | None):
+                 retry_after_s: int, release_date: str | None, limits: RequestLimits):
         self.model = model
         self.batcher = batcher
         # small and big work on separate pools (small requests never queue behind 4 MiB bodies); the tokenizer
         # is called from several threads at once: it releases the GIL, and a call changes no setting of it
-        self.executor = PreparePools(workers=prepare_workers)
+        # one big worker: parsing JSON holds the GIL, so a second one would mostly take GIL time from small
+        # requests (their forwards release and retake it at every op)
+        self.executor = PreparePools(workers=prepare_workers, big_workers=1)
         self.drain_timeout_s = float(drain_timeout_s)
         self.retry_after_s = int(retry_after_s)
         self.draining = False
@@ -284,6 +305,27 @@ class _ServerState:
         self.started = time.time()
         self.preparing = 0  # requests being validated now: company the batcher may wait for
         self.path = "reference"  # the path the model was set up for (create_app)
+        self.limits = limits
+        self.expired = False  # the drain time ran out: requests still held get 503 (lifecycle.finish_drain)
+        self._expiry_waiters: set = set()
+
+    def expiry(self) -> asyncio.Future:
+        """A future of the running loop, resolved when the drain time runs out (at once if it has)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if self.expired:
+            future.set_result(None)
+            return future
+        self._expiry_waiters.add((loop, future))
+        future.add_done_callback(lambda f: self._expiry_waiters.discard((loop, f)))
+        return future
+
+    def expire(self) -> None:
+        """The drain time is up: every request still held stops and answers 503 (from any thread or loop)."""
+        self.expired = True
+        for loop, future in list(self._expiry_waiters):
+            with contextlib.suppress(RuntimeError):  # that loop is closed
+                loop.call_soon_threadsafe(lambda f=future: f.done() or f.set_result(None))
 
     # -- CPU work, on the executor -------------------------------------------------------------------------
     def prepare(self, body: bytes):
@@ -304,7 +346,7 @@ class _ServerState:
         from ..scoring import tokenize_request
 
         try:
-            return tokenize_request(self.model, parsed)
+            return tokenize_request(self.model, parsed, max_total_tokens=self.limits.max_request_tokens)
         except Exception as exc:  # noqa: BLE001
             raise _validation_error(exc, obj) from None
 
@@ -333,13 +375,25 @@ class _ServerState:
             self.idle.set()
 
 
-async def _read_json_body(request: Request) -> bytes:
-    """The body of a decision request: ``Content-Type`` checked (415), read under the 4 MiB cap (413) and its
+async def _read_json_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The body of a decision request: ``Content-Type`` checked (415), read under the ``limit`` (413) and its
     ``Content-Encoding`` undone (steps 1 and 2 of the module docstring)."""
     if not _is_json_media_type(request.headers.get("content-type")):
         await _discard_body(request)
         raise HTTPError(415, MSG_CONTENT_TYPE, type="unsupported_media_type", loc=["header", "content-type"])
-    return _decode_content(await _read_body(request), request.headers.get("content-encoding"))
+    return _decode_content(await _read_body(request, limit), request.headers.get("content-encoding"), limit)
+
+
+async def _read_body_in_time(state: _ServerState, request: Request) -> bytes:
+    """:func:`_read_json_body` within ``--body-timeout`` (408, the connection closed) and the drain time (503)."""
+    limits = state.limits
+    deadline = None if limits.body_timeout_s is None else time.monotonic() + limits.body_timeout_s
+    try:
+        return await run_bounded(_read_json_body(request, limits.max_body_bytes), deadline=deadline,
+                                 expired=state.expiry())
+    except DeadlinePassed:
+        raise HTTPError(408, MSG_BODY_TIMEOUT, type="timeout", loc=["body"], headers={"Connection": "close"},
+                        reason=f"the body did not arrive within {limits.body_timeout_s:g} s (--body-timeout)") from None
 
 
 def _validation_error(exc: BaseException, obj) -> HTTPError:
@@ -347,7 +401,8 @@ def _validation_error(exc: BaseException, obj) -> HTTPError:
     if isinstance(exc, HTTPError):
         return exc
     if isinstance(exc, RequestError):
-        kind = "json_invalid" if exc.message.startswith(MSG_INVALID_JSON) else "value_error"
+        kind = ("json_invalid" if exc.message.startswith(MSG_INVALID_JSON) else
+                "request_too_large" if exc.status == 413 else "value_error")
         return HTTPError(exc.status, exc.message, type=kind, loc=_error_loc(exc.message, obj),
                          reason=getattr(exc, "detail", None))
     if isinstance(exc, RecursionError):
@@ -370,18 +425,43 @@ async def _prepare_off_loop(state: _ServerState, body: bytes):
         state.preparing -= 1
 
 
-async def _submit(state: _ServerState, prepared, *, arrived_draining: bool):
-    """Admission to the batcher and the wait for the request's scores (steps 4 and 5): 503 when the server was
-    draining when the request arrived, when the queue is full or when the batcher is closed."""
+def _shutting_down(state: _ServerState) -> HTTPError:
+    return HTTPError(503, MSG_SHUTTING_DOWN, type="service_unavailable", loc=[],
+                     headers={"Retry-After": str(state.retry_after_s), "Connection": "close"})
+
+
+def _client_key(request: Request):
+    """Whose lane in the batcher's fair queue: the API key when one is sent, else the connection."""
+    authorization = request.headers.get("authorization")
+    if authorization:
+        return ("key", authorization)
+    client = request.scope.get("client")
+    return ("connection", tuple(client) if client else None)
+
+
+async def _submit(state: _ServerState, prepared, client=None):
+    """Admission to the batcher and the wait for the request's scores (steps 4 and 5): 503 when the queue is full
+    or when the batcher is closed."""
     busy = {"Retry-After": str(state.retry_after_s)}
-    if arrived_draining:
-        raise HTTPError(503, MSG_SHUTTING_DOWN, type="service_unavailable", loc=[], headers=busy)
     try:
-        return await state.batcher.submit(prepared)
+        return await state.batcher.submit(prepared, client=client)
     except QueueFull:
         raise HTTPError(503, MSG_BUSY, type="server_busy", loc=[], headers=busy) from None
     except BatcherClosed:
-        raise HTTPError(503, MSG_SHUTTING_DOWN, type="service_unavailable", loc=[], headers=busy) from None
+        raise _shutting_down(state) from None
+
+
+async def _answer(state: _ServerState, request: Request, body: bytes, request_id: str, box: dict,
+                  arrived_draining: bool) -> tuple:
+    """Prepare, score and build the answer of one read body: ``(payload bytes, outcome)``; the prepared request
+    goes into ``box`` for the log. A valid request that arrived during the drain gets 503."""
+    box["prepared"] = await _prepare_off_loop(state, body)
+    if arrived_draining:
+        raise _shutting_down(state)
+    outcome = await _submit(state, box["prepared"], _client_key(request))
+    payload = await asyncio.get_running_loop().run_in_executor(state.executor, state.finish, box["prepared"],
+                                                               outcome, request_id)
+    return payload, outcome
 
 
 def _log_request(request: Request, request_id: str, status: int, started: float, prepared, info: str) -> None:
@@ -394,19 +474,32 @@ def _log_request(request: Request, request_id: str, status: int, started: float,
         (time.perf_counter() - started) * 1000.0, shape, info)
 
 
+class _Abandoned(Response):
+    """No answer at all: the client has gone (logged as 499, never counted as an error of the client)."""
+
+    def __init__(self):
+        super().__init__(status_code=499)
+
+    async def __call__(self, scope, receive, send) -> None:
+        scope[ABANDONED] = True
+
+
 async def decide(state: _ServerState, request: Request) -> Response:
     """``POST /v1/systemone`` and ``/v1/inference``: one decision request, through the steps of the module
-    docstring; every failure becomes its error response, and every request is logged."""
+    docstring, bounded by the request's deadline, its client's connection and the drain time
+    (:mod:`hf_openjev.serve.bounded`); every failure becomes its error response, and every request is logged."""
     request_id = _request_id(request)
     started = time.perf_counter()
-    arrived_draining = state.draining
+    limits = state.limits
+    deadline = None if limits.request_timeout_s is None else time.monotonic() + limits.request_timeout_s
     state.enter()
-    status, info, prepared = 500, "", None
+    status, info, box = 500, "", {"prepared": None}
     try:
-        prepared = await _prepare_off_loop(state, await _read_json_body(request))
-        outcome = await _submit(state, prepared, arrived_draining=arrived_draining)
-        payload = await asyncio.get_running_loop().run_in_executor(state.executor, state.finish, prepared, outcome,
-                                                                   request_id)
+        arrived_draining = state.draining  # validated still (bad input stays a 4xx), then 503 and closed
+        body = await _read_body_in_time(state, request)
+        payload, outcome = await run_bounded(_answer(state, request, body, request_id, box, arrived_draining),
+                                             deadline=deadline,
+                                             receive=request.receive, expired=state.expiry())
         status = 200
         info = f"batch={outcome.batch_requests} queue_ms={outcome.queue_seconds * 1000:.1f}"
         return _json_response(payload, 200, _id_headers(request_id))
@@ -418,9 +511,19 @@ async def decide(state: _ServerState, request: Request) -> Response:
         status, info = 500, str(exc)
         return _json_response(error_body(MSG_INFERENCE, type="inference_error", loc=[]), 500,
                               _id_headers(request_id))
-    except ClientDisconnect:
+    except (ClientDisconnect, ClientGone):
         status, info = 499, "client disconnected"
-        return Response(status_code=400)
+        return _Abandoned()
+    except DeadlinePassed:
+        status, info = 504, MSG_DEADLINE
+        reason = f"no answer within {limits.request_timeout_s:g} s (--request-timeout)"
+        return _json_response(error_body(MSG_DEADLINE, type="timeout", loc=[], reason=reason), 504,
+                              _id_headers(request_id))
+    except DrainExpired:
+        status, info = 503, f"{MSG_SHUTTING_DOWN} (drain timeout)"
+        error = _shutting_down(state)
+        return _json_response(error_body(error.message, type=error.type, loc=[]), 503,
+                              {**_id_headers(request_id), **error.headers})
     except Exception as exc:
         status, info = 500, f"{type(exc).__name__}: {exc}"
         logger.exception("request_id=%s failed", request_id)
@@ -428,7 +531,7 @@ async def decide(state: _ServerState, request: Request) -> Response:
                               _id_headers(request_id))
     finally:
         state.leave()
-        _log_request(request, request_id, status, started, prepared, info)
+        _log_request(request, request_id, status, started, box["prepared"], info)
 
 
 async def list_models(state: _ServerState, request: Request) -> Response:
@@ -485,13 +588,9 @@ async def run_lifespan(state: _ServerState, app):
     try:
         yield
     finally:
-        state.draining = True
+        begin_drain(app)  # once (a SIGTERM through build_server did it already)
         state.ready = False
-        logger.info("shutting down: draining %d in-flight requests", state.active)
-        try:
-            await asyncio.wait_for(state.idle.wait(), timeout=state.drain_timeout_s)
-        except asyncio.TimeoutError:
-            logger.warning("drain timeout: %d requests still in flight", state.active)
+        await finish_drain(app)
         stopped = await batcher.aclose(timeout=state.drain_timeout_s)
         if not stopped:
             logger.warning("the batcher worker did not stop within %.0f s", state.drain_timeout_s)
@@ -503,7 +602,7 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
                max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, options=None,
                drain_timeout_s: float = 30.0, retry_after_s: int = 1, prepare_workers: int = 2, score_fn=None,
                release_date: str | None = None, api_keys=(), metrics_auth: bool = False,
-               ops: ServerOps | None = None, replicas=None) -> Starlette:
+               ops: ServerOps | None = None, replicas=None, limits: RequestLimits | None = None) -> Starlette:
     """The Starlette app serving ``model`` (a loaded :class:`~hf_openjev.model.JevModel`).
 
     ``max_queue``: requests waiting for the model before new ones get 503. ``max_batch_tokens``: unpadded input
@@ -521,6 +620,9 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
     ``replicas``: copies of ``model`` on other devices (``model`` among them, usually first), each set up like
     ``model`` and scoring groups on its own batcher worker (:mod:`hf_openjev.serve.batcher`); ``model`` answers the
     metadata and tokenizes. Default: ``[model]``.
+
+    ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`: body bytes, input
+    tokens, body and request timeouts); default: the defaults.
     """
     from ..scoring import prepare_path, score_prepared
 
@@ -536,7 +638,7 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
                       fast=fast, score_fn=score_fn, replicas=replicas,
                       company_hint=lambda: state.preparing)  # ``state`` is bound below, before any request
     state = _ServerState(model, batcher, prepare_workers=prepare_workers, drain_timeout_s=drain_timeout_s,
-                         retry_after_s=retry_after_s, release_date=release_date)
+                         retry_after_s=retry_after_s, release_date=release_date, limits=limits or RequestLimits())
     state.path = path
     ops.watch_server(state)
     routes = [Route(route, functools.partial(decide, state), methods=["POST"]) for route in _POST_PATHS]
@@ -581,17 +683,30 @@ def check_port_free(host: str, port: int) -> None:
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host and --port") from None
 
 
-def _check_devices(device, devices) -> list[str] | None:
-    """``device`` checked, and ``devices`` (``"cuda:0,cuda:1"`` or a list) as a checked list (None when not
-    given); a one-line :class:`~hf_openjev.errors.UsageError` for a device this machine lacks, or both given."""
+def _warm_up(models, shapes, fast, options, report_stage) -> None:
+    """Capture the fast path's graphs for ``shapes`` on every replica (nothing to capture on the reference path)."""
+    from ..scoring import use_fast_path
+    from .replicas import warm_up_replicas
+
+    if not use_fast_path(models[0], fast):
+        logger.warning("warm-up skipped: the reference path captures no graphs")
+        return
+    report_stage("warming_up")
+    for replica, report in zip(models, warm_up_replicas(models, shapes, options)):
+        logger.info("warm-up: %d requests in %.1f s (%d longer than max_length skipped) on %s; graphs: %s",
+                    report["requests"], report["seconds"], report["skipped_too_long"], replica.device,
+                    report["graphs"])
+
+
+def _check_devices(device, devices):
+    """``device`` checked (CUDA asked without CUDA: UsageError), or ``devices`` parsed (a list), not both."""
     from ..devices import check_device
+    from ..errors import UsageError
+    from .replicas import parse_devices
 
     check_device(device)
     if devices is None:
         return None
-    from ..errors import UsageError
-    from .replicas import parse_devices
-
     if device is not None:
         raise UsageError("give --device or --devices, not both")
     return parse_devices(devices if isinstance(devices, str) else ",".join(map(str, devices)))
@@ -607,11 +722,26 @@ def _configure_logging(log_level: str) -> None:
     configure_access_log()
 
 
+def _uvicorn_config(app, *, host: str, port: int, log_level: str, drain_timeout_s: float,
+                    limit_concurrency: int | None, header_timeout_s: float):
+    """uvicorn's configuration for ``serve``: our access log instead of uvicorn's, the header deadline on its
+    HTTP protocol, a graceful shutdown past the drain (which ``build_server`` runs before uvicorn stops)."""
+    import uvicorn
+
+    from .header_timeout import pick_http_protocol, with_header_timeout
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                          http=with_header_timeout(pick_http_protocol(), header_timeout_s),
+                          timeout_graceful_shutdown=max(1, int(drain_timeout_s)),
+                          limit_concurrency=limit_concurrency, access_log=False)
+
+
 def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, dtype="auto",
           max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
           max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
           log_level: str = "info", limit_concurrency: int | None = None, warm_up_shapes=None,
           api_key_file=None, metrics_auth: bool = False, devices=None, fp8: str = "off",
+          limits: RequestLimits | None = None, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
           allow_unknown_shape: bool = False) -> int:
     """Load the export in ``model_dir`` and serve it with uvicorn until SIGINT/SIGTERM (graceful).
 
@@ -633,19 +763,24 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     fast path and is refused with ``fast=False`` (:func:`~hf_openjev.fp8.option.select_fp8_path`), before anything
     else. Every replica is loaded with ``load_export(..., fp8=fp8)``: quantized on the CPU, then moved, so no device
     holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8.option.FP8_HELP`).
-    ``allow_unknown_shape``: serve a shape that is no Open-Jev model's (:mod:`hf_openjev.family`)."""
-    import uvicorn
 
+    ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`); ``header_timeout_s``:
+    :mod:`~hf_openjev.serve.header_timeout`. Every option is checked first (:mod:`.option_checks`).
+    ``allow_unknown_shape``: serve a shape that is no Open-Jev model's (:mod:`hf_openjev.family`)."""
     from .keys import read_api_keys
     from .lifecycle import LoadingApp, build_server
+    from .option_checks import check_serve_options
 
     from ..checkpoint.manifest import check_export_dir
     from ..family import check_export_shape
     from ..fast_options import FastPathOptions
     from ..fp8.option import select_fp8_path
-    from ..scoring import use_fast_path
     from ..warmup import load_shapes
 
+    check_serve_options(host=host, port=port, dtype=dtype, max_queue=max_queue, max_batch_tokens=max_batch_tokens,
+                        max_wait_ms=max_wait_ms, drain_timeout_s=drain_timeout_s, log_level=log_level,
+                        limit_concurrency=limit_concurrency, header_timeout_s=header_timeout_s)
+    limits = limits or RequestLimits()
     fast = select_fp8_path(fp8, fast, fp8_flag="--fp8", reference_flag="--reference")  # before anything else
     options = FastPathOptions(fp8=fp8)
     ops = ServerOps(api_keys=read_api_keys(api_key_file), metrics_auth=metrics_auth)  # bad keys: before loading
@@ -657,29 +792,22 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     _configure_logging(log_level)
 
     def build(report_stage):  # on a thread, while uvicorn already answers /health with 503
-        from .replicas import load_replicas, warm_up_replicas
+        from .replicas import load_replicas
 
         models = load_replicas(model_dir, devices or [device or _default_device()], dtype=dtype, fp8=fp8,
                                allow_unknown_shape=allow_unknown_shape)
         model = models[0]
         if shapes is not None:
-            if use_fast_path(model, fast):
-                report_stage("warming_up")
-                for replica, report in zip(models, warm_up_replicas(models, shapes, options)):
-                    logger.info("warm-up: %d requests in %.1f s (%d longer than max_length skipped) on %s; "
-                                "graphs: %s", report["requests"], report["seconds"], report["skipped_too_long"],
-                                replica.device, report["graphs"])
-            else:
-                logger.warning("warm-up skipped: the reference path captures no graphs")
+            _warm_up(models, shapes, fast, options, report_stage)
         return create_app(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
                           fast=fast, options=options, drain_timeout_s=drain_timeout_s, ops=ops,
-                          replicas=models if len(models) > 1 else None)
+                          replicas=models if len(models) > 1 else None, limits=limits)
 
     loading = LoadingApp(build, on_failure=lambda: setattr(server, "should_exit", True))
-    config = uvicorn.Config(OpsMiddleware(loading, ops), host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=max(1, int(drain_timeout_s)),
-                            limit_concurrency=limit_concurrency, access_log=False)  # ours: hf_openjev.serve.access
-    server = build_server(config, on_exit=loading.begin_drain)
+    config = _uvicorn_config(OpsMiddleware(loading, ops), host=host, port=port, log_level=log_level,
+                             drain_timeout_s=drain_timeout_s, limit_concurrency=limit_concurrency,
+                             header_timeout_s=header_timeout_s)
+    server = build_server(config, on_exit=loading.begin_drain, drain=loading.finish_drain)
     logger.info("loading %s; GET /health answers 503 until the model is ready%s", model_dir,
                 f"; {len(ops.keys)} API key(s) required" if ops.keys.enabled else "")
     if fp8 != "off":

@@ -58,6 +58,8 @@ def _float(text: str) -> float:
 
 
 def _has_lone_surrogate(text: str) -> bool:
+    if text.isascii():  # O(1) for CPython's compact strings: a 4 MiB ASCII state is not re-encoded
+        return False
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

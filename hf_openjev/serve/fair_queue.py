@@ -1,0 +1,121 @@
+"""The batcher's admission queue: one FIFO lane per client, groups formed round-robin across the lanes.
+
+A client (an API key, else a connection: the server decides) that sends many heavy requests fills only its own
+lane. A group takes the head of every lane in turn (round 0: each lane's oldest request, round 1: each lane's
+second, ...) while the token budget lasts, and the lanes served move to the back, so the next group starts with a
+client that was not served: a small request waits behind at most one group per other client, never behind
+another client's whole backlog. Lanes are ordered by when they were last served (never first; a lane that emptied
+keeps its client's turn for a while, so a client sending one request at a time gains nothing from it). Within a
+lane, requests keep their arrival order.
+
+Not thread-safe by itself: the batcher calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from collections.abc import Iterator
+
+__all__ = ["FairQueue"]
+
+
+class FairQueue:
+    """Items with ``client`` (any hashable; None is a client too), ``tokens`` and ``enqueued`` attributes."""
+
+    REMEMBERED = 4096  # clients whose last turn is kept after their lane emptied
+
+    def __init__(self):
+        self._lanes: dict[object, collections.deque] = {}
+        self._turn: dict[object, tuple[int, int]] = {}  # client -> (group it was last served in, lane opened)
+        self._past: collections.OrderedDict[object, int] = collections.OrderedDict()  # emptied lanes' last turns
+        self._groups = 0
+        self._opened = 0
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bool__(self) -> bool:
+        return self._size > 0
+
+    def _ordered_lanes(self) -> list[collections.deque]:
+        return [self._lanes[c] for c in sorted(self._lanes, key=self._turn.__getitem__)]
+
+    def __iter__(self) -> Iterator:
+        """The items in the order groups would take them (round-robin across lanes)."""
+        lanes = self._ordered_lanes()
+        for depth in itertools.count():
+            found = False
+            for lane in lanes:
+                if depth < len(lane):
+                    found = True
+                    yield lane[depth]
+            if not found:
+                return
+
+    def append(self, item) -> None:
+        lane = self._lanes.get(item.client)
+        if lane is None:
+            lane = self._lanes[item.client] = collections.deque()
+            self._opened += 1
+            self._turn[item.client] = (self._past.pop(item.client, 0), self._opened)
+        lane.append(item)
+        self._size += 1
+
+    def _close_lane(self, client) -> None:
+        del self._lanes[client]
+        self._past[client] = self._turn.pop(client)[0]
+        while len(self._past) > self.REMEMBERED:
+            self._past.popitem(last=False)
+
+    def remove(self, item) -> bool:
+        """Take ``item`` out (its client went away); False when it is no longer queued."""
+        lane = self._lanes.get(item.client)
+        if lane is None:
+            return False
+        try:
+            lane.remove(item)
+        except ValueError:
+            return False
+        self._size -= 1
+        if not lane:
+            self._close_lane(item.client)
+        return True
+
+    def oldest(self):
+        """The item waiting longest (the head of some lane), or None."""
+        return min((lane[0] for lane in self._lanes.values()), key=lambda item: item.enqueued, default=None)
+
+    def plan(self, max_tokens: int) -> tuple[list, bool]:
+        """The next group, in round-robin order, under ``max_tokens`` (its first item always, however big), and
+        whether the budget is exhausted."""
+        group, total = [], 0
+        for item in self:
+            if group and total + item.tokens > max_tokens:
+                return group, True
+            group.append(item)
+            total += item.tokens
+            if total >= max_tokens:
+                return group, True
+        return group, False
+
+    def take(self, group: list) -> None:
+        """Remove ``group`` (a :meth:`plan`, not changed since); the lanes it served get this turn."""
+        self._groups += 1
+        for item in group:
+            lane = self._lanes[item.client]
+            assert lane[0] is item, "take() needs the group plan() returned"
+            lane.popleft()
+            self._size -= 1
+            self._turn[item.client] = (self._groups, self._turn[item.client][1])
+            if not lane:
+                self._close_lane(item.client)
+
+    def clear(self) -> list:
+        """Empty the queue; the items it held, lane by lane."""
+        items = [item for lane in self._ordered_lanes() for item in lane]
+        for client in list(self._lanes):
+            self._close_lane(client)
+        self._size = 0
+        return items

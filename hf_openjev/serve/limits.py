@@ -1,0 +1,50 @@
+"""What one request may cost the server: body size, input tokens, and the time its body and its answer may take.
+
+:class:`RequestLimits` holds ``hf-openjev serve``'s ``--max-body-bytes``, ``--max-request-tokens``,
+``--body-timeout`` and ``--request-timeout``, checked when built (one-line ``UsageError`` naming the option),
+so a bad value is refused before the port is bound or the model loaded. The header timeout lives with the
+connection (:mod:`hf_openjev.serve.header_timeout`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import UsageError
+
+__all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_REQUEST_TOKENS",
+           "DEFAULT_REQUEST_TIMEOUT_S", "RequestLimits", "check_positive"]
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # docs/contract.md §2: 413 above 4 MiB
+DEFAULT_MAX_REQUEST_TOKENS = 65536  # input tokens over all of a request's sequences: seconds of one GPU at 27B
+DEFAULT_REQUEST_TIMEOUT_S = 60.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+
+
+def check_positive(value, option: str, *, integer: bool = False, allow_none: bool = False):
+    """``value`` when it is a positive (finite) number (an int where ``integer``), else a one-line UsageError
+    naming ``option``; None passes where ``allow_none``."""
+    if value is None and allow_none:
+        return None
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value <= 0:
+        what = "a positive integer" if integer else "a positive number"
+        raise UsageError(f"{option} must be {what}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Per-request limits; a timeout of None means none."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_request_tokens: int | None = DEFAULT_MAX_REQUEST_TOKENS
+    request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
+    body_timeout_s: float | None = DEFAULT_BODY_TIMEOUT_S
+
+    def __post_init__(self):
+        check_positive(self.max_body_bytes, "--max-body-bytes", integer=True)
+        check_positive(self.max_request_tokens, "--max-request-tokens", integer=True, allow_none=True)
+        check_positive(self.request_timeout_s, "--request-timeout", allow_none=True)
+        check_positive(self.body_timeout_s, "--body-timeout", allow_none=True)
