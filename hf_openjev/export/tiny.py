@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..manifest import MANIFEST_NAME
-from ..tiny import write_tiny_base_and_package
+from ..tiny import TOKENIZER_KINDS, write_tiny_base_and_package
 from .merge import merge_lora
 
 
@@ -25,14 +25,19 @@ class TinyCheckpoint:
 
 
 def build_tiny_checkpoint(root: str | Path, *, seed: int = 0, config=None, max_length: int = 4096,
-                          overwrite: bool = False) -> TinyCheckpoint:
-    """Build base, package and merged export under ``root`` (skipped when a complete build is already there)."""
+                          overwrite: bool = False, tokenizer: str = "toy") -> TinyCheckpoint:
+    """Build base, package and merged export under ``root`` (skipped when a complete build is already there).
+
+    ``tokenizer``: ``"toy"`` or ``"qwen3.5"`` (the real vocabulary, 248,320 embedding rows; see
+    :func:`hf_openjev.tiny.write_tiny_base_and_package`)."""
+    if tokenizer not in TOKENIZER_KINDS:
+        raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZER_KINDS)}, not {tokenizer!r}")
     root = Path(root)
     tiny = TinyCheckpoint(root, root / "base", root / "package", root / "export")
     if not overwrite and (tiny.export / MANIFEST_NAME).is_file():
         return tiny
     if root.exists():
         shutil.rmtree(root)
-    write_tiny_base_and_package(root, seed=seed, config=config, max_length=max_length)
+    write_tiny_base_and_package(root, seed=seed, config=config, max_length=max_length, tokenizer=tokenizer)
     merge_lora(tiny.base, tiny.package, tiny.export, max_length=max_length, verify=False, progress=False)
     return tiny
