@@ -77,8 +77,8 @@ def test_nfc_normalization(qwen_tokenizer):
 def test_the_pre_tokenizer_is_qwen35s_regex_and_clean_cuts_are_proven(qwen_tokenizer):
     from hf_openjev.prefix_cuts import QWEN35_PATTERN, explain_unclean
 
-    spec = json.loads(qwen_tokenizer.backend_tokenizer.to_str())
-    assert spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] == QWEN35_PATTERN
+    spec = json.loads(qwen_tokenizer.backend_tokenizer.pre_tokenizer.__getstate__())
+    assert spec["pretokenizers"][0]["pattern"]["Regex"] == QWEN35_PATTERN
     assert explain_unclean(qwen_tokenizer) is None
 
 
@@ -96,10 +96,12 @@ def test_autotokenizer_reads_the_saved_files_with_the_same_ids_and_the_qwen2_tra
 
     out = qt.write_qwen_tokenizer_files(qwen_tokenizer, tmp_path / "tok")
     want = [_ids(qwen_tokenizer, t) for t in TEXTS]
-    assert [_ids(AutoTokenizer.from_pretrained(str(out)), t) for t in TEXTS] == want
+    loaded = AutoTokenizer.from_pretrained(str(out))
+    assert [_ids(loaded, t) for t in TEXTS] == want
     # beside a Qwen3.5 config.json, Transformers swaps in its own Qwen3_5Tokenizer: the same regex, the same ids here
     (out / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
-    assert [_ids(AutoTokenizer.from_pretrained(str(out)), t) for t in TEXTS] == want
+    loaded = AutoTokenizer.from_pretrained(str(out))
+    assert [_ids(loaded, t) for t in TEXTS] == want
     # the trap the saved files avoid: the official tokenizer_class, no config.json -> Qwen2's legacy regex
     (out / "config.json").unlink()
     config = json.loads((out / "tokenizer_config.json").read_text())
