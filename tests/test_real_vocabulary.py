@@ -10,12 +10,13 @@ import random
 import pytest
 from starlette.testclient import TestClient
 
-from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, golden_ids
 from hf_openjev.contract import parse_request
 from hf_openjev.errors import RequestError
 from hf_openjev.prefix_cuts import find_clean_cut, prove_clean_cuts
 from hf_openjev.qwen_tokenizer import QWEN35_EMBEDDING_ROWS
 from hf_openjev.scoring import answer_requests, tokenize_request
+
+from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, golden_ids
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
