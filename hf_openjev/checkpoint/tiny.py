@@ -7,7 +7,8 @@ adds ``<root>/export/``, the merged export):
 <root>/base/      a full-style Qwen3.5 base: config.json (qwen3_5 with text_config), weights under
                   model.language_model. plus a vision tensor, an MTP tensor and lm_head (which export drops;
                   none with tied embeddings: ``tiny_text_config(tie_word_embeddings=True)``, as the 2B),
-                  and a byte-level BPE tokenizer with the Qwen chat special tokens and chat template
+                  and a tokenizer: by default a toy byte-level BPE with the Qwen chat special tokens and chat
+                  template (``build_tiny_checkpoint(..., tokenizer="qwen3.5")`` passes the real one instead)
 <root>/package/   the published package: checkpoint/{model.json, adapter/, head.pt, temperature.json}
 ```
 
@@ -116,15 +117,19 @@ def _random_lora(backbone, rank: int, generator: torch.Generator) -> dict[str, t
 
 def write_tiny_base_and_package(root: str | Path, *, seed: int = 0, config=None, lora_rank: int = 8,
                                 lora_alpha: float = 16.0, temperature: float = TINY_TEMPERATURE,
-                                max_length: int = 4096) -> tuple[Path, Path]:
-    """Write ``<root>/base`` and ``<root>/package`` (a published-style package with a random LoRA and head)."""
+                                max_length: int = 4096, tokenizer=None, vocab_size: int | None = None
+                                ) -> tuple[Path, Path]:
+    """Write ``<root>/base`` and ``<root>/package`` (a published-style package with a random LoRA and head).
+
+    ``tokenizer``: a fast tokenizer with a Qwen-style chat template, saved into the base (default: the toy one,
+    :func:`build_tiny_tokenizer`); ``vocab_size``: the embedding rows (default ``len(tokenizer)``)."""
     from safetensors.torch import save_file
     from transformers import Qwen3_5TextModel
 
     root = Path(root)
     base, package = root / "base", root / "package"
-    tokenizer = build_tiny_tokenizer()
-    config = config or tiny_text_config(vocab_size=len(tokenizer))
+    tokenizer = tokenizer if tokenizer is not None else build_tiny_tokenizer()
+    config = config or tiny_text_config(vocab_size=vocab_size or len(tokenizer))
     torch.manual_seed(seed)
     backbone = Qwen3_5TextModel(config).to(torch.bfloat16)
     generator = torch.Generator().manual_seed(seed + 1)

