@@ -150,24 +150,28 @@ def serve_arm(model, arm: str):
     return server, thread, port
 
 
-def run_client(port: int, requests: list[dict], work: Path) -> dict:
-    """The client process's warm-up and timed passes over ``requests`` (see benchlib/http_client.py)."""
+def run_client(port: int, requests: list[dict], work: Path, *, warmup_requests: int | None = None) -> dict:
+    """The client process's warm-up (the first ``warmup_requests``, default all) and timed passes over
+    ``requests`` (see benchlib/http_client.py)."""
     plan, result = work / "plan.json", work / "result.json"
     plan.write_text(json.dumps({"host": "127.0.0.1", "port": port, "path": "/v1/systemone",
-                                "passes": ["warm-up", "timed"], "requests": requests}))
+                                "passes": ["warm-up", "timed"], "requests": requests,
+                                "warmup_requests": warmup_requests}))
     done = subprocess.run([sys.executable, str(CLIENT), str(plan), str(result)], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip() or f"the client exited with {done.returncode}")
     return json.loads(result.read_text())
 
 
-def measure_arm(model, arm: str, work: list[tuple[dict, dict]]) -> dict:
-    """One arm: serve, run the client (warm-up, timed), stop the server; the arm's summary and table."""
+def measure_arm(model, arm: str, work: list[tuple[dict, dict]], *, warmup_requests: int | None = None) -> dict:
+    """One arm: serve, run the client (warm-up, timed), stop the server; the arm's summary and table.
+    ``warmup_requests``: warm up on the first N requests only (a model an in-process run already warmed up)."""
     server, thread, port = serve_arm(model, arm)
     start = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            client = run_client(port, [request for _, request in work], Path(scratch))
+            client = run_client(port, [request for _, request in work], Path(scratch),
+                                warmup_requests=warmup_requests)
     finally:
         server.should_exit = True
         thread.join(60)
@@ -178,9 +182,10 @@ def measure_arm(model, arm: str, work: list[tuple[dict, dict]]) -> dict:
             "path": "fast" if arm == "C" else "reference"}
 
 
-def add_in_process(results: dict, path: Path) -> None:
-    """Per arm of both runs: this run's mean minus the in-process run's (HTTP, tokenization, JSON)."""
-    bench = json.loads(path.read_text())
+def add_in_process(results: dict, path: Path, *, bench: dict | None = None) -> None:
+    """Per arm of both runs: this run's mean minus the in-process run's (HTTP, tokenization, JSON); ``bench``: the
+    in-process results themselves (the same process ran both), ``path`` then only names them."""
+    bench = json.loads(path.read_text()) if bench is None else bench
     results["in_process"] = {"file": path.name, "shape": bench.get("shape"), "manifest": bench.get("manifest"),
                              "same_workload": bench.get("manifest_sha256") == results["manifest_sha256"]
                              and bench.get("shape") == results["shape"]}
@@ -206,6 +211,35 @@ def write_markdown(results: dict, path: Path) -> None:
                       "differences are not HTTP + tokenization alone."]
     lines += native_comparison_lines(results["arms"])
     path.write_text("\n".join(lines) + "\n")
+
+
+def prepare_e2e(data: Path, manifest: Path, *, limit: int | None, tokenizer: Path | None = None):
+    """The requests as text and the tokenizer, loaded before any model is built (a missing one fails first)."""
+    return load_requests(data, manifest, limit=limit), load_tokenizer(tokenizer)
+
+
+def measure_after_bench(model, arms: list[str], prepared, *, bench: dict, out: Path, warmup_requests: int | None,
+                        stem: str) -> dict:
+    """``bench_jevbench.py --e2e``: the same model (its graphs already captured by the in-process arms) served over
+    HTTP per arm of ``arms``, compared with the in-process ``bench`` results of this process; writes
+    ``e2e_<shape>_<arms>.json`` and ``.md`` under ``out``."""
+    work, tokenizer = prepared
+    info = versions()
+    results = {"command": " ".join([sys.executable, *sys.argv]), "versions": info, "device": info["device"],
+               "git_commit": git_commit(), "shape": bench["shape"], "seed": bench["seed"], "dtype": bench["dtype"],
+               "manifest": bench["manifest"], "manifest_sha256": bench["manifest_sha256"], "data": DATA.name,
+               "n": len(work), "tokenizer": f"{type(tokenizer).__name__}, {len(tokenizer)} tokens (Qwen3.5)",
+               "warmup_requests": warmup_requests, "arms": {}}
+    attach_tokenizer(model, tokenizer)
+    name = f"e2e_{bench['shape']}_{'-'.join(arms)}"
+    for arm in arms:
+        results["arms"][arm] = r = measure_arm(model, arm, work, warmup_requests=warmup_requests)
+        print(f"e2e arm {arm}: mean {r['mean_ms']:.1f} ms, p50 {r['p50_ms']:.1f}, p95 {r['p95_ms']:.1f}", flush=True)
+        (out / f"{name}.json").write_text(json.dumps(results, indent=1))
+    add_in_process(results, out / f"{stem}.json", bench=bench)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=1))
+    write_markdown(results, out / f"{name}.md")
+    return results
 
 
 def main(argv=None) -> int:

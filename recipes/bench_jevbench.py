@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--arms", default="A,B,C")
     parser.add_argument("--passes", type=int, default=2, help="measured passes for C (A runs one)")
     parser.add_argument("--b-passes", type=int, default=2, help="measured passes for B")
+    parser.add_argument("--b-warmup-requests", type=int, default=None, metavar="N",
+                        help="B's warm-up pass on the first N requests only (default: all; B captures no graphs)")
+    parser.add_argument("--e2e", default="", metavar="ARMS",
+                        help="after the in-process arms, the same model over HTTP (recipes/bench_e2e.py) for these "
+                             "arms, e.g. C,B: the requests as text from data/jevbench, the real tokenizer")
+    parser.add_argument("--e2e-warmup-requests", type=int, default=None, metavar="N",
+                        help="the HTTP arms' warm-up pass on the first N requests only (default: all)")
     parser.add_argument("--limit", type=int, default=None, help="first N requests only (smoke runs)")
     parser.add_argument("--max-length", type=int, default=None,
                         help="only requests whose longest candidate sequence has at most this many tokens")
@@ -137,6 +144,10 @@ def parse_arguments(argv) -> BenchRun:
     except ValueError as error:
         parser.error(f"--patch-options / --fast-options / --sweep: {error}")
     arms, c_options = check_fp8_arguments(parser, args, arms, c_options, sweep_entries)
+    e2e = [a.strip() for a in args.e2e.split(",") if a.strip()]
+    if not set(e2e) <= {"B", "C"} or (e2e and args.fp8):
+        parser.error(f"--e2e {args.e2e!r}: name B and/or C (and no --fp8)")
+    args.e2e = e2e
     return BenchRun(args, arms, parity_only, sweep_entries, base_fast_options, patch_options, c_options, parser)
 
 
@@ -187,7 +198,8 @@ def run_arm(run: BenchRun, arm: str, model, work, *, results: dict, responses: d
     batch_size = 1 if arm in ("A1", "B1") else 32
     timed = arm not in run.parity_only
     if arm not in ("A", "A1", "B1") and timed:
-        run_pass(model, work, fast=fast)  # warm-up: autotuning, compilation
+        limit = args.b_warmup_requests if arm == "B" else None
+        run_pass(model, work[:limit], fast=fast)  # warm-up: autotuning, compilation (C: graph capture)
     warmup_s = time.perf_counter() - start
     before = graph_stats(model) if arm == "C" else None
     passes = [run_pass(model, work, fast=fast, batch_size=batch_size)
@@ -263,6 +275,11 @@ def main(argv=None) -> int:
     def save():
         (out / f"{bench_stem(args)}.json").write_text(json.dumps(results, indent=1))
 
+    e2e = None
+    if args.e2e:  # the requests as text and the tokenizer first: a missing one fails before the model is built
+        import bench_e2e
+
+        e2e = bench_e2e.prepare_e2e(bench_e2e.DATA, args.manifest, limit=args.limit)
     t0 = time.perf_counter()
     model = build_model(args.shape, seed=args.seed, device=default_device(), dtype=getattr(torch, args.dtype))
     results["dtype"] = args.dtype
@@ -284,6 +301,9 @@ def main(argv=None) -> int:
     run_after_arms(run, model, work, results=results, responses=responses, fidelity=fidelity, save=save)
     save()
     write_markdown(results, out / f"{bench_stem(args)}.md")
+    if e2e is not None:
+        bench_e2e.measure_after_bench(model, args.e2e, e2e, bench=results, out=out,
+                                      warmup_requests=args.e2e_warmup_requests, stem=bench_stem(args))
     return 0
 
 

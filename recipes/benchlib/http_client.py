@@ -2,7 +2,8 @@
 
     python recipes/benchlib/http_client.py PLAN.json RESULT.json
 
-``PLAN.json``: ``{"host", "port", "path", "passes": ["warm-up", "timed"], "requests": [request dicts]}``. For each
+``PLAN.json``: ``{"host", "port", "path", "passes": ["warm-up", "timed"], "requests": [request dicts]}``, and
+optionally ``"warmup_requests": N`` (the warm-up pass sends the first N requests only). For each
 pass, every request in order: the clock starts before the dict is serialized and stops once the answer's JSON is
 parsed (serialization, HTTP, the server's tokenization and model, response parsing); the next request goes out
 only then, on the same keep-alive connection. ``RESULT.json``: ``{"passes": {name: {"ms": [...]}}, "answers":
@@ -41,7 +42,10 @@ def run_plan(plan: dict) -> dict:
     result = {"passes": {}}
     try:
         for name in plan["passes"]:
-            times, answers = post_all(connection, plan["path"], plan["requests"])
+            requests = plan["requests"]
+            if name == "warm-up" and plan.get("warmup_requests") is not None:
+                requests = requests[: plan["warmup_requests"]]  # a shorter warm-up (the server already warm)
+            times, answers = post_all(connection, plan["path"], requests)
             result["passes"][name] = {"ms": times}
         result["answers"] = answers
     finally:
