@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="after the in-process arms, the same model over HTTP (recipes/bench_e2e.py) for these "
                              "arms, e.g. C,B: the requests as text from data/jevbench, the real tokenizer")
     parser.add_argument("--e2e-warmup-requests", type=int, default=None, metavar="N",
-                        help="the HTTP arms' warm-up pass on the first N requests only (default: all)")
+                        help="the HTTP arm B's warm-up pass on the first N requests only (default: all; C always warms "
+                             "up on every request: a text's packs may need graphs of their own)")
     parser.add_argument("--limit", type=int, default=None, help="first N requests only (smoke runs)")
     parser.add_argument("--max-length", type=int, default=None,
                         help="only requests whose longest candidate sequence has at most this many tokens")
