@@ -262,7 +262,8 @@ def _make_head(weight, bias, device) -> nn.Linear:
 
 
 
-def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str = "off") -> JevModel:
+def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str = "off",
+                manifest: ExportManifest | None = None) -> JevModel:
     """Load a merged export directory (checkpoints.md) into a :class:`JevModel`.
 
     ``dtype`` is the backbone's dtype (default bfloat16); the head is always fp32. An FP8 export is loaded with
@@ -279,12 +280,13 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str =
     longer (the CPU dequantizes and checks). Serve it with the same ``fp8`` mode: ``apply_patches`` then swaps
     nothing more (a narrower mode is refused: the bf16 weights are gone). A ``device_map`` dict is refused with
     ``fp8``: the model goes to one device. A :class:`UsageError` (a ``ValueError``) for a bad ``fp8``, before
-    anything is read.
+    anything is read. ``manifest``: the manifest to load with instead of the directory's (the export command's
+    verification, before it writes one).
     """
     check_device(device)
     fp8 = _check_load_fp8(fp8, device)
     export_dir = Path(export_dir)
-    manifest = read_manifest(export_dir)
+    manifest = read_manifest(export_dir) if manifest is None else manifest
     text_config = _read_export_config(export_dir, fp8=manifest.quantization is not None)
     if len(manifest.head_weight) != text_config.hidden_size:
         raise CheckpointError(
