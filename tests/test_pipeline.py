@@ -310,7 +310,9 @@ def test_other_model_names_are_rejected(jev, name):
     with pytest.raises(RequestError) as info:
         jev(request)
     assert info.value.status == 422
-    assert str(info.value) == "requested model is not loaded"
+    assert info.value.message == "requested model is not loaded"
+    assert str(info.value) == f"requested model is not loaded ({info.value.detail})"  # it names the served names
+    assert "is not served here" in str(info.value)
 
 
 # --- invalid requests fail before any model work -------------------------------------------------------------------
@@ -353,14 +355,16 @@ GOOD = {"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}
 def test_invalid_request_raises_before_model_work(jev, no_model_work, request_, message):
     with pytest.raises(RequestError) as info:
         jev(request_[0] if isinstance(request_, list) else request_)
-    assert str(info.value) == message and info.value.status == 422
+    assert info.value.message == message and info.value.status == 422
+    assert str(info.value) == (f"{message} ({info.value.detail})" if info.value.detail else message)
     assert no_model_work == []
 
 
 def test_a_bad_third_request_stops_the_whole_list(jev, no_model_work):
     bad = {"state": "s", "questions": {"q": {"type": "score", "instructions": "i", "criteria": "low..high"}}}
-    with pytest.raises(RequestError, match="^Score requires an array$"):
+    with pytest.raises(RequestError, match=r"^Score requires an array \(request \[2\]: question 'q': ") as info:
         jev([GOOD, GOOD, bad, GOOD])
+    assert info.value.message == "Score requires an array"
     assert no_model_work == []
 
 
@@ -374,7 +378,8 @@ def test_an_over_long_candidate_fails_untruncated(jev, tiny_model, no_model_work
     assert n > 4096
     with pytest.raises(RequestError) as info:
         jev([GOOD, request])
-    assert str(info.value) == f"question long: {n} tokens exceeds max_length=4096; no silent truncation"
+    assert info.value.message == f"question long: {n} tokens exceeds max_length=4096; no silent truncation"
+    assert str(info.value) == f"{info.value.message} (request [1])"  # the list item, by index
     assert info.value.status == 422
     assert no_model_work == []
 

@@ -282,7 +282,7 @@ def _run_batches(model, pending: list[Task], *, out_path: Path, batch_size: int,
                         prepared.append(prepare_request(model, task.request))
                         ok.append(task)
                     except RequestError as exc:
-                        reason = f"request rejected: {exc}" + (f" ({exc.detail})" if exc.detail else "")
+                        reason = f"request rejected: {exc}"  # the contract's message (the detail)
                         invalid.append({"file": task.file, "line": task.line, "tier": task.tier, "id": task.id,
                                         "stage": "request", "error": reason})
                         warn(f"{task.file}:{task.line}: invalid task: {reason}")
@@ -341,7 +341,7 @@ def prepare_tasks(model, tasks: list[Task], *, invalid: list[dict] | None = None
         try:
             request = prepare_request(model, task.request)
         except RequestError as exc:
-            reason = f"request rejected: {exc}" + (f" ({exc.detail})" if exc.detail else "")
+            reason = f"request rejected: {exc}"  # the contract's message (the detail)
             if invalid is not None:
                 invalid.append({"file": task.file, "line": task.line, "tier": task.tier, "id": task.id,
                                 "stage": "request", "error": reason})
