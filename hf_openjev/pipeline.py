@@ -118,6 +118,7 @@ class JevDecisionPipeline(Pipeline):
         if not inputs:
             return []
         _, forward, _ = self._sanitize_parameters(**kwargs)
+        forward = {**self._forward_params, **forward}  # the construction's options, as Pipeline.__call__ merges them
         return self._answer_list(inputs, batch or DEFAULT_INPUTS_PER_BATCH, **forward)
 
     def _answer_list(self, inputs: list, per_batch: int, fast=None, reference_batch_size=32, options=None) -> list:
