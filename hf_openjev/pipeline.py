@@ -139,6 +139,14 @@ class JevDecisionPipeline(Pipeline):
                                for p, s, c in zip(chunk, result.scores, result.prefix_cache))
         return answers
 
+    def save_pretrained(self, save_directory, **kwargs):
+        """Write the merged export this pipeline's model was loaded from to ``save_directory`` (a new or empty
+        directory), loadable with ``pipeline("jev-decision", model=save_directory)``: see
+        :mod:`hf_openjev.save_export` (checked before writing; never a partial directory)."""
+        from .save_export import save_export_copy
+
+        return save_export_copy(self.model, save_directory)
+
     def preprocess(self, request):
         return prepare_request(self.model, request)
 
