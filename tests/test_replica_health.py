@@ -98,7 +98,8 @@ def test_a_hung_replica_loses_its_group_at_the_deadline_and_another_answers_it()
     release.set()
     batcher.close(timeout=5)
     assert all(r.scores == expected_scores(request(f"r{i}", 3)) for i, r in enumerate(results)), results
-    assert took < 3.0 and stats["0:gpu1"]["failures"] == 1 and stats["0:gpu1"]["state"] == "degraded"
+    assert took < 3.0 and stats["0:gpu1"]["failures"] == 1 and stats["0:gpu1"]["state"] == "retired"
+    assert stats["0:gpu1"]["retired_because"] == "did not answer a group within 0.3 s"
     assert batcher.in_flight == 0
 
 

@@ -37,7 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import InferenceError
-from .replica_health import DEFAULT_FAILURE_RATE, DEFAULT_FAILURE_WINDOW, HealthPolicy, ReplicaHealth, check_finite_scores
+from .replica_health import (DEFAULT_FAILURE_RATE, DEFAULT_FAILURE_WINDOW, HealthPolicy, ReplicaHealth,
+                             check_finite_scores)
 
 __all__ = ["BatchOutcome", "Batcher", "BatcherClosed", "QueueFull", "bind_device", "use_device"]
 
@@ -304,8 +305,13 @@ class Batcher:
     def _eligible(self, replica: _Replica) -> list[_Item]:
         """The queued requests ``replica`` may take (FIFO): not those whose group already failed on it while
         another replica still serves."""
-        others = any(not r.retired for r in self.replicas if r is not replica)
+        others = any(self._serving(r) for r in self.replicas if r is not replica)
         return [item for item in self._queue if not (others and replica.name in item.failed_on)]
+
+    @staticmethod
+    def _serving(replica: _Replica) -> bool:
+        """Whether ``replica`` takes groups: not retired, and not stuck in a group past its deadline."""
+        return not replica.retired and not (replica.current is not None and replica.current.abandoned)
 
     def _fits(self, items: list[_Item]) -> tuple[int, bool]:
         """How many of ``items`` (FIFO) form the next group, and whether the budget is exhausted."""
@@ -375,19 +381,24 @@ class Batcher:
             if error is not None:
                 self._count_failure(replica, attempt.items, error)
 
-    def _count_failure(self, replica: _Replica, group: list[_Item], error: BaseException) -> None:
+    def _count_failure(self, replica: _Replica, group: list[_Item], error: BaseException, *,
+                       hung: bool = False) -> None:
         """Record a failed group on ``replica``: retry it once on another serving replica, else answer its requests
-        with ``error``; retire ``replica`` when its health says so (never the last serving one)."""
+        with ``error``; retire ``replica`` when its health says so, or when it is ``hung`` (past a deadline), while
+        another replica serves (never the last one)."""
         with self._cond:
             replica.failures += 1
             replica.health.record(False)
-            reason = replica.health.retire_reason()
-            if reason and not replica.retired and any(not r.retired for r in self.replicas if r is not replica):
+            reason = (f"did not answer a group within {self.group_deadline_s:g} s" if hung else
+                      replica.health.retire_reason())
+            if reason and not replica.retired and any(self._serving(r) for r in self.replicas if r is not replica):
                 replica.health.retired = True
                 replica.health.reason = reason
                 logger.error("replica %s %s: it takes no more requests; %d replica(s) still serve", replica.name,
                              reason, sum(not r.retired for r in self.replicas))
-            others = [r for r in self.replicas if r is not replica and not r.retired] if self.retry_on_another else []
+            others = [r for r in self.replicas if r is not replica and self._serving(r)]
+            if not self.retry_on_another:
+                others = []
             retry = [item for item in group if not item.failed_on and others and not item.future.cancelled()]
             for item in reversed(retry):
                 item.failed_on.add(replica.name)
@@ -415,7 +426,7 @@ class Batcher:
                                            f"{self.group_deadline_s:g} s")
                     logger.error("replica %s: a group of %d requests missed its %g s deadline", replica.name,
                                  len(attempt.items), self.group_deadline_s)
-                    self._count_failure(replica, attempt.items, error)  # the condition's lock is reentrant
+                    self._count_failure(replica, attempt.items, error, hung=True)  # the condition's lock is reentrant
                 deadlines = [r.current.deadline for r in self.replicas
                              if r.current is not None and r.current.deadline is not None and not r.current.abandoned]
                 self._cond.wait(min(1.0, max(0.01, min(deadlines) - time.monotonic())) if deadlines else 1.0)
