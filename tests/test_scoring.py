@@ -52,7 +52,7 @@ def test_prepare_request_rejects_without_model_work(tiny_model):
     try:
         with pytest.raises(RequestError, match=r"^requested model is not loaded \(model 'other' is not served here"):
             prepare_request(tiny_model, {"model": "other", **A})
-        with pytest.raises(RequestError, match="^request requires state$"):
+        with pytest.raises(RequestError, match=r"^request requires state \(the request has no state field\)$"):
             prepare_request(tiny_model, {"questions": A["questions"]})
     finally:
         handle.remove()
