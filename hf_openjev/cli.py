@@ -7,6 +7,7 @@ which exposes ``add_arguments(parser)`` and ``run(args) -> int``; this file only
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
@@ -51,6 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hf-openjev {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(f"hf-openjev {args.command}: error: the disk is full{where} ({exc.strerror}); free space or write "
+              "elsewhere, then run the command again", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .errors import UsageError
+
 
 def resolve_dtype(dtype) -> torch.dtype:
     """``"auto"``/None -> bfloat16 (the checkpoint dtype); strings like ``"float32"`` -> torch dtypes."""
@@ -12,8 +14,8 @@ def resolve_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, str):
         resolved = getattr(torch, dtype, None)
         if not isinstance(resolved, torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r}; use 'bfloat16', 'float16' or 'float32'")
+            raise UsageError(f"unknown dtype {dtype!r}; use 'bfloat16', 'float16', 'float32' or 'auto'")
         return resolved
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
+        raise UsageError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
     return dtype

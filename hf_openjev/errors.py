@@ -4,11 +4,11 @@
 class RequestError(ValueError):
     """An invalid request (docs/contract.md §2). ``status`` is the HTTP status a server answers with.
 
-    ``message`` (and ``str(error)``) is the contract's exact wording. ``detail``, when given, names the problem in
-    this request (``"question 'urgency': criteria is missing; ..."``, or the served model names); the server puts
-    it in its error body (``detail[0].ctx.reason``) and ``eval`` in its report. (It is not an exception note:
-    ``pytest.raises(match=...)`` and other callers matching the whole text must keep seeing the contract's
-    message alone.)
+    ``message`` is the contract's exact wording (what the server answers). ``detail``, when given, names the problem
+    in this request: the question, the field and the bad value (``"question 'urgency': type is 'chose'; use ..."``),
+    and for a list of requests the item's index (``"request [2]: ..."``); the server puts it in its error body
+    (``detail[0].ctx.reason``) and ``eval`` in its report. ``str(error)`` is ``"<message> (<detail>)"``, so an
+    uncaught error says what to fix.
     """
 
     def __init__(self, message: str, status: int = 422, *, detail: str | None = None):
@@ -16,6 +16,22 @@ class RequestError(ValueError):
         self.message = message
         self.status = status
         self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.detail})" if self.detail else self.message
+
+    def __reduce__(self):  # pickles (e.g. across processes) with its detail
+        return (_rebuild_request_error, (self.message, self.status, self.detail))
+
+
+def _rebuild_request_error(message: str, status: int, detail: str | None) -> RequestError:
+    return RequestError(message, status, detail=detail)
+
+
+def name_list_item(error: RequestError, index: int) -> RequestError:
+    """``error`` of the request at ``index`` of a list, its detail prefixed with ``request [index]``."""
+    where = f"request [{index}]"
+    return RequestError(error.message, error.status, detail=f"{where}: {error.detail}" if error.detail else where)
 
 
 class CheckpointError(ValueError):

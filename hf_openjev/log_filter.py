@@ -24,9 +24,12 @@ def quiet_flash_linear_attention_advice() -> None:
     Triton/CUDA-only and this project never installs it: the CPU runs the reference path (the PyTorch code is the
     right one there) and CUDA runs the fast path's own kernels. So every CPU run printed advice that must not be
     followed. The filter sits on that logger (the warning fires at forward time, long after loading, so a context
-    manager around loading would miss it) and matches that message only: every other Transformers warning, the
-    ``causal_conv1d`` fallback note included, still shows.
+    manager around loading would miss it) and matches that message only: every other Transformers warning still
+    shows (the ``causal_conv1d`` fallback note is dropped by its own filter, :mod:`hf_openjev.kernel_advice`).
     """
     hub_logger = logging.getLogger("transformers.integrations.hub_kernels")
     if not any(isinstance(f, _DropFlashLinearAttentionAdvice) for f in hub_logger.filters):
         hub_logger.addFilter(_DropFlashLinearAttentionAdvice())
+    from .kernel_advice import quiet_causal_conv_advice
+
+    quiet_causal_conv_advice()  # its own filter: the same reason (hf_openjev.kernel_advice)

@@ -111,7 +111,7 @@ class JevModel(nn.Module):
 
 
 def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str = "off",
-                allow_unknown_shape: bool = False) -> JevModel:
+                allow_unknown_shape: bool = False, manifest: ExportManifest | None = None) -> JevModel:
     """Load a merged export directory (docs/checkpoints.md) into a :class:`JevModel`.
 
     ``dtype`` is the backbone's dtype (default bfloat16); the head is always fp32. An FP8 export is loaded with
@@ -130,6 +130,9 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str =
     ``fp8``: the model goes to one device. A :class:`UsageError` (a ``ValueError``) for a bad ``fp8``, before
     anything is read.
 
+    ``manifest``: the manifest to load with instead of the directory's (the export command's verification,
+    before it writes one).
+
     The export's shape must be an Open-Jev model's (:func:`hf_openjev.family.check_family_member`: a
     :class:`CheckpointError` naming the nearest one otherwise); ``allow_unknown_shape=True`` loads any shape.
     """
@@ -138,7 +141,7 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str =
     check_device(device)
     fp8 = check_fp8_target(fp8, device)
     export_dir = Path(export_dir)
-    manifest = read_manifest(export_dir)
+    manifest = read_manifest(export_dir) if manifest is None else manifest
     text_config = read_export_config(export_dir, fp8=manifest.quantization is not None)
     if len(manifest.head_weight) != text_config.hidden_size:
         raise CheckpointError(

@@ -18,16 +18,24 @@ from transformers.pipelines import PIPELINE_REGISTRY
 from .dtypes import resolve_dtype
 from .fast_options import FastPathOptions, check_int
 from .model import JevModel, load_export
-from .scoring import build_answer, prepare_path, prepare_request, score_prepared
+from .scoring import build_answer, prepare_path, prepare_request, prepare_requests, score_prepared, use_fast_path
 
 TASK = "jev-decision"
+DEFAULT_INPUTS_PER_BATCH = 16  # requests per scoring call for a list, as hf-openjev eval's default
 
 
 class JevDecisionPipeline(Pipeline):
     """One request dict -> one response dict (docs/contract.md §6); a list of requests -> a list of responses.
 
+    ``batch_size`` is inputs per batch (default 16): on the fast path a list is scored ``batch_size`` requests at a
+    time, each batch ONE fast-path plan whose packs and shared prefixes span its requests (as ``hf-openjev eval``
+    and the server batch), so three requests cost about one call, not three; answers are the same as one at a time
+    up to floating-point rounding of differently shaped kernels. On the reference path each request runs its own
+    right-padded forwards of ``reference_batch_size`` candidates (default: ``batch_size`` when it is given, else
+    32: the meaning ``batch_size`` had before, so reference answers do not change).
+
     Options, at construction or per call: ``fast`` (None: the fast path on CUDA, the reference path elsewhere),
-    ``batch_size`` (candidates per reference forward, default 32), ``fast_options`` (a
+    ``batch_size`` and ``reference_batch_size`` (above), ``fast_options`` (a
     :class:`~hf_openjev.fast_options.FastPathOptions`) and any of its option names, e.g. ``share_tails`` (default
     True: common prefixes are shared exactly; False: only up to their last multiple of 64 tokens),
     ``min_shared_tokens`` (the shortest prefix worth sharing; default 16, 64 suits ``share_tails=False``) or
@@ -55,13 +63,17 @@ class JevDecisionPipeline(Pipeline):
     _load_feature_extractor = False
     _load_video_processor = False
 
-    def __init__(self, model, *args, dtype=None, batch_size=None, **kwargs):
-        # ``batch_size`` is the reference path's candidates per forward, not Transformers' input batching
-        # (which needs a tokenizer-collated model): keep it away from the base class.
+    def __init__(self, model, *args, dtype=None, batch_size=None, reference_batch_size=None, **kwargs):
+        # ``batch_size`` batches inputs here (one scoring call per batch), not through Transformers' collating
+        # DataLoader (which needs a tokenizer-collated model): keep it away from the base class.
         from .devices import check_device
 
         check_device(kwargs.get("device"))  # a CUDA device without CUDA: one clear ValueError, not torch's assert
-        self._reference_batch_size = batch_size
+        if dtype is not None and dtype != "auto":
+            resolve_dtype(dtype)  # a bad name ("bf16"): one line, before anything loads
+        self._inputs_per_batch = None if batch_size is None else check_int("batch_size", batch_size, 1)
+        self._reference_batch_size = (None if reference_batch_size is None else
+                                      check_int("reference_batch_size", reference_batch_size, 1))
         if not isinstance(model, JevModel):
             source = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
             if not source:
@@ -92,18 +104,48 @@ class JevDecisionPipeline(Pipeline):
                                  f"for good), not per call: this one runs fp8={self._fast_options.fp8!r}")
         batch = reference_batch_size or getattr(self, "_reference_batch_size", None)
         if batch is not None:
-            forward["reference_batch_size"] = check_int("batch_size", batch, 1)
+            forward["reference_batch_size"] = check_int("reference_batch_size", batch, 1)
         return {}, forward, {}
 
     def __call__(self, inputs, **kwargs):
-        if "batch_size" in kwargs:
-            kwargs["reference_batch_size"] = kwargs.pop("batch_size")
-        if isinstance(inputs, list):
-            if not inputs:
-                return []
-            for request in inputs:  # fail before doing work: validate every request first
-                prepare_request(self.model, request)
-        return super().__call__(inputs, **kwargs)
+        batch = kwargs.pop("batch_size", None)
+        batch = self._inputs_per_batch if batch is None else check_int("batch_size", batch, 1)
+        reference = kwargs.pop("reference_batch_size", None) or self._reference_batch_size or batch
+        if reference is not None:  # batch_size alone: also the reference forward's size, as before
+            kwargs["reference_batch_size"] = reference
+        if not isinstance(inputs, list):
+            return super().__call__(inputs, **kwargs)
+        if not inputs:
+            return []
+        _, forward, _ = self._sanitize_parameters(**kwargs)
+        forward = {**self._forward_params, **forward}  # the construction's options, as Pipeline.__call__ merges them
+        return self._answer_list(inputs, batch or DEFAULT_INPUTS_PER_BATCH, **forward)
+
+    def _answer_list(self, inputs: list, per_batch: int, fast=None, reference_batch_size=32, options=None) -> list:
+        """Every request validated first (the first invalid one named by its index), then scored: on the fast path
+        ``per_batch`` requests per :func:`~hf_openjev.scoring.score_prepared` call (one plan), on the reference
+        path one request per call (its own padded forwards, whatever its company)."""
+        prepared = prepare_requests(self.model, inputs)
+        if not use_fast_path(self.model, fast):
+            per_batch = 1
+        answers = []
+        with torch.no_grad():
+            for start in range(0, len(prepared), per_batch):
+                chunk = prepared[start:start + per_batch]
+                result = score_prepared(self.model, chunk, fast=fast, batch_size=reference_batch_size,
+                                        options=options or self._fast_options)
+                answers.extend(build_answer(self.model, p, s, seconds=result.seconds, prefix_cache=c,
+                                            method=result.path)
+                               for p, s, c in zip(chunk, result.scores, result.prefix_cache))
+        return answers
+
+    def save_pretrained(self, save_directory, **kwargs):
+        """Write the merged export this pipeline's model was loaded from to ``save_directory`` (a new or empty
+        directory), loadable with ``pipeline("jev-decision", model=save_directory)``: see
+        :mod:`hf_openjev.save_export` (checked before writing; never a partial directory)."""
+        from .checkpoint.save_export import save_export_copy
+
+        return save_export_copy(self.model, save_directory)
 
     def preprocess(self, request):
         return prepare_request(self.model, request)

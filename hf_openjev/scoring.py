@@ -95,6 +95,20 @@ def use_fast_path(model, fast: bool | None) -> bool:
     return bool(fast)
 
 
+def prepare_requests(model, requests: Sequence) -> list[PreparedRequest]:
+    """:func:`prepare_request` of every request of a list, in order; the first invalid one raises its
+    ``RequestError`` naming its index (``request [i]``), before any model work."""
+    from .errors import RequestError, name_list_item
+
+    prepared = []
+    for index, request in enumerate(requests):
+        try:
+            prepared.append(prepare_request(model, request))
+        except RequestError as exc:
+            raise name_list_item(exc, index) from None
+    return prepared
+
+
 def prepare_path(model, fast: bool | None = None, options=None) -> str:
     """Set ``model`` up for the path that ``fast`` selects and return it (``"fast"`` or ``"reference"``): for the
     fast path, :func:`~hf_openjev.patches.apply_patches` with ``options`` (a
@@ -167,7 +181,7 @@ def answer_requests(model, requests: Sequence, *, fast: bool | None = None, batc
                     options=None) -> list[dict]:
     """Validate all requests first (nothing runs if one is invalid), then score them together and answer
     (``fast``, ``batch_size``, ``options``: as :func:`score_prepared`)."""
-    prepared = [prepare_request(model, r) for r in requests]
+    prepared = prepare_requests(model, requests)
     result = score_prepared(model, prepared, fast=fast, batch_size=batch_size, options=options)
     return [build_answer(model, p, s, seconds=result.seconds, prefix_cache=c, method=result.path)
             for p, s, c in zip(prepared, result.scores, result.prefix_cache)]

@@ -300,7 +300,7 @@ def test_a_failing_replica_answers_its_own_requests_with_500_and_the_other_keeps
     scorer = ReplicaScorer(broken={"gpu1"}, delay=0.01)
     replicas = [Replica("gpu0"), Replica("gpu1")]
     batcher = Batcher(replicas[0], replicas=replicas, max_wait_ms=0, max_batch_tokens=3, score_fn=scorer,
-                      retire_after_failures=None)
+                      retire_after_failures=None, retire_failure_rate=None, retry_on_another=False)
     reqs = [request(f"r{i}", 3) for i in range(40)]
     results = _submit_all(batcher, reqs)
     failed = {p.name for p, r in zip(reqs, results) if isinstance(r, InferenceError)}
@@ -321,7 +321,7 @@ def test_a_replica_failing_group_after_group_retires_and_the_last_one_never_does
     scorer = ReplicaScorer(broken={"gpu1"}, delay=0.01)
     replicas = [Replica("gpu0"), Replica("gpu1")]
     batcher = Batcher(replicas[0], replicas=replicas, max_wait_ms=0, max_batch_tokens=3, score_fn=scorer,
-                      retire_after_failures=2)
+                      retire_after_failures=2, retry_on_another=False)
     results = _submit_all(batcher, [request(f"r{i}", 3) for i in range(30)])
     assert sum(isinstance(r, InferenceError) for r in results) == 2 == len(scorer.by_replica["gpu1"])
     assert [r["retired"] for r in batcher.stats()["replicas"]] == [False, True]

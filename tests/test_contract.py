@@ -56,7 +56,7 @@ def error_of(request, **kwargs) -> RequestError:
 def assert_error(request, message, status=422, **kwargs):
     err = error_of(request, **kwargs)
     assert err.message == message
-    assert str(err) == message
+    assert str(err) == (f"{message} ({err.detail})" if err.detail else message)  # an uncaught one names the detail
     assert err.status == status
 
 

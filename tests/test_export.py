@@ -487,6 +487,7 @@ def no_writes(monkeypatch):
         raise AssertionError("merge_lora started writing before its checks finished")
 
     monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(export_mod, "claim_temp_dir", refuse)
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
@@ -582,7 +583,8 @@ def test_interrupt_keeps_an_existing_target(src, tmp_path, monkeypatch):
 def test_interrupt_during_verification_leaves_nothing(src, tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         assert any(p.name.startswith(".export.tmp-") for p in tmp_path.iterdir())
-        assert (next(tmp_path.glob(".export.tmp-*")) / "open_jev_export.json").is_file()
+        # the manifest comes only after the verification: a directory killed here is no export
+        assert not (next(tmp_path.glob(".export.tmp-*[!k]")) / "open_jev_export.json").exists()
         raise KeyboardInterrupt
 
     monkeypatch.setattr(export_mod, "run_probe", interrupted)
@@ -821,3 +823,77 @@ def test_cli_base_mismatch_exits_2_then_exports_with_the_override(fresh, monkeyp
     assert _cli(monkeypatch, args + ["--allow-base-mismatch", "--no-verify"]) == 0
     printed = capsys.readouterr().out
     assert printed.rstrip().splitlines()[-1].startswith("WARNING: base mismatch allowed")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# killed exports (issue 28): no unverified export that loads, stale temporaries removed, --overwrite in one step
+
+_KILLED_EXPORT = r'''
+import os, sys
+from pathlib import Path
+import hf_openjev.export.merge as m
+import hf_openjev.export.verify as v
+
+where = sys.argv[4]
+def die(*args, **kwargs):
+    os._exit(9)  # as SIGKILL: no handler, no cleanup
+if where == "probe":
+    m.run_probe = die
+elif where == "swap":  # the old export has just been moved away (or exchanged), the new one not yet in place
+    real = Path.rename
+    def rename(self, target):
+        out = real(self, target)
+        if Path(self).name == "export":
+            os._exit(9)
+        return out
+    Path.rename = rename
+    import hf_openjev.checkpoint.publish as p
+    p.shutil.rmtree = die  # right after an exchange
+m.merge_lora(sys.argv[1], sys.argv[2], sys.argv[3], progress=False, overwrite=True, probe="on")
+'''
+
+
+def _killed_export(src, out, where):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, str(src.base), str(src.package), str(out), where],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 9, proc.stderr
+
+
+def test_an_export_killed_during_verification_leaves_no_loadable_export_and_the_rerun_cleans_it(src, tmp_path):
+    from hf_openjev.checkpoint.manifest import check_export_dir
+
+    out = tmp_path / "export"
+    _killed_export(src, out, "probe")
+    left = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(left) == 1 and left[0].name.startswith(".export.tmp-")
+    with pytest.raises(CheckpointError, match="open_jev_export.json is missing"):
+        check_export_dir(left[0])  # what eval --model, serve and the pipeline check first
+    from hf_openjev.checkpoint.publish import claim_temp_dir
+
+    other = claim_temp_dir(tmp_path / "export")  # another export's, still running: its lock is held
+    merge_lora(src.base, src.package, out, progress=False, verify=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["export", other.path.name, other.lock_path.name])
+    other.release()
+    other.path.rmdir()
+
+
+def test_an_overwrite_killed_between_the_renames_leaves_an_export_that_loads(src, tmp_path, exported):
+    from hf_openjev.model import load_export
+
+    out = tmp_path / "export"
+    shutil.copytree(exported[0], out)
+    (out / "old-marker").write_text("old")
+    _killed_export(src, out, "swap")
+    model = load_export(out, dtype=torch.float32)  # old or new, it loads
+    assert model.manifest.model_id == TINY_MODEL_ID
+    merge_lora(src.base, src.package, out, progress=False, verify=False, overwrite=True)
+    no_leftovers(tmp_path, {"export"})  # the killed run's temporaries are gone too
+
+
+def test_an_already_merged_export_is_refused_as_base(src, exported, tmp_path, no_writes):
+    with pytest.raises(CheckpointError, match=r"holds open_jev_export.json: it is a merged export"):
+        merge_lora(exported[0], src.package, tmp_path / "twice", progress=False)
+    no_leftovers(tmp_path, set())

@@ -264,14 +264,16 @@ def test_request_errors_keep_the_message_and_name_the_field(questions, message, 
     with pytest.raises(RequestError) as info:
         parse_request({"state": "s", "questions": questions})
     err = info.value
-    assert err.message == message and str(err) == message and err.status == 422  # the contract's wording
+    assert err.message == message and err.status == 422  # the contract's wording
+    assert str(err) == f"{message} ({err.detail})"  # an uncaught one names the question, the field and the value
     assert err.detail.startswith(detail), err.detail
 
 
 def test_an_unknown_model_names_the_served_ones():
     with pytest.raises(RequestError) as info:
         parse_request({"model": "gpt-4", **NOUL}, served_models=("open-jev/x", "open-jev", "jev-latest"))
-    assert str(info.value) == "requested model is not loaded"
+    assert info.value.message == "requested model is not loaded"
+    assert str(info.value) == f"requested model is not loaded ({info.value.detail})"
     assert info.value.detail == ("model 'gpt-4' is not served here; served: 'open-jev/x', 'open-jev', 'jev-latest' "
                                  "(or leave model out)")
 
@@ -297,8 +299,9 @@ def test_the_server_adds_the_detail_without_changing_the_message(tiny_model):
 def test_the_pipeline_error_carries_the_detail(jev_cpu):
     with pytest.raises(RequestError) as info:
         jev_cpu({"state": "s", "questions": {"team": {"type": "choice", "instructions": "i", "criteria": ["a"]}}})
-    assert str(info.value) == "Choice requires an object"
+    assert info.value.message == "Choice requires an object"
     assert info.value.detail.startswith("question 'team': criteria is an array")
+    assert str(info.value) == f"Choice requires an object ({info.value.detail})"
 
 
 @pytest.fixture(scope="module")

@@ -310,7 +310,9 @@ def test_other_model_names_are_rejected(jev, name):
     with pytest.raises(RequestError) as info:
         jev(request)
     assert info.value.status == 422
-    assert str(info.value) == "requested model is not loaded"
+    assert info.value.message == "requested model is not loaded"
+    assert str(info.value) == f"requested model is not loaded ({info.value.detail})"  # it names the served names
+    assert "is not served here" in str(info.value)
 
 
 # --- invalid requests fail before any model work -------------------------------------------------------------------
@@ -353,14 +355,16 @@ GOOD = {"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}
 def test_invalid_request_raises_before_model_work(jev, no_model_work, request_, message):
     with pytest.raises(RequestError) as info:
         jev(request_[0] if isinstance(request_, list) else request_)
-    assert str(info.value) == message and info.value.status == 422
+    assert info.value.message == message and info.value.status == 422
+    assert str(info.value) == (f"{message} ({info.value.detail})" if info.value.detail else message)
     assert no_model_work == []
 
 
 def test_a_bad_third_request_stops_the_whole_list(jev, no_model_work):
     bad = {"state": "s", "questions": {"q": {"type": "score", "instructions": "i", "criteria": "low..high"}}}
-    with pytest.raises(RequestError, match="^Score requires an array$"):
+    with pytest.raises(RequestError, match=r"^Score requires an array \(request \[2\]: question 'q': ") as info:
         jev([GOOD, GOOD, bad, GOOD])
+    assert info.value.message == "Score requires an array"
     assert no_model_work == []
 
 
@@ -374,7 +378,8 @@ def test_an_over_long_candidate_fails_untruncated(jev, tiny_model, no_model_work
     assert n > 4096
     with pytest.raises(RequestError) as info:
         jev([GOOD, request])
-    assert str(info.value) == f"question long: {n} tokens exceeds max_length=4096; no silent truncation"
+    assert info.value.message == f"question long: {n} tokens exceeds max_length=4096; no silent truncation"
+    assert str(info.value) == f"{info.value.message} (request [1])"  # the list item, by index
     assert info.value.status == 422
     assert no_model_work == []
 
@@ -435,3 +440,54 @@ def test_jevbench_easy_sample(jev, tiny_model):
     # answers depend on the task: not every task gets the same probabilities
     nouls = {round(r["answers"][t["id"]]["noul"], 9) for t, r in zip(tasks, responses) if "noul" in r["answers"][t["id"]]}
     assert len(nouls) == 12
+
+
+# --- a list is one batch (issue 28, finding 10) --------------------------------------------------------------------
+
+def _scoring_calls(monkeypatch):
+    import hf_openjev.pipeline as pipeline_module
+
+    calls = []
+    real = pipeline_module.score_prepared
+
+    def spy(model, prepared, **kwargs):
+        calls.append((len(prepared), kwargs.get("batch_size")))
+        return real(model, prepared, **kwargs)
+
+    monkeypatch.setattr(pipeline_module, "score_prepared", spy)
+    return calls
+
+
+def test_a_list_is_packed_batch_size_requests_per_fast_path_plan(fast_jev, monkeypatch):
+    from test_server import COMPANY_TOL, assert_same_answers
+
+    requests = [REQUEST, GOOD, {"state": "other", "questions": REQUEST["questions"]}]
+    alone = [fast_jev(r) for r in requests]
+    calls = _scoring_calls(monkeypatch)
+    together = fast_jev(requests, batch_size=3)
+    assert [n for n, _ in calls] == [3]  # one plan for the three, not three
+    for got, want in zip(together, alone):
+        assert_same_answers(got, want, tol=COMPANY_TOL)
+    calls.clear()
+    fast_jev(requests, batch_size=2)
+    assert [n for n, _ in calls] == [2, 1]
+    calls.clear()
+    fast_jev(requests)  # default: up to 16 inputs per batch
+    assert [n for n, _ in calls] == [3]
+
+
+def test_on_the_reference_path_batch_size_alone_keeps_its_answers(jev, tiny_model, monkeypatch):
+    requests = [REQUEST, GOOD]
+    before = [jev(r, reference_batch_size=4) for r in requests]  # candidates per forward, under its own name
+    shapes = []
+    handle = tiny_model.backbone.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)[0]), with_kwargs=True)
+    try:
+        calls = _scoring_calls(monkeypatch)
+        after = jev(requests, batch_size=4)
+    finally:
+        handle.remove()
+    assert [a["answers"] for a in after] == [b["answers"] for b in before]  # bit for bit
+    assert calls == [(1, 4), (1, 4)] and shapes == [4, 4, 2, 1]  # each request its own forwards of 4
+    with pytest.raises(ValueError, match="batch_size"):
+        jev(requests, batch_size=0)

@@ -50,9 +50,9 @@ def test_prepare_request_tokenizes_every_candidate(tiny_model):
 def test_prepare_request_rejects_without_model_work(tiny_model):
     handle = tiny_model.backbone.register_forward_pre_hook(lambda *_: pytest.fail("forward ran"))
     try:
-        with pytest.raises(RequestError, match="^requested model is not loaded$"):
+        with pytest.raises(RequestError, match=r"^requested model is not loaded \(model 'other' is not served here"):
             prepare_request(tiny_model, {"model": "other", **A})
-        with pytest.raises(RequestError, match="^request requires state$"):
+        with pytest.raises(RequestError, match=r"^request requires state \(the request has no state field\)$"):
             prepare_request(tiny_model, {"questions": A["questions"]})
     finally:
         handle.remove()
@@ -115,8 +115,9 @@ def test_build_answer_from_known_scores(tiny_model):
 def test_answer_requests_validates_all_before_scoring(tiny_model, monkeypatch):
     calls = []
     monkeypatch.setattr("hf_openjev.reference.score_reference", lambda *a, **k: calls.append(1) or [])
-    with pytest.raises(RequestError, match="^questions must be an object$"):
+    with pytest.raises(RequestError, match=r"^questions must be an object \(request \[2\]: questions is") as info:
         answer_requests(tiny_model, [A, B, {"state": "s"}], fast=False)
+    assert info.value.message == "questions must be an object"
     assert calls == []
 
 

@@ -10,6 +10,17 @@ from ..fp8.option import FP8_CHOICES, FP8_HELP, select_fp8_path
 from ..family import UNKNOWN_SHAPE_HELP
 
 
+def positive_int(text: str) -> int:
+    """``--batch-size``'s type: an integer of at least 1 (argparse prints the one-line error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help="merged export directory (from `hf-openjev export`)")
     parser.add_argument("--data", required=True, nargs="+", metavar="PATH",
@@ -17,7 +28,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default="jevbench-eval", metavar="DIR",
                         help="output directory: results.jsonl, summary.json, report.md, reliability.png "
                              "(default: ./jevbench-eval)")
-    parser.add_argument("--batch-size", type=int, default=16, help="tasks per forward batch (default 16)")
+    parser.add_argument("--batch-size", type=positive_int, default=16, metavar="N",
+                        help="tasks per forward batch (default 16)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                         help="backbone dtype (default: auto = bfloat16)")

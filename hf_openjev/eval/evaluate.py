@@ -44,21 +44,35 @@ from .tasks import EvalInputError, Task, _warn, load_tasks, resolve_inputs
 from ..errors import RequestError
 from ..model import JevModel, load_export
 from ..devices import check_device
+from .run_checks import check_batch_size, check_dtype_name, check_out_dir, drop_torn_records
 from ..scoring import PreparedRequest, build_answer, prepare_path, prepare_request, score_prepared
 
 RUN_NAME = "run.json"
 
 
-def model_fingerprint(manifest, fp8: str = "off") -> dict:
-    """What ``run.json`` records of the model: ids, temperature and a digest of the manifest, and of the ``fp8`` mode
-    when it is on (its answers differ: results of another mode are not resumed; ``"off"`` keeps earlier digests)."""
+def model_fingerprint(manifest, fp8: str = "off", dtype: str = "bfloat16") -> dict:
+    """What ``run.json`` records of the model: ids, temperature and a digest of the manifest, of the ``fp8`` mode
+    when it is on and of the backbone ``dtype`` when it is not bfloat16 (their answers differ: results of another
+    mode or dtype are not resumed; ``"off"`` and bfloat16 keep earlier digests)."""
     data = manifest.to_json()
     if fp8 != "off":
         data = {**data, "fp8": fp8}
+    if dtype != "bfloat16":
+        data = {**data, "dtype": dtype}
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()[:16]
     out = {"model_id": manifest.model_id, "checkpoint_revision": manifest.checkpoint_revision,
-           "temperature": manifest.temperature, "fingerprint": digest}
+           "temperature": manifest.temperature, "dtype": dtype, "fingerprint": digest}
     return out if fp8 == "off" else {**out, "fp8": fp8}
+
+
+def loaded_model_settings(model: JevModel) -> tuple[str, str]:
+    """``(fp8 mode, dtype name)`` of a loaded model, for its fingerprint: the mode of its FP8 projections
+    (``"custom"`` for a set that is no mode) and its backbone's floating dtype."""
+    from ..fp8.swap import fp8_mode_of
+
+    dtypes = {p.dtype for p in model.backbone.parameters() if p.is_floating_point()}
+    dtype = str(next(iter(dtypes)) if len(dtypes) == 1 else "mixed").removeprefix("torch.")
+    return fp8_mode_of(model) or "custom", dtype
 
 
 def read_results(path: Path) -> dict[tuple[str, str], dict]:
@@ -95,8 +109,8 @@ def _check_previous_run(out_dir: Path, fingerprint: dict) -> None:
         previous = {}
     if previous.get("fingerprint") not in (None, fingerprint["fingerprint"]):
         raise EvalInputError(
-            f"{out_dir} holds results of another model or FP8 mode ({previous.get('model_id')}, fp8 "
-            f"{previous.get('fp8', 'off')}, fingerprint {previous.get('fingerprint')}); use another output directory "
+            f"{out_dir} holds results of another model or FP8 mode or dtype ({previous.get('model_id')}, fp8 "
+            f"{previous.get('fp8', 'off')}, dtype {previous.get('dtype', 'bfloat16')}, fingerprint {previous.get('fingerprint')}); use another output directory "
             "or resume=False (--no-resume)"
         )
 
@@ -113,29 +127,19 @@ def _prepare_out_dir(out_dir: Path, fingerprint: dict, resume: bool,
     processes.wait()
     if processes.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
-        results = out_dir / RESULTS_NAME
         if not resume:
             for path in results_files(out_dir):
                 if path.exists():
                     path.unlink()
-        elif results.is_file():
-            _terminate_last_line(results)
+        else:
+            for path in results_files(out_dir):
+                if drop_torn_records(path):
+                    _warn(f"{path}: dropped a torn record (an interrupted write); it is scored again")
         (out_dir / RUN_NAME).write_text(json.dumps(fingerprint, indent=1), encoding="utf-8")
     processes.wait()
     done = read_done(out_dir)
     processes.wait()
     return done
-
-
-def _terminate_last_line(path: Path) -> None:
-    """A torn last line (interrupted write) must not glue onto the next record."""
-    with open(path, "rb+") as fh:
-        fh.seek(0, os.SEEK_END)
-        if fh.tell() == 0:
-            return
-        fh.seek(-1, os.SEEK_END)
-        if fh.read(1) != b"\n":
-            fh.write(b"\n")
 
 
 def _is_done(task: Task, record: dict | None) -> bool:
@@ -219,7 +223,7 @@ def _run_batches(model, pending: list[Task], *, out_path: Path, batch_size: int,
                         prepared.append(prepare_request(model, task.request))
                         ok.append(task)
                     except RequestError as exc:
-                        reason = f"request rejected: {exc}" + (f" ({exc.detail})" if exc.detail else "")
+                        reason = f"request rejected: {exc}"  # the contract's message (the detail)
                         invalid.append({"file": task.file, "line": task.line, "tier": task.tier, "id": task.id,
                                         "stage": "request", "error": reason})
                         warn(f"{task.file}:{task.line}: invalid task: {reason}")
@@ -278,7 +282,7 @@ def prepare_tasks(model, tasks: list[Task], *, invalid: list[dict] | None = None
         try:
             request = prepare_request(model, task.request)
         except RequestError as exc:
-            reason = f"request rejected: {exc}" + (f" ({exc.detail})" if exc.detail else "")
+            reason = f"request rejected: {exc}"  # the contract's message (the detail)
             if invalid is not None:
                 invalid.append({"file": task.file, "line": task.line, "tier": task.tier, "id": task.id,
                                 "stage": "request", "error": reason})
@@ -326,8 +330,7 @@ def _score_sharded(model, pending: list[Task], *, model_path, processes: Process
     mine = select_shard(valid, prepared, processes, path="fast" if fast_path else "reference",
                         warn=_warn if main else None)
     own = rank_results_path(out_dir, processes.rank)
-    if own.is_file():
-        _terminate_last_line(own)
+    drop_torn_records(own)  # this rank's own file: nobody else writes it
     if not mine:
         return
     if model_path is not None:
@@ -359,8 +362,9 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     from ..errors import UsageError
     from ..fp8.option import select_fp8_path
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    check_batch_size(batch_size)
+    dtype_name = check_dtype_name(dtype)
+    check_out_dir(out_dir)  # a file, or an unwritable parent: refused before any task is read or model loaded
     check_device(device)  # a CUDA device without CUDA: UsageError before any task is read
     fast = select_fp8_path(fp8, fast)  # FP8 selects the fast path; with fast=False: UsageError
     if fp8 != "off" and isinstance(model, JevModel):
@@ -372,6 +376,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     out_dir = Path(out_dir)
     if isinstance(model, JevModel):
         manifest, model_path = model.manifest, None
+        fp8, dtype_name = loaded_model_settings(model)  # what it runs, for the fingerprint
     else:
         from ..checkpoint.manifest import read_manifest
         from ..family import check_export_shape
@@ -379,7 +384,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
         model_path = Path(model)
         manifest = read_manifest(model_path)  # CheckpointError for a bad export, before reading any task
         check_export_shape(model_path, allow_unknown=allow_unknown_shape)
-    fingerprint = model_fingerprint(manifest, fp8)
+    fingerprint = model_fingerprint(manifest, fp8, dtype_name)
     processes = current_processes()
     main = processes.is_main
     tasks, invalid = load_tasks(sources, progress=progress and main, warn=None if main else (lambda _m: None))

@@ -11,7 +11,8 @@ What :func:`merge_lora` writes (docs/checkpoints.md "Merged export"):
 - the vision tower (``model.visual.*``), the MTP layers (``mtp.*``) and the LM head (``lm_head.*``) are dropped;
 - tensor names carry no prefix (``layers.0.mlp.up_proj.weight``), which is what ``Qwen3_5TextModel`` loads;
 - text ``config.json`` (``qwen3_5_text``), shards of at most 5 GB (+ ``model.safetensors.index.json``), the base
-  tokenizer files byte for byte, and ``open_jev_export.json`` written last.
+  tokenizer files byte for byte, and ``open_jev_export.json`` written last, after the verification (a directory
+  without it is no export: no loader accepts an unverified or unfinished one).
 
 Streaming: the base is read one tensor at a time (``safe_open``) and every output tensor is written straight into
 its planned output shard (the safetensors header is known up front from the base headers), so the peak host
@@ -22,10 +23,12 @@ Safety: every check runs before the first byte is written (missing files, adapte
 base's safetensors headers, rank/alpha, Qwen3.5 config, head shape and values, temperature, ``max_length``,
 base weights against the config, disk space, and the base's identity against the base the package names:
 :mod:`hf_openjev.export.identity`, refused on a mismatch unless ``allow_base_mismatch``; the manifest records the
-base revision when known and always a fingerprint of the base weights). The export is built in a temporary
-directory beside the target and renamed at the end; on any failure, ``KeyboardInterrupt`` included, the temporary
-directory and any parent directories created for the target are removed (an existing target replaced with
-``overwrite=True`` is only moved aside after the new export is complete, and put back if the final rename fails).
+base revision when known and always a fingerprint of the base weights; a ``--base`` holding
+``open_jev_export.json``, an export already merged, is refused). The export is built in a temporary directory
+beside the target and renamed at the end (:mod:`hf_openjev.checkpoint.publish`); on any failure, ``KeyboardInterrupt``
+included, the temporary directory and any parent directories created for the target are removed, and a later run
+removes the temporaries of runs that were killed. An existing target replaced with ``overwrite=True`` stays in
+place until the new export is complete, and is then exchanged with it in one step.
 
 Verification (``verify=True``, the default), before the rename:
 
@@ -49,9 +52,7 @@ import re
 import shutil
 import struct
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,9 +65,10 @@ from ..errors import CheckpointError
 from ..family import check_family_member, is_test_package, package_names
 from .identity import BaseIdentity, check_base_identity
 from ..checkpoint.out_dir import check_free_space, missing_parents, read_umask, remove_empty
+from ..checkpoint.publish import claim_temp_dir, put_in_place, remove_stale_temps
 from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader
 from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
-from ..checkpoint.manifest import ExportManifest, check_max_length, write_manifest
+from ..checkpoint.manifest import MANIFEST_NAME, ExportManifest, check_max_length, write_manifest
 from ..checkpoint.package import read_base_text_config, read_lora_pairs, read_package
 
 MAX_SHARD_BYTES = 5 * 1000**3  # "shards of at most 5 GB" (docs/checkpoints.md); a file's total size, header included
@@ -367,6 +369,9 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
         raise CheckpointError(f"the shard size limit must be 1..{MAX_SHARD_BYTES} bytes (5 GB), got {max_shard_bytes!r}")
     if not base_dir.is_dir():
         raise CheckpointError(f"base directory {base_dir} does not exist; pass the Qwen3.5 base model directory")
+    if (base_dir / MANIFEST_NAME).exists():
+        raise CheckpointError(f"--base {base_dir} holds {MANIFEST_NAME}: it is a merged export (merging again "
+                              "would add the LoRA twice); pass the Qwen3.5 base model directory the package names")
     _check_out_dir(out_dir, overwrite, [base_dir, package_dir])
 
     package = read_package(package_dir)  # model.json, adapter files, rank/alpha, head shape/values, temperature
@@ -615,7 +620,7 @@ def _probe_check(plan: _Plan, tmp: Path, probe: str, probe_max_params: int, prob
             "reference on a GPU"))
     say("verify: score probe: loading the export and the unmerged reference on CPU in fp32 ...")
     try:
-        probe_check = run_probe(tmp, plan.base_dir, plan.package_dir)
+        probe_check = run_probe(tmp, plan.base_dir, plan.package_dir, manifest=plan.manifest)
     except CheckpointError as exc:
         raise CheckpointError(f"verification failed: the score probe could not load a model: {exc}") from exc
     except Exception as exc:  # report any probe failure as a failed verification
@@ -661,14 +666,16 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
         say(plan.identity.warning())
 
     created = missing_parents(out_dir)
-    tmp = None
-    backup = None
+    claim = None
     finished = False
     writer = None
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        os.chmod(tmp, 0o777 & ~read_umask())  # mkdtemp makes it 0o700; the export is an ordinary directory
+        for stale in remove_stale_temps(out_dir):
+            say(f"export: removed {stale}, left by an export that did not finish")
+        claim = claim_temp_dir(out_dir)
+        tmp = claim.path
+        os.chmod(tmp, 0o777 & ~read_umask())  # made 0o700; the export is an ordinary directory
         writer = _ShardWriter(tmp, plan.shards)
         check = report.tensor_check
         say(f"export: {len(plan.items)} tensors from {len(plan.files)} base shard(s) into {len(plan.shards)} "
@@ -680,33 +687,26 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
                                   f"merge_and_unload() by {check.max_ulp} bf16 ulp (at most 1 is accepted)")
         _write_text_files(plan, tmp)
         _check_written(plan, tmp, max_shard_bytes)
-        write_manifest(tmp, plan.manifest)  # the last file written
         _fsync_dir(tmp)
 
         if verify:
             _check_tokenizer(plan, tmp)
             report.probe = _probe_check(plan, tmp, probe, probe_max_params, probe_tolerance, say)
 
-        if out_dir.exists() or out_dir.is_symlink():
-            if not overwrite:
-                raise CheckpointError(f"{out_dir} appeared while exporting; pass --overwrite to replace it")
-            backup = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
-            out_dir.rename(backup)
-        tmp.rename(out_dir)
+        write_manifest(tmp, plan.manifest)  # only now, verified: an unfinished directory is no export
+        _fsync_dir(tmp)
+        put_in_place(claim, out_dir, overwrite=overwrite, refuse=lambda: CheckpointError(
+            f"{out_dir} appeared while exporting; pass --overwrite to replace it"))
         finished = True
         _fsync_dir(out_dir.parent)
     except BaseException:
         if writer is not None:
             writer.abort()
+        if not finished and claim is not None:
+            shutil.rmtree(claim.path, ignore_errors=True)
+            claim.release()
         if not finished:
-            if backup is not None and backup.exists() and not out_dir.exists():
-                backup.rename(out_dir)
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
             remove_empty(created)
         raise
-    finally:
-        if finished and backup is not None:
-            shutil.rmtree(backup, ignore_errors=True)
     report.seconds = time.perf_counter() - start
     return report

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..checkpoint.out_dir import missing_parents, remove_empty
+from ..checkpoint.publish import claim_temp_dir, remove_stale_temps
 from ..errors import CheckpointError
 from ..fp8.quantize import quantize_export
 from ..fp8.scheme import ALL_TARGETS, resolve_targets
@@ -34,17 +34,20 @@ def merge_and_quantize(base_dir, package_dir, out_dir, *, targets: Iterable[str]
     work = None
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.bf16-", dir=out_dir.parent))
-        merged = merge_lora(base_dir, package_dir, work / "merged", progress=progress, log=log, **merge_options)
-        quantized = quantize_export(work / "merged", out_dir, targets=modules, overwrite=overwrite,
+        remove_stale_temps(out_dir)
+        work = claim_temp_dir(out_dir, "bf16")
+        merged = merge_lora(base_dir, package_dir, work.path / "merged", progress=progress, log=log, **merge_options)
+        quantized = quantize_export(work.path / "merged", out_dir, targets=modules, overwrite=overwrite,
                                     progress=progress, log=log)
     except BaseException:
         if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(work.path, ignore_errors=True)
+            work.release()
             work = None
         remove_empty(created)
         raise
     finally:
         if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(work.path, ignore_errors=True)
+            work.release()
     return merged, quantized

@@ -169,7 +169,7 @@ def _compare(responses_a, responses_b) -> tuple[float, int]:
     return dp, flips
 
 
-def run_probe(export_dir, base_dir, package_dir, requests=None) -> ProbeCheck:
+def run_probe(export_dir, base_dir, package_dir, requests=None, *, manifest=None) -> ProbeCheck:
     """Answer probe requests with the export and with the unmerged reference (CPU, fp32, reference path).
 
     End to end: each model tokenizes with its own tokenizer (the export's from the export directory, the
@@ -177,7 +177,8 @@ def run_probe(export_dir, base_dir, package_dir, requests=None) -> ProbeCheck:
     (``prepare_request`` -> ``score_prepared`` -> ``build_answer``, called one by one so that the raw head scores
     can be compared as well as the probabilities). When the two tokenizers disagree on a probe candidate, that
     is reported (``token_mismatches``) and the export also scores the reference's token ids (``same_tokens_*``),
-    so the merge and the tokenizer loading can be told apart.
+    so the merge and the tokenizer loading can be told apart. ``manifest``: the export's manifest when it is not
+    written yet (the export command writes it only after this verification).
     """
     from ..model import load_export, load_reference
     from ..scoring import build_answer, prepare_request, score_prepared
@@ -186,8 +187,10 @@ def run_probe(export_dir, base_dir, package_dir, requests=None) -> ProbeCheck:
     start = time.perf_counter()
     models = []
     with _quiet_transformers():
-        # allow_unknown_shape: the export's plan has checked the shape (or was told to allow it)
-        for model in (load_export(export_dir, dtype="float32", device="cpu", allow_unknown_shape=True),
+        # allow_unknown_shape: the export's plan has checked the shape (or was told to allow it); ``manifest``: the
+        # export's, not yet written (it is written only after verification)
+        for model in (load_export(export_dir, dtype="float32", device="cpu", manifest=manifest,
+                                  allow_unknown_shape=True),
                       load_reference(base_dir, package_dir, dtype="float32", device="cpu",
                                      allow_unknown_shape=True)):
             # The probe requests are fixed; score them whatever --max-length the export was given.

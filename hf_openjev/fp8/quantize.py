@@ -26,9 +26,7 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +36,7 @@ import torch
 from ..checkpoint.files import base_weight_files
 from ..checkpoint.manifest import MANIFEST_NAME, read_json_object, read_manifest
 from ..checkpoint.out_dir import check_free_space, missing_parents, read_umask, remove_empty
+from ..checkpoint.publish import claim_temp_dir, put_in_place, remove_stale_temps
 from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader, TensorFileWriter, tensor_nbytes
 from ..errors import CheckpointError
 from .scheme import (ALL_TARGETS, FP8_EXPORT_FORMAT, SOURCE_FORMAT, manifest_block, manifest_format,
@@ -266,24 +265,6 @@ def _check_written(plan: _Plan, tmp: Path) -> None:
             raise RuntimeError(f"{shard.filename}: the written header does not match the plan")
 
 
-def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
-    """Rename ``tmp`` to ``out_dir``; an existing ``out_dir`` is moved aside first and put back on failure."""
-    backup = None
-    if out_dir.exists() or out_dir.is_symlink():
-        if not overwrite:
-            raise CheckpointError(f"{out_dir} appeared while exporting; pass overwrite=True to replace it")
-        backup = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
-        out_dir.rename(backup)
-    try:
-        tmp.rename(out_dir)
-    except BaseException:
-        if backup is not None:
-            backup.rename(out_dir)
-        raise
-    if backup is not None:
-        shutil.rmtree(backup, ignore_errors=True)
-
-
 def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARGETS, overwrite: bool = False,
                     progress: bool = True, log: Callable[[str], None] | None = None) -> Fp8ExportReport:
     """Quantize the merged bf16 export ``src_dir`` into an FP8 export at ``out_dir`` (see the module docstring).
@@ -299,11 +280,14 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
     report = Fp8ExportReport(out_dir=out_dir, modules=plan.modules, shards=[], quantized=[], copied=0,
                              source_bytes=sum((plan.src_dir / s.filename).stat().st_size for s in plan.shards))
     created = missing_parents(out_dir)
-    tmp = None
+    claim = None
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        os.chmod(tmp, 0o777 & ~read_umask())  # mkdtemp makes it 0o700; the export is an ordinary directory
+        for stale in remove_stale_temps(out_dir):
+            say(f"fp8: removed {stale}, left by an export that did not finish")
+        claim = claim_temp_dir(out_dir)
+        tmp = claim.path
+        os.chmod(tmp, 0o777 & ~read_umask())  # made 0o700; the export is an ordinary directory
         from tqdm import tqdm
 
         say(f"fp8: quantizing {', '.join(plan.modules)} in {len(plan.shards)} shard(s) into {tmp}")
@@ -312,10 +296,13 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
             _write_shard(plan, shard, tmp, report)
         _check_written(plan, tmp)
         _write_text_files(plan, tmp, len(report.quantized))
-        _publish(tmp, out_dir, overwrite)
+        put_in_place(claim, out_dir, overwrite=overwrite, refuse=lambda: CheckpointError(
+            f"{out_dir} appeared while exporting; pass overwrite=True to replace it"))
+        claim = None
     except BaseException:
-        if tmp is not None and tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        if claim is not None:
+            shutil.rmtree(claim.path, ignore_errors=True)
+            claim.release()
         remove_empty(created)
         raise
     report.seconds = time.perf_counter() - start

@@ -15,11 +15,13 @@ Replicas: with ``replicas=[model_0, model_1, ...]`` (one copy of the model per G
 there is one worker thread per replica, each bound to its replica's CUDA device, all taking groups from the one
 queue: a free replica takes the next group, so N replicas score N groups at once.
 
-Failures: if scoring a group raises, every request of that group gets
-:class:`~hf_openjev.errors.InferenceError` (the server answers 500 ``model inference failed``); nothing partial
-is returned, and the other replicas keep serving. A replica whose last ``retire_after_failures`` groups all failed
-(a broken device fails fast, so it would take the most groups) retires while another replica still serves; the
-last one never does. Admission is bounded: when ``max_queue`` requests are waiting, :meth:`submit` raises
+Failures: a group fails wherever it fails (the scorer raised, returned the wrong number of results or a
+non-finite score, or missed its deadline, ``group_deadline_s``); it is retried once on another replica that still
+serves, and otherwise every request of that group gets :class:`~hf_openjev.errors.InferenceError` (the server
+answers 500 ``model inference failed``); nothing partial is returned. A replica is retired by a streak of failures
+or by its failure rate (:mod:`hf_openjev.serve.replica_health`) while another replica still serves; the last one
+never is. A group past its deadline is taken from its replica (which counts a failure), and the scores it may
+still return are discarded. Admission is bounded: when ``max_queue`` requests are waiting, :meth:`submit` raises
 :class:`QueueFull` at once (the server answers 503 with ``Retry-After``). After :meth:`close` it raises
 :class:`BatcherClosed`; requests already admitted are still answered (drain) before the worker stops.
 """
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field
 
 from ..errors import InferenceError
 from .fair_queue import FairQueue
+from .replica_health import (DEFAULT_FAILURE_RATE, DEFAULT_FAILURE_WINDOW, HealthPolicy, ReplicaHealth,
+                             check_finite_scores)
 
 __all__ = ["BatchOutcome", "Batcher", "BatcherClosed", "QueueFull", "bind_device", "use_device"]
 
@@ -45,6 +49,7 @@ DEFAULT_MAX_QUEUE = 256
 DEFAULT_MAX_BATCH_TOKENS = 4096 * 4
 DEFAULT_MAX_WAIT_MS = 5.0
 DEFAULT_RETIRE_AFTER_FAILURES = 3
+DEFAULT_GROUP_DEADLINE_S = 300.0
 
 
 class QueueFull(RuntimeError):
@@ -76,6 +81,16 @@ class _Item:
     loop: asyncio.AbstractEventLoop
     client: object = None  # whose lane (hf_openjev.serve.fair_queue): an API key or a connection
     enqueued: float = field(default_factory=time.monotonic)
+    failed_on: set = field(default_factory=set)  # names of the replicas this request's group failed on
+
+
+@dataclass
+class _Attempt:
+    """One group on one replica; ``abandoned`` once its deadline passed (its late scores are discarded)."""
+
+    items: list
+    deadline: float | None
+    abandoned: bool = False
 
 
 def _default_score_fn(model, prepared, *, fast):
@@ -115,15 +130,25 @@ class _Replica:
 
     model: object
     name: str
+    health: ReplicaHealth
     groups: int = 0
     requests: int = 0
     failures: int = 0
-    failing: int = 0  # failed groups in a row
-    retired: bool = False
+    current: _Attempt | None = None  # the group it scores now
+
+    @property
+    def failing(self) -> int:
+        return self.health.failing
+
+    @property
+    def retired(self) -> bool:
+        return self.health.retired
 
     def stats(self) -> dict:
         return {"name": self.name, "groups": self.groups, "requests": self.requests, "failures": self.failures,
-                "retired": self.retired}
+                "retired": self.retired, "state": self.health.state, "recent_failures": self.health.recent_failures,
+                "recent_groups": len(self.health.recent), **({"retired_because": self.health.reason}
+                                                             if self.retired else {})}
 
 
 class Batcher:
@@ -135,14 +160,20 @@ class Batcher:
     :func:`hf_openjev.scoring.score_prepared` (the default: with the options the model was patched with; the server
     binds its own). ``replicas``: the models that score groups, each on its own worker thread (default
     ``[model]``); ``model`` is the one callers read metadata from. ``retire_after_failures``: failed groups in a
-    row after which a replica stops taking groups while another one serves (None: never).
+    row after which a replica stops taking groups while another one serves (None: never);
+    ``retire_failure_rate``: the share of its last ``failure_window`` groups that retires it too (None: never).
+    ``group_deadline_s``: seconds a replica may spend on one group before the group is taken from it (None: no
+    deadline). ``retry_on_another``: a failed group is scored once more on another serving replica before its
+    requests get the error.
     """
 
     def __init__(self, model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
                  max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None,
                  score_fn: Callable | None = None, company_hint: Callable[[], int] | None = None,
                  name: str = "jev-batcher", replicas: Sequence | None = None,
-                 retire_after_failures: int | None = DEFAULT_RETIRE_AFTER_FAILURES):
+                 retire_after_failures: int | None = DEFAULT_RETIRE_AFTER_FAILURES,
+                 retire_failure_rate: float | None = DEFAULT_FAILURE_RATE, failure_window: int = DEFAULT_FAILURE_WINDOW,
+                 group_deadline_s: float | None = DEFAULT_GROUP_DEADLINE_S, retry_on_another: bool = True):
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
         if max_batch_tokens < 1:
@@ -151,11 +182,15 @@ class Batcher:
             raise ValueError("max_wait_ms must be >= 0")
         if replicas is not None and len(replicas) == 0:
             raise ValueError("replicas must hold at least one model")
-        if retire_after_failures is not None and retire_after_failures < 1:
-            raise ValueError("retire_after_failures must be at least 1 (or None)")
+        if group_deadline_s is not None and not group_deadline_s > 0:
+            raise ValueError("group_deadline_s must be > 0 (or None)")
+        policy = HealthPolicy(retire_after_failures, retire_failure_rate, failure_window)
         self.model = model
         models = list(replicas) if replicas is not None else [model]
-        self.replicas = [_Replica(m, f"{i}:{getattr(m, 'device', 'model')}") for i, m in enumerate(models)]
+        self.replicas = [_Replica(m, f"{i}:{getattr(m, 'device', 'model')}", ReplicaHealth(policy))
+                         for i, m in enumerate(models)]
+        self.group_deadline_s = group_deadline_s
+        self.retry_on_another = bool(retry_on_another)
         self.max_queue = int(max_queue)
         self.max_batch_tokens = int(max_batch_tokens)
         self.max_wait_s = float(max_wait_ms) / 1000.0
@@ -206,11 +241,19 @@ class Batcher:
         """The first worker thread (None before :meth:`start`)."""
         return self._threads[0] if self._threads else None
 
+    def replica_states(self) -> dict[str, int]:
+        """How many replicas are ``ok``, ``degraded`` and ``retired``."""
+        counts = {"ok": 0, "degraded": 0, "retired": 0}
+        for replica in self.replicas:
+            counts[replica.health.state] += 1
+        return counts
+
     def stats(self) -> dict:
         return {"waiting": self.waiting, "in_flight": self.in_flight, "max_queue": self.max_queue,
                 "max_batch_tokens": self.max_batch_tokens, "max_wait_ms": self.max_wait_s * 1000.0,
                 "groups": self.groups, "requests": self.requests, "failures": self.failures,
-                "withdrawn": self.withdrawn, "replicas": [r.stats() for r in self.replicas]}
+                "withdrawn": self.withdrawn, "replica_states": self.replica_states(),
+                "replicas": [r.stats() for r in self.replicas]}
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -222,6 +265,9 @@ class Batcher:
                 thread = threading.Thread(target=self._run, args=(replica,), name=name, daemon=True)
                 self._threads.append(thread)
                 thread.start()
+            if self.group_deadline_s is not None:
+                watchdog = threading.Thread(target=self._watch_deadlines, name=f"{self._name}-deadline", daemon=True)
+                watchdog.start()
 
     def close(self, *, timeout: float | None = None) -> bool:
         """Stop admitting; let the workers answer every admitted request; join them. True if they stopped in time."""
@@ -270,6 +316,17 @@ class Batcher:
             raise
 
     # -- workers ---------------------------------------------------------------------------------------------
+    def _eligibility(self, replica: _Replica):
+        """Which queued requests ``replica`` may take: not those whose group already failed on it while another
+        replica still serves (a predicate for :meth:`FairQueue.plan`)."""
+        others = any(self._serving(r) for r in self.replicas if r is not replica)
+        return lambda item: not (others and replica.name in item.failed_on)
+
+    @staticmethod
+    def _serving(replica: _Replica) -> bool:
+        """Whether ``replica`` takes groups: not retired, and not stuck in a group past its deadline."""
+        return not replica.retired and not (replica.current is not None and replica.current.abandoned)
+
     def _company_coming(self) -> bool:
         """Whether waiting can pay off: without a hint, always; with one, only while requests are on their way."""
         if self._company_hint is None:
@@ -279,60 +336,104 @@ class Batcher:
         except Exception:  # noqa: BLE001
             return True
 
-    def _take_group(self) -> list[_Item] | None:
-        """The next group (under the lock, so two workers never take the same request); None once closed and
-        drained."""
+    def _take_group(self, replica: _Replica) -> _Attempt | None:
+        """The next group for ``replica`` (under the lock, so two workers never take the same request); None once
+        closed and drained, or once ``replica`` is retired."""
         with self._cond:
             while True:
-                if not self._queue:  # another worker may have taken what this one waited on
-                    if self._closed:
+                if replica.retired:
+                    return None
+                group, full = self._queue.plan(self.max_batch_tokens, self._eligibility(replica))
+                if not group:  # another worker may have taken what this one waited on
+                    if self._closed and not self._queue:
                         return None
-                    self._cond.wait()
+                    self._cond.wait(0.5 if self._queue else None)
                     continue
-                group, full = self._queue.plan(self.max_batch_tokens)
                 if full or self._closed or not self._company_coming():
                     break
-                remaining = self._queue.oldest().enqueued + self.max_wait_s - time.monotonic()
+                remaining = min(item.enqueued for item in group) + self.max_wait_s - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
             self._queue.take(group)
             self._in_flight += len(group)
-            return group
+            deadline = None if self.group_deadline_s is None else time.monotonic() + self.group_deadline_s
+            replica.current = _Attempt(group, deadline)
+            self._cond.notify_all()  # the watchdog learns the new deadline
+            return replica.current
 
     def _run(self, replica: _Replica) -> None:
         bind_device(replica.model)
         while True:
-            group = self._take_group()
-            if group is None:
+            attempt = self._take_group(replica)
+            if attempt is None:
                 return
-            try:
-                ok = self._score_group(replica, group)
-            finally:
-                with self._cond:
-                    self._in_flight -= len(group)
-                    self._cond.notify_all()
-            if not ok and self._retire(replica):
-                return
+            error = self._score_group(replica, attempt.items, attempt)
+            with self._cond:
+                if replica.current is attempt:
+                    replica.current = None
+                if attempt.abandoned:  # past its deadline: the watchdog has settled the group already
+                    continue
+                self._in_flight -= len(attempt.items)
+                self._cond.notify_all()
+            if error is not None:
+                self._count_failure(replica, attempt.items, error)
 
-    def _retire(self, replica: _Replica) -> bool:
-        """Whether ``replica`` stops taking groups: its last ``retire_after_failures`` groups failed and another
-        replica still serves."""
+    def _count_failure(self, replica: _Replica, group: list[_Item], error: BaseException, *,
+                       hung: bool = False) -> None:
+        """Record a failed group on ``replica``: retry it once on another serving replica, else answer its requests
+        with ``error``; retire ``replica`` when its health says so, or when it is ``hung`` (past a deadline), while
+        another replica serves (never the last one)."""
         with self._cond:
-            if self.retire_after_failures is None or replica.failing < self.retire_after_failures:
-                return False
-            if not any(not r.retired for r in self.replicas if r is not replica):
-                return False
-            replica.retired = True
-        logger.error("replica %s failed %d groups in a row: it takes no more requests; %d replica(s) still serve",
-                     replica.name, replica.failing, sum(not r.retired for r in self.replicas))
-        return True
+            replica.failures += 1
+            replica.health.record(False)
+            reason = (f"did not answer a group within {self.group_deadline_s:g} s" if hung else
+                      replica.health.retire_reason())
+            if reason and not replica.retired and any(self._serving(r) for r in self.replicas if r is not replica):
+                replica.health.retired = True
+                replica.health.reason = reason
+                logger.error("replica %s %s: it takes no more requests; %d replica(s) still serve", replica.name,
+                             reason, sum(not r.retired for r in self.replicas))
+            others = [r for r in self.replicas if r is not replica and self._serving(r)]
+            if not self.retry_on_another:
+                others = []
+            retry = [item for item in group if not item.failed_on and others and not item.future.cancelled()]
+            for item in reversed(retry):
+                item.failed_on.add(replica.name)
+                self._queue.appendleft(item)  # a retried request goes first in its lane
+            self._cond.notify_all()
+        if retry:
+            logger.warning("replica %s: retrying %d request(s) of the failed group on another replica", replica.name,
+                           len(retry))
+        for item in group:
+            if item not in retry:
+                self._resolve(item, error=error)
 
-    def _score_group(self, replica: _Replica, group: list[_Item]) -> bool:
-        """Score ``group`` on ``replica`` and resolve its requests; False when scoring failed."""
+    def _watch_deadlines(self) -> None:
+        """Take every group past its deadline from its replica (a failure there); run until the workers stop."""
+        with self._cond:
+            while any(t.is_alive() for t in self._threads):
+                now = time.monotonic()
+                late = [r for r in self.replicas if r.current is not None and r.current.deadline is not None
+                        and r.current.deadline <= now and not r.current.abandoned]
+                for replica in late:
+                    attempt = replica.current
+                    attempt.abandoned = True
+                    self._in_flight -= len(attempt.items)
+                    error = InferenceError(f"model inference failed: the replica did not answer within "
+                                           f"{self.group_deadline_s:g} s")
+                    logger.error("replica %s: a group of %d requests missed its %g s deadline", replica.name,
+                                 len(attempt.items), self.group_deadline_s)
+                    self._count_failure(replica, attempt.items, error, hung=True)  # the condition's lock is reentrant
+                deadlines = [r.current.deadline for r in self.replicas
+                             if r.current is not None and r.current.deadline is not None and not r.current.abandoned]
+                self._cond.wait(min(1.0, max(0.01, min(deadlines) - time.monotonic())) if deadlines else 1.0)
+
+    def _score_group(self, replica: _Replica, group: list[_Item], attempt: _Attempt | None = None):
+        """Score ``group`` on ``replica`` and resolve its requests; the error when scoring failed (None: done)."""
         live = [item for item in group if not item.future.cancelled()]
         if not live:
-            return True
+            return None
         started = time.monotonic()
         try:
             result = self._score_fn(replica.model, [item.prepared for item in live], fast=self.fast)
@@ -340,28 +441,36 @@ class Batcher:
             caches = list(result.prefix_cache) or [{"enabled": False, "mode": "none", "shared_tokens": 0}] * len(live)
             if len(scores) != len(live) or len(caches) != len(live):
                 raise InferenceError(f"the scorer returned {len(scores)} results for {len(live)} requests")
+            check_finite_scores(scores)
             path = result.path  # "fast" or "reference": what ran
-        except Exception as exc:  # docs/contract.md §2: a failure inside inference is the group's 500
-            with self._cond:
-                replica.failures += 1
-                replica.failing += 1
+        except Exception as exc:
+            if self._settled_late(attempt):
+                return None
             logger.error("replica %s: scoring a group of %d requests failed: %s", replica.name, len(live), exc,
-                         exc_info=not isinstance(exc, InferenceError))
-            error = exc if isinstance(exc, InferenceError) else InferenceError(f"model inference failed: {exc}")
-            for item in live:
-                self._resolve(item, error=error)
-            return False
+                         exc_info=not isinstance(exc, (InferenceError, ValueError)))
+            return exc if isinstance(exc, InferenceError) else InferenceError(f"model inference failed: {exc}")
         with self._cond:
+            if self._settled_late(attempt):
+                return None  # past its deadline: answered elsewhere (or with an error) already
             replica.groups += 1
             replica.requests += len(live)
-            replica.failing = 0
+            replica.health.record(True)
         tokens = sum(item.tokens for item in live)
         for item, item_scores, cache in zip(live, scores, caches):
             outcome = BatchOutcome(scores=item_scores, seconds=float(result.seconds), prefix_cache=cache,
                                    method=path, batch_requests=len(live), batch_tokens=tokens,
                                    queue_seconds=max(0.0, started - item.enqueued))
             self._resolve(item, outcome=outcome)
-        return True
+        return None
+    def _settled_late(self, attempt: _Attempt | None) -> bool:
+        """Whether the watchdog took ``attempt`` (past its deadline); else its deadline is disarmed."""
+        if attempt is None:
+            return False
+        with self._cond:
+            if attempt.abandoned:
+                return True
+            attempt.deadline = None
+            return False
 
     @staticmethod
     def _resolve(item: _Item, *, outcome: BatchOutcome | None = None, error: BaseException | None = None) -> None:

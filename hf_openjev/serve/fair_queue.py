@@ -87,11 +87,19 @@ class FairQueue:
         """The item waiting longest (the head of some lane), or None."""
         return min((lane[0] for lane in self._lanes.values()), key=lambda item: item.enqueued, default=None)
 
-    def plan(self, max_tokens: int) -> tuple[list, bool]:
+    def appendleft(self, item) -> None:
+        """Queue ``item`` first in its client's lane (a request whose group failed, to be retried)."""
+        self.append(item)
+        lane = self._lanes[item.client]
+        lane.rotate(1)  # the item just appended becomes the lane's head
+
+    def plan(self, max_tokens: int, eligible=None) -> tuple[list, bool]:
         """The next group, in round-robin order, under ``max_tokens`` (its first item always, however big), and
-        whether the budget is exhausted."""
+        whether the budget is exhausted; ``eligible(item)``: only such items (all when None)."""
         group, total = [], 0
         for item in self:
+            if eligible is not None and not eligible(item):
+                continue
             if group and total + item.tokens > max_tokens:
                 return group, True
             group.append(item)
@@ -105,8 +113,10 @@ class FairQueue:
         self._groups += 1
         for item in group:
             lane = self._lanes[item.client]
-            assert lane[0] is item, "take() needs the group plan() returned"
-            lane.popleft()
+            if lane[0] is item:
+                lane.popleft()
+            else:  # an item plan(eligible=...) skipped stays ahead of it in its lane
+                lane.remove(item)
             self._size -= 1
             self._turn[item.client] = (self._groups, self._turn[item.client][1])
             if not lane:

@@ -101,6 +101,8 @@ class ServerOps:
                                         buckets=_BATCH_BUCKETS, registry=r)
         self.batch_tokens = Histogram("hf_openjev_batch_tokens", "unpadded input tokens per shared forward",
                                       buckets=_TOKEN_BUCKETS, registry=r)
+        self.replicas = Gauge("hf_openjev_replicas", "model replicas by health state (ok, degraded: a recent failed "
+                              "group, retired: takes no more groups)", ["state"], registry=r)
         self.device_busy = Counter("hf_openjev_device_busy_seconds", "seconds each device spent scoring",
                                    ["device"], registry=r)
 
@@ -111,6 +113,9 @@ class ServerOps:
         self.queue_depth.set_function(lambda: getattr(batcher, "waiting", 0))
         self.in_flight.set_function(lambda: state.active)
         self.ready.set_function(lambda: float(bool(getattr(state, "ready", False)) and not state.draining))
+        for name in ("ok", "degraded", "retired"):
+            self.replicas.labels(state=name).set_function(
+                lambda name=name: batcher.replica_states()[name] if hasattr(batcher, "replica_states") else 0)
 
     def time_scoring(self, score_fn):
         """``score_fn`` (the batcher's, one call per shared forward) that also records the batch's size and tokens

@@ -1,0 +1,170 @@
+"""Temporary directories of the export commands and putting an export in place.
+
+:func:`claim_temp_dir` makes ``.OUT.<kind>-<token>`` beside ``OUT`` together with a lock file
+``.OUT.<kind>-<token>.lock`` that this process holds (``flock``) until :meth:`TempDir.release`; the operating
+system drops the lock when the process dies, however it dies. :func:`remove_stale_temps` therefore removes exactly
+the temporaries of earlier runs that are provably stale: those whose lock nobody holds (a directory of another live
+export is left alone, and so is one without a lock file, made by an older version).
+
+:func:`put_in_place` renames the finished directory to ``OUT``. Over an existing ``OUT`` (``--overwrite``) it
+exchanges the two in one ``renameat2(RENAME_EXCHANGE)`` on Linux, so that ``OUT`` always holds a whole export, the
+old one or the new one, whenever the process stops; where the exchange is not available it falls back to two
+renames (the old export moved aside first, put back on an error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import re
+import secrets
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["TempDir", "claim_temp_dir", "put_in_place", "remove_stale_temps"]
+
+_KINDS = ("tmp", "old", "bf16")
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+@dataclass
+class TempDir:
+    """A temporary directory this process owns, and the open, locked lock file that says so."""
+
+    path: Path
+    lock_path: Path
+    lock_fd: int | None
+
+    def release(self) -> None:
+        """Unlock and remove the lock file (the directory itself is the caller's: renamed or removed)."""
+        with contextlib.suppress(OSError):
+            self.lock_path.unlink()
+        if self.lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.lock_fd)
+            self.lock_fd = None
+
+
+def _lock(path: Path, *, create: bool) -> int | None:
+    """An open fd of ``path`` locked exclusively by this process, or None when another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no provable staleness
+        return None
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        if create:
+            raise
+        return None
+    return fd
+
+
+def claim_temp_dir(out_dir: Path, kind: str = "tmp") -> TempDir:
+    """Create ``.OUT.<kind>-<token>`` beside ``out_dir`` (mode 0o700, like ``mkdtemp``) with its held lock file."""
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+    out_dir = Path(out_dir)
+    while True:
+        base = out_dir.parent / f".{out_dir.name}.{kind}-{secrets.token_hex(4)}"
+        lock_path = base.with_name(base.name + ".lock")
+        try:
+            fd = _lock(lock_path, create=True)
+        except FileExistsError:
+            continue
+        try:
+            base.mkdir(mode=0o700)
+        except FileExistsError:
+            os.close(fd) if fd is not None else None
+            lock_path.unlink()
+            continue
+        except BaseException:
+            os.close(fd) if fd is not None else None
+            lock_path.unlink()
+            raise
+        return TempDir(base, lock_path, fd)
+
+
+def remove_stale_temps(out_dir: Path) -> list[Path]:
+    """Remove the temporaries beside ``out_dir`` left by export runs that died (their lock is free); returns them."""
+    out_dir = Path(out_dir)
+    parent = out_dir.parent
+    if not parent.is_dir():
+        return []
+    pattern = re.compile(rf"^\.{re.escape(out_dir.name)}\.(?:{'|'.join(_KINDS)})-[0-9a-f]+\.lock$")
+    removed = []
+    for lock_path in sorted(parent.iterdir()):
+        if not pattern.match(lock_path.name):
+            continue
+        try:
+            fd = _lock(lock_path, create=False)
+        except OSError:
+            continue
+        if fd is None:  # a live export holds it
+            continue
+        try:
+            target = lock_path.with_name(lock_path.name[:-len(".lock")])
+            if target.exists() or target.is_symlink():
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink()
+                removed.append(target)
+            lock_path.unlink()
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` atomically (Linux ``renameat2``); False where the system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(a))
+
+
+def put_in_place(tmp: TempDir, out_dir: Path, *, overwrite: bool, refuse) -> None:
+    """Rename ``tmp.path`` to ``out_dir``; an existing ``out_dir`` (only with ``overwrite``, else ``refuse()``, an
+    exception to raise) is exchanged with it and then removed. ``tmp`` is released."""
+    out_dir = Path(out_dir)
+    if not (out_dir.exists() or out_dir.is_symlink()):
+        tmp.path.rename(out_dir)
+        tmp.release()
+        return
+    if not overwrite:
+        raise refuse()
+    if out_dir.is_dir() and not out_dir.is_symlink() and _exchange(tmp.path, out_dir):
+        shutil.rmtree(tmp.path, ignore_errors=True)  # now the old export; a kill here leaves it stale (unlocked)
+        tmp.release()
+        return
+    backup = claim_temp_dir(out_dir, "old")
+    backup.path.rmdir()
+    out_dir.rename(backup.path)
+    try:
+        tmp.path.rename(out_dir)
+    except BaseException:
+        backup.path.rename(out_dir)
+        backup.release()
+        raise
+    tmp.release()
+    shutil.rmtree(backup.path, ignore_errors=True)
+    backup.release()

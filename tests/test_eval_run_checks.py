@@ -1,0 +1,142 @@
+"""What eval and export check before loading, and how they end on an expected condition (issue 28, findings 7 and
+9): hf_openjev.eval.run_checks, the dtype and FP8 mode in the resume fingerprint, a torn record repaired on
+resume, a full disk as one line."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+
+import hf_openjev.cli as cli
+from hf_openjev.errors import UsageError
+from hf_openjev.eval import evaluate as ev
+from hf_openjev.eval.evaluate import EvalInputError, evaluate
+from hf_openjev.eval.run_checks import drop_torn_records
+from shared_data import JEVBENCH_EASY as EASY
+
+CPU = {"device": "cpu", "progress": False}
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _few(tmp_path: Path, n: int = 3) -> Path:
+    rows = [line for line in EASY.read_text(encoding="utf-8").splitlines() if line.strip()][:n]
+    path = tmp_path / "few.jsonl"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("loaded before the options were checked")
+
+    monkeypatch.setattr(ev, "load_export", refuse)
+    monkeypatch.setattr("hf_openjev.checkpoint.manifest.read_manifest", refuse)
+
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"batch_size": 0}, UsageError, r"batch_size \(--batch-size\) must be a positive integer"),
+    ({"dtype": "bf16"}, UsageError, r"unknown dtype 'bf16'"),
+    ({"out_dir": "FILE"}, EvalInputError, r"is a file; pass a directory"),
+    ({"out_dir": "FILE/sub"}, EvalInputError, r"is a file, so the directory cannot be created"),
+])
+def test_bad_options_are_refused_before_anything_loads(options, error, message, tiny_checkpoint, tmp_path,
+                                                       no_loading):
+    (tmp_path / "FILE").write_text("not a directory")
+    kwargs = {"out_dir": tmp_path / "out", "batch_size": 16, "dtype": "float32", **options}
+    if isinstance(kwargs["out_dir"], str):
+        kwargs["out_dir"] = tmp_path / kwargs["out_dir"]
+    with pytest.raises(error, match=message):
+        evaluate(model=tiny_checkpoint.export, data=[_few(tmp_path)], **CPU, **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_answers_bad_options_with_one_line(tiny_checkpoint, tmp_path, no_loading, capsys):
+    (tmp_path / "FILE").write_text("x")
+    base = ["eval", "--model", str(tiny_checkpoint.export), "--data", str(_few(tmp_path)), "--device", "cpu"]
+    assert cli.main(base + ["--out", str(tmp_path / "FILE")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-openjev eval: error: --out ") and "is a file" in err and "\n" not in err
+    with pytest.raises(SystemExit) as info:
+        cli.main(base + ["--batch-size", "0"])
+    assert info.value.code == 2 and "--batch-size: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_a_full_disk_is_one_line_in_eval_and_export(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "summary.json"))
+
+    monkeypatch.setattr(ev, "write_outputs", full)
+    argv = ["eval", "--model", str(tiny_checkpoint.export), "--data", str(_few(tmp_path, 2)), "--out",
+            str(tmp_path / "out"), "--device", "cpu", "--dtype", "float32", "--no-progress"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the loading bar
+    assert last.startswith("hf-openjev eval: error: the disk is full writing ") and "Traceback" not in err
+
+    import hf_openjev.export.merge as merge
+
+    monkeypatch.setattr(merge._ShardWriter, "write", full)
+    argv = ["export", "--base", str(tiny_checkpoint.base), "--package", str(tiny_checkpoint.package), "--out",
+            str(tmp_path / "export"), "--no-progress"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("hf-openjev export: error: the disk is full")
+    assert "Traceback" not in err
+    assert not (tmp_path / "export").exists() and not list(tmp_path.glob(".export.*"))
+    with pytest.raises(OSError):  # any other OSError is not an expected condition: it is not hidden
+        monkeypatch.setattr(merge._ShardWriter, "write",
+                            lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+        cli.main(argv)
+
+
+def test_a_torn_record_is_dropped_on_resume_and_the_file_stays_valid_jsonl(tiny_model, tmp_path):
+    data = _few(tmp_path, 3)
+    out = tmp_path / "out"
+    evaluate(model=tiny_model, data=[data], out_dir=out, **CPU)
+    results = out / "results.jsonl"
+    lines = results.read_text(encoding="utf-8").splitlines()
+    results.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2], encoding="utf-8")  # torn
+    summary = evaluate(model=tiny_model, data=[data], out_dir=out, **CPU)
+    assert summary["counts"]["scored_this_run"] == 1 and summary["counts"]["resumed"] == 2
+    text = results.read_text(encoding="utf-8")
+    assert text.endswith("\n") and all(isinstance(json.loads(line), dict) for line in text.splitlines())
+    assert len(text.splitlines()) == 3
+
+
+def test_drop_torn_records_keeps_a_clean_file_untouched_and_drops_glued_lines(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"a": 1}\n{"b": 2}\n', encoding="utf-8")
+    before = path.stat().st_mtime_ns
+    assert drop_torn_records(path) == 0 and path.stat().st_mtime_ns == before
+    path.write_text('{"a": 1}\n{"b": \n{"c": 3}\n{"d"', encoding="utf-8")  # an older run's torn line, and a new one
+    assert drop_torn_records(path) == 2
+    assert path.read_text(encoding="utf-8") == '{"a": 1}\n{"c": 3}\n'
+
+
+def test_the_fingerprint_holds_the_dtype_also_of_a_loaded_model(tiny_model, tiny_checkpoint, tmp_path):
+    data = _few(tmp_path, 2)
+    out = tmp_path / "out"
+    evaluate(model=tiny_model, data=[data], out_dir=out, **CPU)  # a loaded fp32 model
+    run = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    assert run["dtype"] == "float32" and "fp8" not in run
+    resumed = evaluate(model=tiny_checkpoint.export, data=[data], out_dir=out, dtype="float32", **CPU)
+    assert resumed["counts"]["scored_this_run"] == 0  # the same model, dtype and mode: resumed
+    with pytest.raises(EvalInputError, match=r"another model or FP8 mode or dtype .*dtype float32"):
+        evaluate(model=tiny_checkpoint.export, data=[data], out_dir=out, dtype="auto", **CPU)  # bfloat16
+
+
+def test_the_fingerprint_holds_the_fp8_mode_of_a_loaded_model(tiny_model):
+    from hf_openjev.eval.evaluate import loaded_model_settings, model_fingerprint
+    from hf_openjev.fp8.swap import quantize_model_fp8
+
+    copy = __import__("copy").deepcopy(tiny_model)
+    assert loaded_model_settings(copy) == ("off", "float32")
+    quantize_model_fp8(copy, "all")
+    fp8, dtype = loaded_model_settings(copy)
+    assert fp8 == "all"
+    assert model_fingerprint(copy.manifest, fp8, dtype) != model_fingerprint(copy.manifest, "off", dtype)
