@@ -15,6 +15,13 @@
 #                                        # default and aligned sharing (with --fp8: the FP8 mode, no sweep) against
 #                                        # recipes/data/oracle_SHAPE.json: fidelity_SHAPE.{json,md,png}; join the runs
 #                                        # of one shape with recipes/merge_fidelity.py
+#   bash recipes/gpu_campaign.sh session SHAPE [BENCH OPTIONS]  # 27b, 9b or 2b on the exact workload: B and C
+#                                        # in one process (B's warm-up on 24 requests), singles of 107 and 3,400
+#                                        # tokens, then the same model over HTTP, C then B (recipes/bench_e2e.py;
+#                                        # the real tokenizer: .tokcache/ carried, or converted there)
+#   bash recipes/gpu_campaign.sh family-fidelity SHAPE  # 9b or 2b: the bench's random weights written as an export
+#                                        # (recipes/random_export.py), then `hf-openjev fidelity` on it against
+#                                        # recipes/data/oracle_SHAPE.json (the estimated workload): B and the default
 #   bash recipes/gpu_campaign.sh profile # 27B kernel profiles with graphs: a 107- and a 3,400-token candidate and
 #                                        # JevBench requests 0, 129, 204, the default and with aligned sharing
 #
@@ -23,13 +30,15 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stage=${1:?stage: pytest | bench | fidelity | profile}
+stages="pytest | bench | fidelity | session | family-fidelity | profile"
+stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest|bench|fidelity|profile) ;; *) echo "unknown stage $stage (pytest | bench | fidelity | profile)"; exit 2 ;; esac
+case "$stage" in pytest|bench|fidelity|session|family-fidelity|profile) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
   export FLA_FLASH_QLA=0
+  [ -d "$REPO/.tokcache" ] && export HF_OPENJEV_CACHE="$REPO/.tokcache"  # the converted tokenizer, if carried
   out=${OUT:-/tmp/out}/$stage
   mkdir -p "$out"
   cd /tmp || exit 1
@@ -72,6 +81,21 @@ case "$stage" in
     timeout 570 $bench --shape "$shape" --arms B,C --parity-only B --passes 1 --b-passes 1 --concurrency "" \
       --single "" --long-candidate 0 --sweep "$sweep" "$@" \
       --oracle "$REPO/recipes/data/oracle_$shape.json" --out "$out/$shape" 2>&1 | quiet | grep -E "^arm|fidelity|rror" ;;
+  session)
+    shape=${1:?session SHAPE: 27b, 9b or 2b}
+    shift
+    timeout $((590 - (SECONDS - start))) $bench --shape "$shape" --arms B,C --passes 1 --b-passes 1 \
+      --b-warmup-requests 24 --concurrency "" --single 107,3400 --long-candidate 0 --e2e C,B \
+      --e2e-warmup-requests 8 "$@" --out "$out/$shape" 2>&1 | quiet | grep -vE "^\s*$" | tail -n 40 ;;
+  family-fidelity)
+    shape=${1:?family-fidelity SHAPE: 9b or 2b}
+    export_dir=/tmp/random-$shape
+    rm -rf "$export_dir"
+    python3 "$REPO/recipes/random_export.py" --shape "$shape" --device cuda --out "$export_dir" 2>&1 | quiet | tail -n 2
+    python3 -m hf_openjev fidelity --model "$export_dir" --workload "$REPO/recipes/data/jevbench231-shapes-estimated.json" \
+      --oracle "$REPO/recipes/data/oracle_$shape.json" --configs default --name "$shape" --no-progress \
+      --out "$out/$shape" 2>&1 | quiet | tail -n 12
+    rm -rf "$export_dir" ;;
   profile)
     timeout $((575 - (SECONDS - start))) python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 \
       --requests 0,129,204 --fast-options '{}' '{"share_tails": false, "min_shared_tokens": 64}' \
