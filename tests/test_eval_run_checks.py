@@ -15,7 +15,7 @@ from hf_openjev.errors import UsageError
 from hf_openjev.eval import evaluate as ev
 from hf_openjev.eval.evaluate import EvalInputError, evaluate
 from hf_openjev.eval.run_checks import drop_torn_records
-from shared_data import JEVBENCH_EASY as EASY
+from repo_data import JEVBENCH_EASY as EASY
 
 CPU = {"device": "cpu", "progress": False}
 
