@@ -722,6 +722,14 @@ def _configure_logging(log_level: str) -> None:
     configure_access_log()
 
 
+def _log_start(model_dir, ops, fp8: str) -> None:
+    logger.info("loading %s; GET /health answers 503 until the model is ready%s", model_dir,
+                f"; {len(ops.keys)} API key(s) required" if ops.keys.enabled else "")
+    if fp8 != "off":
+        logger.warning("fp8 %s: FP8 projections on the fast path; faster and half the weights, but it does not pass "
+                       "the fidelity gate against the fp32 oracle (recipes/RESULTS.md)", fp8)
+
+
 def _uvicorn_config(app, *, host: str, port: int, log_level: str, drain_timeout_s: float,
                     limit_concurrency: int | None, header_timeout_s: float):
     """uvicorn's configuration for ``serve``: our access log instead of uvicorn's, the header deadline on its
@@ -808,11 +816,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
                              drain_timeout_s=drain_timeout_s, limit_concurrency=limit_concurrency,
                              header_timeout_s=header_timeout_s)
     server = build_server(config, on_exit=loading.begin_drain, drain=loading.finish_drain)
-    logger.info("loading %s; GET /health answers 503 until the model is ready%s", model_dir,
-                f"; {len(ops.keys)} API key(s) required" if ops.keys.enabled else "")
-    if fp8 != "off":
-        logger.warning("fp8 %s: FP8 projections on the fast path; faster and half the weights, but it does not pass "
-                       "the fidelity gate against the fp32 oracle (recipes/RESULTS.md)", fp8)
+    _log_start(model_dir, ops, fp8)
     server.run()
     if loading.error is not None:
         raise loading.error
