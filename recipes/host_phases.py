@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import sys
 import time
@@ -170,6 +172,7 @@ def write_markdown(result: dict, path: Path) -> None:
     lines = [f"# Host ms of short fast-path requests on a CPU ({result['layers']} layers, medians of "
              f"{result['repeats']})", "", f"Command: `{result['command']}`", "",
              "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), "",
+             f"Device: {result['device']} (one torch thread)", "",
              "| request | " + " | ".join(PHASES) + " |", "|---|" + "---|" * len(PHASES)]
     for label, phases in result["requests"].items():
         lines.append(f"| {label} | " + " | ".join(f"{phases[p]:.3f}" for p in PHASES) + " |")
@@ -196,7 +199,9 @@ def main(argv=None) -> int:
     record.graphs = stand_in_graphs(text_model_of(model))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "layers": args.layers,
+    device = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
+    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "device": device,
+              "layers": args.layers,
               "repeats": args.repeats, "requests": {}}
     for label, prepared in short_requests(indices):
         result["requests"][label] = time_request(model, request_dict(prepared), prepared, args.repeats)

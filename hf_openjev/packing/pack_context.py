@@ -327,7 +327,7 @@ def lay_out_level(plan, ids: list[int], layout: Layout, external: ExternalBlocks
         layout.positions.extend(range(seg.start, seg.end))
         cu.append(len(layout.token_ids) - lo)
         prefixes.append(parent_chain(plan, seg_id, layout, external))
-        own = [external.rows + layout.start_of[seg_id] + i for i in range(len(seg.tokens))]
+        own = list(range(external.rows + layout.start_of[seg_id], external.rows + len(layout.token_ids)))
         layout.chain_rows[seg_id] = prefixes[-1] + own
     if pad:
         for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
