@@ -76,8 +76,9 @@ def stand_in_graphs(text_model):
 @contextmanager
 def timed_steps(times: dict[str, float]):
     """Wrap score_fast's steps so that each call adds its ms to ``times`` (restored on exit)."""
-    from hf_openjev import fast_path
     from hf_openjev.patches.cuda_graphs import PackGraphs
+
+    from hf_openjev import fast_path
 
     saved = fast_path.plan_requests, fast_path.build_pack_context, PackGraphs.run
 

@@ -12,13 +12,17 @@ import random
 
 import pytest
 import torch
+from hf_openjev.patches.cuda_graphs import copy_inputs
 
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.packing import pack_context as pc
 from hf_openjev.packing.layout_cache import TEMPLATES, TemplateCache, shape_key
-from hf_openjev.packing.pack_context import SegmentState, build_pack_context, build_pack_context_uncached
+from hf_openjev.packing.pack_context import (
+    SegmentState,
+    build_pack_context,
+    build_pack_context_uncached,
+)
 from hf_openjev.packing.planner import plan_requests
-from hf_openjev.patches.cuda_graphs import copy_inputs
 
 torch.set_num_threads(1)
 
