@@ -45,7 +45,8 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
         for seg in pack.external:
             remaining_children[seg] = remaining_children.get(seg, 0) + 1
     store = {}
-    leaf_scores: dict[int, torch.Tensor] = {}
+    pack_scores: list[torch.Tensor] = []  # per pack with scored rows: [N] fp32, still on the device
+    leaf_index: dict[int, int] = {}  # scored segment id -> its index in the packs' scores, concatenated
     for pack in plan.packs:
         graphed = graphs is not None and graph_ready(plan, pack)
         ctx = build_pack_context(plan, pack, store, model.device, options, pad=graphed)
@@ -54,15 +55,17 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
         else:
             rows = text_model(pack=ctx)  # [N, hidden]
         if ctx.leaf_ids:
-            scores = model.head(rows.float()).squeeze(-1)  # [N] fp32
-            leaf_scores.update(zip(ctx.leaf_ids, scores))
+            pack_scores.append(model.head(rows.float()).squeeze(-1))  # [N] fp32
+            leaf_index.update((seg, len(leaf_index)) for seg in ctx.leaf_ids)
         store.update(ctx.exported)
         for seg in pack.external:  # free prefix states no later pack reads
             remaining_children[seg] -= 1
             if remaining_children[seg] == 0:
                 del store[seg]
     order = sorted((s.request, s.leaf, s.id) for s in plan.segments if s.leaf is not None)
-    flat = torch.stack([leaf_scores[seg_id] for _, _, seg_id in order]).tolist() if order else []
+    scores = pack_scores[0] if len(pack_scores) == 1 else torch.cat(pack_scores) if pack_scores else None
+    values = scores.tolist() if scores is not None else []  # the one device synchronisation
+    flat = [values[leaf_index[seg_id]] for _, _, seg_id in order]
     caches = [{"enabled": options.shared_prefix, "mode": "prefix-tree" if options.shared_prefix else "none",
                "shared_tokens": shared} for shared in plan.shared_tokens]
     return flat, caches

@@ -2,7 +2,7 @@
 
 The first pack of a new bucket runs once eagerly on a side stream (Triton autotuning, lazy allocations), is
 captured, and replays; later packs of the bucket copy their inputs into the captured context's tensors (one flat
-buffer per dtype, ``PackContext.inputs``) and replay. All graphs share one memory pool (they never run
+byte buffer, ``PackContext.input_buffer``) and replay. All graphs share one memory pool (they never run
 concurrently, and each graph's output is read before the next replay). At most ``capacity`` graphs are kept
 (least recently used first out); ``stats()`` reports captures, replays and evictions.
 
@@ -25,6 +25,15 @@ def graph_ready(plan, pack) -> bool:
     """Whether a planner pack can replay a graph: it neither receives nor hands on prefix states (padding would
     shift their rows) and has at most ``MAX_GRAPH_TOKENS`` tokens."""
     return not pack.external and not pack.export and pack.tokens(plan) <= MAX_GRAPH_TOKENS
+
+
+def copy_inputs(ctx, static) -> None:
+    """Copy a context's inputs into the captured context's: ONE copy of the byte buffer every input lies in
+    (``PackContext.input_buffer``, :mod:`hf_openjev.packing.input_buffer`), asynchronous."""
+    src, dst = ctx.input_buffer, static.input_buffer
+    if len(src) != 1 or len(dst) != 1 or src[0].shape != dst[0].shape:
+        raise RuntimeError(f"graph key {ctx.graph_key} maps to another input layout; this is a bug")
+    dst[0].copy_(src[0], non_blocking=True)
 
 
 class PackGraphs:
@@ -53,11 +62,7 @@ class PackGraphs:
             return self._capture(ctx)
         self.graphs.move_to_end(ctx.graph_key)
         graph, static, output = entry
-        for dtype, src in ctx.inputs.items():  # one flat buffer per dtype holds every input (pack_context.move_inputs)
-            dst = static.inputs.get(dtype)
-            if dst is None or dst.shape != src.shape:
-                raise RuntimeError(f"graph key {ctx.graph_key} maps to another input layout; this is a bug")
-            dst.copy_(src, non_blocking=True)
+        copy_inputs(ctx, static)
         graph.replay()
         self.replays += 1
         return output

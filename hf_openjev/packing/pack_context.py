@@ -25,11 +25,13 @@ rows ; its own rows] from its anchor's states (a *gathered* layout, ``keep`` pic
 result), so the tail's level and its children's read the same anchor and run as one call. Attention continues a
 tail as any other parent.
 
-``build_pack_context`` runs named steps, each a function below: levels (``group_levels``), anchors
+``build_pack_context_uncached`` runs named steps, each a function below: levels (``group_levels``), anchors
 (``find_anchors``), received states (``index_external``), the layout and each level's attention metadata
 (``lay_out_levels`` -> ``lay_out_level`` -> ``route_prefixes``), the Gated DeltaNet calls (``group_gdn_levels``,
-``StateBank``, ``gather_call_rows``, ``build_gdn_call``), then the inputs (``select_final_rows``, ``key_graph``,
-``move_inputs``, ``attach_external_states``, ``attach_exports``).
+``StateBank``, ``gather_call_rows``, ``build_gdn_call``), then the inputs (``select_final_rows``, ``key_graph``:
+``lay_out_pack`` up to here, then ``move_inputs``, ``attach_external_states``, ``attach_exports``).
+``build_pack_context`` (what the fast path calls) runs them once per pack *shape* and keeps the result
+(:mod:`.layout_cache`): a later pack of that shape only writes its token ids into a copy of the shape's input buffer.
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ from hf_openjev.fast_options import DENSE_ATTENTION_TOKENS, FastPathOptions
 from hf_openjev.ops.varlen import prepare_varlen_metadata
 
 from .graph_buckets import bucket_sequences, bucket_tokens, pad_level
+from .input_buffer import fill_host_buffer, plan_input_layout, view_inputs
+from .layout_cache import TEMPLATES, fill_template, record_template, shape_key
 
 __all__ = ["DENSE_ATTENTION_TOKENS", "GdnCall", "LevelSpec", "PackContext", "SegmentState", "build_pack_context",
-           "move_inputs"]
+           "build_pack_context_uncached", "lay_out_pack", "move_inputs"]
 
 
 @dataclass
@@ -135,6 +139,9 @@ class PackContext:
     graph_key: tuple | None = None  # set for a padded (graph-ready) context: equal keys, equal tensor shapes
     # dtype -> the flat device buffer every tensor of ``static_tensors()`` is a view of (``move_inputs``)
     inputs: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+    # (the one [nbytes] uint8 device buffer all of ``inputs`` lie in,) once moved: a tuple, not a tensor field (every
+    # tensor field is one of ``static_tensors()``)
+    input_buffer: tuple[torch.Tensor, ...] = ()
 
     def static_tensors(self) -> list[torch.Tensor]:
         """Every device input of the forward, in a fixed order (what a graph replay copies in)."""
@@ -159,39 +166,26 @@ class PackContext:
             state.key[layer], state.value[layer] = key.index_select(0, chain), value.index_select(0, chain)
 
 
-_ALIGN_BYTES = 16  # each input starts 16-byte aligned, as its own allocation would (Triton specializes on that)
-
-
 def move_inputs(ctx: PackContext, device) -> None:
-    """Move the context's inputs (``static_tensors()``, built on the host) to ``device`` in one pinned, asynchronous
-    copy per dtype: each becomes a view of a flat buffer (``ctx.inputs``), so that a graph replay also copies one
-    buffer per dtype, not each tensor. Contexts with equal graph keys get equal buffer layouts (equal tensor
-    shapes, in a fixed order). That made a replay's launch cheaper; building the context did not get cheaper
-    (recipes/RESULTS.md, "The host")."""
+    """Move the context's inputs (``static_tensors()``, built on the host) to ``device`` in ONE pinned, asynchronous
+    copy of one byte buffer (:mod:`.input_buffer`): each input becomes a view of it, ``ctx.inputs`` holds its flat
+    region per dtype and ``ctx.input_buffer`` the whole buffer, so that a graph replay also copies one buffer.
+    Contexts with equal graph keys get equal buffer layouts (equal tensor shapes, in a fixed order)."""
     device = torch.device(device)
-    groups: dict[torch.dtype, list[torch.Tensor]] = {}
-    for tensor in ctx.static_tensors():
-        groups.setdefault(tensor.dtype, []).append(tensor)
-    views: dict[int, torch.Tensor] = {}
-    for dtype, tensors in groups.items():
-        step = max(1, _ALIGN_BYTES // tensors[0].element_size())
-        offsets, size = [], 0
-        for tensor in tensors:
-            offsets.append(size)
-            size += -(-tensor.numel() // step) * step
-        host = torch.zeros(size, dtype=dtype, pin_memory=device.type == "cuda")  # pinned: an asynchronous copy
-        for tensor, offset in zip(tensors, offsets):
-            host[offset: offset + tensor.numel()] = tensor.reshape(-1)
-        flat = ctx.inputs[dtype] = host.to(device, non_blocking=True)
-        for tensor, offset in zip(tensors, offsets):
-            views[id(tensor)] = flat[offset: offset + tensor.numel()].view(tensor.shape)
+    tensors = ctx.static_tensors()
+    layout = plan_input_layout(tensors)
+    host = fill_host_buffer(tensors, layout, pin=device.type == "cuda")  # pinned: an asynchronous copy
+    flat = host.to(device, non_blocking=True)
+    ctx.inputs, views = view_inputs(flat, layout)
+    ctx.input_buffer = (flat,)
+    by_id = {id(tensor): view for tensor, view in zip(tensors, views)}
     for holder in (ctx, *ctx.levels, *ctx.gdn_calls):  # shared tensors (a call's and its level's) stay shared
         for f in dataclasses.fields(holder):
             value = getattr(holder, f.name)
             if isinstance(value, torch.Tensor):
-                if id(value) not in views:  # it would stay on the host, and a graph replay would not copy it in
+                if id(value) not in by_id:  # it would stay on the host, and a graph replay would not copy it in
                     raise RuntimeError(f"{type(holder).__name__}.{f.name} is missing from static_tensors()")
-                setattr(holder, f.name, views[id(value)])
+                setattr(holder, f.name, by_id[id(value)])
 
 
 # --- the steps of build_pack_context, in order ----------------------------------------------------------------------
@@ -333,7 +327,7 @@ def lay_out_level(plan, ids: list[int], layout: Layout, external: ExternalBlocks
         layout.positions.extend(range(seg.start, seg.end))
         cu.append(len(layout.token_ids) - lo)
         prefixes.append(parent_chain(plan, seg_id, layout, external))
-        own = [external.rows + layout.start_of[seg_id] + i for i in range(len(seg.tokens))]
+        own = list(range(external.rows + layout.start_of[seg_id], external.rows + len(layout.token_ids)))
         layout.chain_rows[seg_id] = prefixes[-1] + own
     if pad:
         for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
@@ -503,6 +497,46 @@ def attach_exports(ctx: PackContext, plan, pack, layout: Layout, bank: StateBank
         ctx.exports[seg] = (bank.row_of[seg], rows, plan.segments[seg].end)
 
 
+def lay_out_pack(plan, pack, store: dict[int, SegmentState], options: FastPathOptions, *, pad: bool,
+                 merge_levels: bool) -> tuple[PackContext, Layout, StateBank]:
+    """The steps of :func:`build_pack_context` up to the inputs, all on the host: ``(context with host tensors and
+    its graph key when pad, its Layout, its StateBank)``; received states and exports not attached."""
+    anchors = find_anchors(plan, pack)  # refuses a tail continued from another pack before any tensor is built
+    external = index_external(pack, store)
+    layout = lay_out_levels(plan, group_levels(plan, pack), external, pad=pad,
+                            dense_attention_tokens=options.dense_attention_tokens)
+    bank = StateBank(external.ids)
+    gdn_calls = [build_gdn_call(plan, group, layout, anchors, bank, pad=pad)
+                 for group in group_gdn_levels(layout.level_ids, anchors, merge=merge_levels)]
+    leaf_ids, final_rows = select_final_rows(plan, pack, layout, pad=pad)
+    ctx = PackContext(input_ids=torch.tensor(layout.token_ids, dtype=torch.long),
+                      positions=torch.tensor(layout.positions, dtype=torch.long), levels=layout.levels,
+                      gdn_calls=gdn_calls, final_rows=torch.tensor(final_rows, dtype=torch.long), leaf_ids=leaf_ids,
+                      options=options, n_external=len(external.ids))
+    if pad:
+        ctx.graph_key = key_graph(ctx)
+    return ctx, layout, bank
+
+
+def _check_padding(pack, pad: bool) -> None:
+    if pad and (pack.external or pack.export):
+        raise ValueError("only packs without external states or exports can be padded for graph replay")
+
+
+def build_pack_context_uncached(plan, pack, store: dict[int, SegmentState], device,
+                                options: FastPathOptions | None = None, *, pad: bool = False,
+                                merge_levels: bool = True) -> PackContext:
+    """:func:`build_pack_context` without the shape cache: every step runs (the reference the cache is tested
+    against)."""
+    options = options if options is not None else FastPathOptions()
+    _check_padding(pack, pad)
+    ctx, layout, bank = lay_out_pack(plan, pack, store, options, pad=pad, merge_levels=merge_levels)
+    move_inputs(ctx, device)
+    attach_external_states(ctx, store, index_external(pack, store))
+    attach_exports(ctx, plan, pack, layout, bank, device)
+    return ctx
+
+
 def build_pack_context(plan, pack, store: dict[int, SegmentState], device, options: FastPathOptions | None = None,
                        *, pad: bool = False, merge_levels: bool = True) -> PackContext:
     """Lay out ``pack`` (a planner Pack of ``plan``) and route states; ``store`` holds earlier packs' exports.
@@ -519,25 +553,20 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, optio
 
     ``merge_levels=False`` gives every level its own Gated DeltaNet call (one sequence's arithmetic does not depend
     on the other sequences of its call, so the rows are the same; tests compare the two).
+
+    The layout is cached per pack shape (:mod:`.layout_cache`): a pack of a shape seen before only writes its token
+    ids into a copy of that shape's input buffer; the tensors are those :func:`build_pack_context_uncached` makes.
     """
     options = options if options is not None else FastPathOptions()
-    if pad and (pack.external or pack.export):
-        raise ValueError("only packs without external states or exports can be padded for graph replay")
-    anchors = find_anchors(plan, pack)  # refuses a tail continued from another pack before any tensor is built
-    external = index_external(pack, store)
-    layout = lay_out_levels(plan, group_levels(plan, pack), external, pad=pad,
-                            dense_attention_tokens=options.dense_attention_tokens)
-    bank = StateBank(external.ids)
-    gdn_calls = [build_gdn_call(plan, group, layout, anchors, bank, pad=pad)
-                 for group in group_gdn_levels(layout.level_ids, anchors, merge=merge_levels)]
-    leaf_ids, final_rows = select_final_rows(plan, pack, layout, pad=pad)
-    ctx = PackContext(input_ids=torch.tensor(layout.token_ids, dtype=torch.long),
-                      positions=torch.tensor(layout.positions, dtype=torch.long), levels=layout.levels,
-                      gdn_calls=gdn_calls, final_rows=torch.tensor(final_rows, dtype=torch.long), leaf_ids=leaf_ids,
-                      options=options, n_external=len(external.ids))
-    if pad:
-        ctx.graph_key = key_graph(ctx)
-    move_inputs(ctx, device)
-    attach_external_states(ctx, store, external)
-    attach_exports(ctx, plan, pack, layout, bank, device)
+    _check_padding(pack, pad)
+    key = shape_key(plan, pack, store, pad=pad, merge_levels=merge_levels,
+                    dense_attention_tokens=options.dense_attention_tokens)
+    template = TEMPLATES.get(key)
+    if template is None:
+        ctx, layout, bank = lay_out_pack(plan, pack, store, options, pad=pad, merge_levels=merge_levels)
+        template = record_template(ctx, plan, pack, layout, bank)
+        TEMPLATES.put(key, template)
+    ctx = fill_template(template, plan, pack, device, options, PackContext)
+    if pack.external:
+        attach_external_states(ctx, store, index_external(pack, store))
     return ctx

@@ -90,15 +90,22 @@ class Plan:
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
-    """Length of the longest prefix shared by every sequence."""
+    """Length of the longest prefix shared by every sequence.
+
+    The common prefix of all is that of the lexicographically smallest and largest (any sequence between them
+    agrees with both up to there), found by a binary search over slice comparisons: C-speed, no per-token loop."""
     if not sequences:
         return 0
-    first, n = sequences[0], min(len(s) for s in sequences)
-    for i in range(n):
-        token = first[i]
-        if any(s[i] != token for s in sequences):
-            return i
-    return n
+    items = [s if isinstance(s, list) else list(s) for s in sequences]
+    low, high = min(items), max(items)
+    lo, hi = 0, len(low)  # low[:lo] == high[:lo]; the answer is at most hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if low[lo:mid] == high[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def shareable_length(sequences: Sequence[Sequence[int]], *, align: int = ALIGN) -> int:
