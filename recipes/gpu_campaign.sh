@@ -22,6 +22,8 @@
 #   bash recipes/gpu_campaign.sh family-fidelity SHAPE  # 9b or 2b: the bench's random weights written as an export
 #                                        # (recipes/random_export.py), then `hf-openjev fidelity` on it against
 #                                        # recipes/data/oracle_SHAPE.json (the estimated workload): B and the default
+#   bash recipes/gpu_campaign.sh family  # one call for the 9B and 2B: each shape's B and C on the exact workload
+#                                        # (no HTTP), then the -m gpu suite beside family-fidelity 9b and 2b
 #   bash recipes/gpu_campaign.sh profile # 27B kernel profiles with graphs: a 107- and a 3,400-token candidate and
 #                                        # JevBench requests 0, 129, 204, the default and with aligned sharing
 #
@@ -30,10 +32,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest | bench | fidelity | session | family-fidelity | profile"
+stages="pytest | bench | fidelity | session | family-fidelity | family | profile"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest|bench|fidelity|session|family-fidelity|profile) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest|bench|fidelity|session|family-fidelity|family|profile) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -57,6 +59,16 @@ gpu_pytest() {  # $1 = time limit (s), $2 = log file under $out, $3 = -k express
   echo "pytest rc=$?" | tee -a "$log"
   bash "$REPO/recipes/pytest_counts.sh" "$log"  # the counts of pytest's own summary line
   grep -E "FAILED|ERROR" "$log" | tail -n 12
+}
+
+family_fidelity() {  # $1 = 9b or 2b: the bench's random weights as an export, then hf-openjev fidelity on it
+  local shape=$1 export_dir=/tmp/random-$1
+  rm -rf "$export_dir"
+  python3 "$REPO/recipes/random_export.py" --shape "$shape" --device cuda --out "$export_dir" 2>&1 | quiet | tail -n 2
+  python3 -m hf_openjev fidelity --model "$export_dir" --workload "$REPO/recipes/data/jevbench231-shapes-estimated.json" \
+    --oracle "$REPO/recipes/data/oracle_$shape.json" --configs default --name "$shape" --no-progress \
+    --out "$out/fidelity$shape" 2>&1 | quiet | tail -n 12
+  rm -rf "$export_dir"
 }
 
 setup
@@ -88,18 +100,23 @@ case "$stage" in
       --b-warmup-requests 24 --concurrency "" --single 107,3400 --long-candidate 0 --e2e C,B \
       --e2e-warmup-requests 8 "$@" --out "$out/$shape" 2>&1 | quiet | grep -vE "^\s*$" | tail -n 40 ;;
   family-fidelity)
-    shape=${1:?family-fidelity SHAPE: 9b or 2b}
-    export_dir=/tmp/random-$shape
-    rm -rf "$export_dir"
-    python3 "$REPO/recipes/random_export.py" --shape "$shape" --device cuda --out "$export_dir" 2>&1 | quiet | tail -n 2
-    python3 -m hf_openjev fidelity --model "$export_dir" --workload "$REPO/recipes/data/jevbench231-shapes-estimated.json" \
-      --oracle "$REPO/recipes/data/oracle_$shape.json" --configs default --name "$shape" --no-progress \
-      --out "$out/$shape" 2>&1 | quiet | tail -n 12
-    rm -rf "$export_dir" ;;
+    family_fidelity "${1:?family-fidelity SHAPE: 9b or 2b}" ;;
+  family)
+    for shape in 9b 2b; do
+      limit=$([ "$shape" = 9b ] && echo 200 || echo 130)
+      timeout "$limit" $bench --shape "$shape" --arms B,C --passes 1 --b-passes 1 --b-warmup-requests 24 \
+        --concurrency "" --single 107,3400 --long-candidate 0 --out "$out/bench$shape" >"$out/bench$shape.log" 2>&1
+      echo "bench $shape rc=$? at $((SECONDS - start)) s"; grep -E "^arm|^single|^parity" "$out/bench$shape.log"
+    done
+    left=$((585 - (SECONDS - start)))
+    gpu_pytest "$left" pytest_gpu.log "" "$REPO/tests" & suite=$!
+    (family_fidelity 9b; family_fidelity 2b) >"$out/family_fidelity.log" 2>&1 & fid=$!
+    wait "$fid"; cat "$out/family_fidelity.log"; wait "$suite" ;;
   profile)
     timeout $((575 - (SECONDS - start))) python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 \
       --requests 0,129,204 --fast-options '{}' '{"share_tails": false, "min_shared_tokens": 64}' \
       --out "$out/profile" 2>&1 | quiet | tail -n 12 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
+case "$stage" in family|session) rm -rf "$out" ;; esac  # many files: the tarball alone comes back
 ls -la "${OUT:-/tmp/out}"
