@@ -102,16 +102,24 @@ def describe_request(request_id: str, kind: str, response: Mapping, *, tokens_sh
     return entry
 
 
-def hash_weights(module, *, workers: int = 8) -> str:
-    """sha256 (hex) identifying a module's weights: every parameter and buffer, sorted by name, each recorded as
-    ``name, dtype, shape, sha256(raw bytes)``, the records hashed in that order. Run it on the stored (bf16)
-    weights, before any upcast or patch. Tensors are hashed in ``workers`` threads (hashlib frees the GIL)."""
+def weights_identity(module, *, workers: int = 8) -> dict[str, str]:
+    """The two fingerprints of a module's weights, from one pass over its tensors (sorted by name, each recorded
+    as ``name, dtype, shape, sha256(raw bytes)``, the records hashed in that order; run it on the stored (bf16)
+    weights, before any upcast or patch; tensors are hashed in ``workers`` threads, as hashlib frees the GIL):
+
+    - ``weights_sha256``: every parameter and buffer, derived ones included (rotary ``inv_freq``: a model built on
+      a GPU and the same weights loaded from an export compute those on other devices, so they may differ in the
+      last bit); the committed oracles carry this one only;
+    - ``stored_weights_sha256``: the parameters and persistent buffers alone (what an export stores), so that an
+      export matches the model it was written from wherever either was built. Oracles written since carry both,
+      and :func:`same_weights` compares this one when both sides have it."""
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
 
     named = dict(module.named_parameters(remove_duplicate=False))
     named.update(module.named_buffers(remove_duplicate=False))
+    stored = set(module.state_dict(keep_vars=True))
 
     def digest(tensor) -> str:
         raw = tensor.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy()
@@ -120,11 +128,34 @@ def hash_weights(module, *, workers: int = 8) -> str:
     names = sorted(named)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         digests = list(pool.map(lambda n: digest(named[n]), names))
-    total = hashlib.sha256()
+    every, persistent = hashlib.sha256(), hashlib.sha256()
     for name, hexdigest in zip(names, digests):
         tensor = named[name]
-        total.update(f"{name}|{tensor.dtype!s}|{list(tensor.shape)}|{hexdigest}\n".encode())
-    return total.hexdigest()
+        record = f"{name}|{tensor.dtype!s}|{list(tensor.shape)}|{hexdigest}\n".encode()
+        every.update(record)
+        if name in stored:
+            persistent.update(record)
+    return {"weights_sha256": every.hexdigest(), "stored_weights_sha256": persistent.hexdigest()}
+
+
+def hash_weights(module, *, workers: int = 8) -> str:
+    """``weights_identity(module)["weights_sha256"]``: every parameter and buffer (the committed oracles' key)."""
+    return weights_identity(module, workers=workers)["weights_sha256"]
+
+
+def same_weights(record: Mapping, weights: Mapping | str) -> bool:
+    """Whether an oracle (or its header) ``record`` is of these ``weights`` (a :func:`weights_identity`, or a
+    ``weights_sha256`` string): by ``stored_weights_sha256`` when both carry it, else by ``weights_sha256``."""
+    weights = {"weights_sha256": weights} if isinstance(weights, str) else weights
+    if record.get("stored_weights_sha256") and weights.get("stored_weights_sha256"):
+        return record["stored_weights_sha256"] == weights["stored_weights_sha256"]
+    return record.get("weights_sha256") == weights.get("weights_sha256")
+
+
+def short_weights(weights: Mapping | str) -> str:
+    """A fingerprint for a message: the stored weights' sha256 when known, else the whole one (16 hex digits)."""
+    weights = {"weights_sha256": weights} if isinstance(weights, str) else weights
+    return (weights.get("stored_weights_sha256") or weights["weights_sha256"])[:16] + "..."
 
 
 # --- the oracle file -----------------------------------------------------------------------------------------------
@@ -141,15 +172,16 @@ def load_oracle(path: str | Path) -> dict:
     return oracle
 
 
-def verify_oracle_identity(oracle: Mapping, *, shape: str, seed: int, weights_sha256: str | None = None) -> None:
-    """Raise ``ValueError`` unless ``oracle`` was computed on this shape, seed and (when given) weights."""
+def verify_oracle_identity(oracle: Mapping, *, shape: str, seed: int, weights_sha256: Mapping | str | None = None) -> None:
+    """Raise ``ValueError`` unless ``oracle`` was computed on this shape, seed and (when given) weights
+    (``weights_sha256``: a :func:`weights_identity` or its ``weights_sha256``; :func:`same_weights`)."""
     if oracle["shape"] != shape:
         raise ValueError(f"the oracle is of shape {oracle['shape']!r}, this run is {shape!r}")
     if int(oracle["seed"]) != int(seed):
         raise ValueError(f"the oracle was computed with seed {oracle['seed']}, this run uses {seed}")
-    if weights_sha256 is not None and oracle["weights_sha256"] != weights_sha256:
-        raise ValueError(f"weights differ from the oracle's: sha256 {weights_sha256} here, "
-                         f"{oracle['weights_sha256']} in the oracle; refusing to compare")
+    if weights_sha256 is not None and not same_weights(oracle, weights_sha256):
+        raise ValueError(f"weights differ from the oracle's: sha256 {short_weights(weights_sha256)} here, "
+                         f"{short_weights(oracle)} in the oracle; refusing to compare")
 
 
 def select_requests(requests: Sequence[Mapping], ids: Iterable[str]) -> list[dict]:

@@ -35,7 +35,7 @@ from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES, VOCAB
 from benchlib.workload import ESTIMATED_MANIFEST, add_manifest_argument, build_workload, check_manifest_argument
 
-from hf_openjev.fidelity import (ORACLE_FORMAT, describe_request, hash_tokens, hash_weights,
+from hf_openjev.fidelity import (ORACLE_FORMAT, describe_request, hash_tokens, weights_identity,
                                  load_oracle, verify_oracle_identity)
 
 KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
@@ -112,7 +112,7 @@ def read_progress(paths: list[Path], *, shape: str, seed: int) -> dict | None:
     progress = found[0]
     done, runs = {}, {}
     for other in found:
-        verify_oracle_identity(other, shape=shape, seed=seed, weights_sha256=progress["weights_sha256"])
+        verify_oracle_identity(other, shape=shape, seed=seed, weights_sha256=progress)
         for entry in other["requests"]:
             done.setdefault(entry["id"], entry)
         for run in other.get("runs", []):
@@ -121,7 +121,7 @@ def read_progress(paths: list[Path], *, shape: str, seed: int) -> dict | None:
     return progress
 
 
-def check_progress(progress: dict, *, weights_sha256: str, tokens_sha256: dict[str, str]) -> dict[str, dict]:
+def check_progress(progress: dict, *, weights_sha256: dict | str, tokens_sha256: dict[str, str]) -> dict[str, dict]:
     """The entries of an earlier run, by id, once its weights and every entry's token ids match this run's."""
     verify_oracle_identity(progress, shape=progress["shape"], seed=progress["seed"], weights_sha256=weights_sha256)
     done = {}
@@ -166,7 +166,7 @@ def estimate_seconds(timings: list[tuple[int, float]], tokens: int) -> float:
     return 1.5 * tokens * sum(s for _, s in measured) / max(1, sum(n for n, _ in measured))
 
 
-def make_header(args, model, *, weights_sha256: str, numerics: dict, kernels: dict, n_total: int,
+def make_header(args, model, *, weights_sha256: dict, numerics: dict, kernels: dict, n_total: int,
                 runs: list) -> dict:
     info = versions()
     run = {"command": " ".join([sys.executable, *sys.argv]), "git_commit": git_commit(), "device": info["device"],
@@ -174,7 +174,7 @@ def make_header(args, model, *, weights_sha256: str, numerics: dict, kernels: di
            "attn_implementation": model.backbone.config._attn_implementation,
            "shard": "/".join(map(str, args.shard)) if args.shard else None}
     return {"format": ORACLE_FORMAT, "shape": args.shape, "shape_config": SHAPES[args.shape], "seed": args.seed,
-            "vocab": VOCAB, "temperature": model.temperature, "weights_sha256": weights_sha256,
+            "vocab": VOCAB, "temperature": model.temperature, **weights_sha256,
             "workload": args.manifest.name, "workload_sha256": hashlib.sha256(args.manifest.read_bytes()).hexdigest(),
             "n_total": n_total, **run, "runs": [*runs, run]}
 
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
         return merge_oracles(progress, path, manifest=args.manifest)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = build_model(args.shape, seed=args.seed, device=device, dtype=torch.bfloat16)
-    weights_sha256 = hash_weights(model)  # the stored bf16 weights, before the upcast
+    weights_sha256 = weights_identity(model)  # the stored bf16 weights, before the upcast (both fingerprints)
     model.float()
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -218,7 +218,7 @@ def main(argv=None) -> int:
                          n_total=len(full), runs=progress.get("runs", []) if progress else [])
     oracle = write_oracle(path, header, done, order)
     todo = [(item, p) for item, p in work if item["id"] not in done]
-    print(f"oracle {args.shape}: {len(done)} done, {len(todo)} to score; weights sha256 {weights_sha256}; "
+    print(f"oracle {args.shape}: {len(done)} done, {len(todo)} to score; weights sha256 {weights_sha256['weights_sha256']}; "
           f"kernels {kernels}", flush=True)
     stop = run_requests(model, todo, done, path=path, header=header, order=order, start=start,
                         max_seconds=args.max_seconds)

@@ -277,3 +277,28 @@ def test_a_fast_path_with_a_wrong_prefix_state_fails_the_gate_that_b_and_the_fas
           f"sabotaged max {sabotaged.max_abs_dp:.3g} mean {sabotaged.mean_abs_dp:.3g} flips {sabotaged.flips}")
     assert not verdict.passes and any("max" in r for r in verdict.reasons)
     assert math.isfinite(sabotaged.mean_abs_dp) and sabotaged.mean_abs_dp > 2 * b.mean_abs_dp
+
+
+def test_the_stored_weights_fingerprint_ignores_derived_buffers_and_old_oracles_keep_theirs():
+    """A model built on one device and its export loaded on another may differ in a derived buffer (rotary
+    inv_freq) alone: the stored-weights fingerprint matches them, the whole one (older oracles') does not."""
+    from torch import nn
+
+    from hf_openjev.fidelity import same_weights, weights_identity
+
+    def module(derived: float, weight: float = 1.0) -> nn.Module:
+        m = nn.Linear(3, 2)
+        with torch.no_grad():
+            m.weight.fill_(weight)
+            m.bias.fill_(0.5)
+        m.register_buffer("inv_freq", torch.full((4,), derived), persistent=False)
+        return m
+
+    built, loaded, other = weights_identity(module(1.0)), weights_identity(module(1.0 + 2**-20)), \
+        weights_identity(module(1.0, weight=2.0))
+    assert built["weights_sha256"] != loaded["weights_sha256"]
+    assert built["stored_weights_sha256"] == loaded["stored_weights_sha256"]
+    assert same_weights(built, loaded) and not same_weights(built, other)
+    legacy = {"weights_sha256": built["weights_sha256"]}  # an oracle written before the stored fingerprint
+    assert same_weights(legacy, built) and not same_weights(legacy, loaded)
+    assert same_weights(legacy, built["weights_sha256"])  # a bare sha256 compares the whole fingerprint

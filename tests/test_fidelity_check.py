@@ -177,7 +177,7 @@ def test_the_oracle_resumes_after_a_crash_and_appends_new_tasks(export, tasks, t
 def test_an_oracle_of_another_checkpoint_is_refused_before_any_scoring(export, tasks, tmp_path, monkeypatch):
     path = first_oracle(export, tasks, tmp_path)
     other = json.loads(path.read_text())
-    other["weights_sha256"] = "0" * 64
+    other["weights_sha256"] = other["stored_weights_sha256"] = "0" * 64  # both fingerprints of other weights
     foreign = tmp_path / "foreign.json"
     foreign.write_text(json.dumps(other))
     monkeypatch.setattr("hf_openjev.fidelity_check.run.answer_items",

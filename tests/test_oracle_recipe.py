@@ -124,7 +124,7 @@ def test_merge_only_joins_shards_without_a_model_and_refuses_another_models(orac
     merged = json.loads((tmp_path / "m" / "oracle_tiny.json").read_text())
     assert [e["id"] for e in merged["requests"]] == [e["id"] for e in first["requests"]]
     assert merged["shard"] is None and merged["n_done"] == first["n_done"]
-    other = dict(json.loads(shards[1].read_text()), weights_sha256="0" * 64)
+    other = dict(json.loads(shards[1].read_text()), weights_sha256="0" * 64, stored_weights_sha256="0" * 64)
     shards[1].write_text(json.dumps(other))
     assert oracle.main(argv[:-1] + [str(tmp_path / "m2"), "--resume", str(shards[0]), "--resume", str(shards[1])]) == 2
     assert "refusing to resume" in capsys.readouterr().err
@@ -145,7 +145,7 @@ def test_the_estimate_leaves_out_the_warm_up_request():
 
 
 @pytest.mark.parametrize("tamper, extra", [
-    (lambda o: o.update(weights_sha256="0" * 64), []),
+    (lambda o: o.update(weights_sha256="0" * 64, stored_weights_sha256="0" * 64), []),  # another model's file
     (lambda o: o["requests"][1].update(tokens_sha256="0" * 64), []),
     (lambda o: None, ["--seed", "1"]),
 ])
@@ -224,3 +224,18 @@ def test_the_bench_refuses_an_oracle_of_another_seed_or_shape_before_any_work(or
     with pytest.raises(SystemExit):
         bench.main(["--shape", "tiny", "--arms", "C", "--oracle", str(path), *args, "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
+
+
+def test_an_oracle_with_the_whole_fingerprint_only_gains_the_stored_one_when_run_again(oracle_run, tmp_path):
+    """The committed oracles carry ``weights_sha256`` alone: running the recipe again on the same seeded model
+    scores nothing and writes ``stored_weights_sha256`` beside it (what an export of the weights matches)."""
+    path, data = oracle_run
+    legacy = {k: v for k, v in data.items() if k != "stored_weights_sha256"}
+    out = tmp_path / "upgrade"
+    out.mkdir()
+    (out / "oracle_tiny.json").write_text(json.dumps(legacy))
+    assert run_oracle(["--shape", "tiny", "--limit", "2", "--out", str(out)]) == 0
+    upgraded = json.loads((out / "oracle_tiny.json").read_text())
+    assert upgraded["weights_sha256"] == data["weights_sha256"]
+    assert upgraded["stored_weights_sha256"] == data["stored_weights_sha256"]
+    assert upgraded["requests"] == data["requests"]  # per-request seconds included: nothing was scored again

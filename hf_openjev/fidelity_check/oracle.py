@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ..fidelity import ORACLE_FORMAT, describe_request, hash_tokens, load_oracle
+from ..fidelity import ORACLE_FORMAT, describe_request, hash_tokens, load_oracle, same_weights, short_weights
 
 KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
                 "causal_conv1d_update")
@@ -75,7 +75,7 @@ def read_oracle_progress(paths: Iterable[str | Path]) -> dict | None:
     progress = dict(found[0])
     done, runs = {}, {}
     for path, other in zip(unique.values(), found):
-        if other["weights_sha256"] != progress["weights_sha256"]:
+        if not same_weights(other, progress):
             raise ValueError(f"{path}: an oracle of other weights than {next(iter(unique.values()))}'s")
         for entry in other["requests"]:
             done.setdefault(str(entry["id"]), entry)
@@ -89,9 +89,9 @@ def check_oracle_progress(progress: dict, *, weights_sha256: str, tokens_sha256:
                           where: str = "the oracle") -> dict[str, dict]:
     """The entries of ``progress`` by id, once its weights are these and every entry asked for again has these
     token ids; else a one-line ``ValueError`` (another checkpoint, or other tasks under the same ids)."""
-    if progress["weights_sha256"] != weights_sha256:
-        raise ValueError(f"{where} is of other weights (sha256 {progress['weights_sha256'][:16]}..., this "
-                         f"checkpoint's {weights_sha256[:16]}...): use its own checkpoint or another --out / --oracle")
+    if not same_weights(progress, weights_sha256):
+        raise ValueError(f"{where} is of other weights (sha256 {short_weights(progress)}, this checkpoint's "
+                         f"{short_weights(weights_sha256)}): use its own checkpoint or another --out / --oracle")
     done = {}
     for entry in progress["requests"]:
         rid = str(entry["id"])

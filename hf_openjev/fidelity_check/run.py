@@ -96,13 +96,13 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
     if data is not None and not tasks:
         raise UsageError("no valid task in the data" + (f" (first: {invalid[0]['error']})" if invalid else ""))
     started = time.perf_counter()
-    bf16, weights_sha256 = _load_bf16(model, "off", log)
+    bf16, weights = _load_bf16(model, "off", log)
     items, rejected = _make_items(bf16, tasks, workload, seed=seed, limit=limit, log=log)
     if not items:
         raise UsageError(f"no request to compare: the contract rejects all {len(rejected)} task(s) (first: "
                          f"{rejected[0]['error']})" if rejected else "no request to compare")
     own_oracle = out / f"oracle_{run_name}.json"
-    progress_file, done = _open_oracle([p for p in (oracle, own_oracle) if p is not None], weights_sha256, items)
+    progress_file, done = _open_oracle([p for p in (oracle, own_oracle) if p is not None], weights, items)
     pending = [item for item in items if item.id not in done]
     placement = _announce_placement(model, bf16, pending, oracle_device, log) if pending else None
     entries = {REFERENCE: _answer(bf16, items, fast=False, desc="B: reference bf16", progress=progress)}
@@ -112,7 +112,7 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
     del bf16
     _release_memory()
     oracle_data = _complete_oracle(model, items, done, progress_file, placement, path=own_oracle, name=run_name,
-                                   seed=seed, weights_sha256=weights_sha256, progress=progress, command=command)
+                                   seed=seed, weights=weights, progress=progress, command=command)
     for config, options in parsed.items():
         if fp8_mode(options) != "off":
             quantized, _ = _load_bf16(model, fp8_mode(options), log, hash_it=False)
@@ -128,10 +128,12 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
             "invalid_tasks": invalid + rejected,
             "oracle": {"path": str(own_oracle), "complete": oracle_data["complete"],
                        "placement": placement.describe() if placement else "nothing to score: reused"},
-            "oracle_sha256_check": {"oracle": oracle_data["weights_sha256"], "run": weights_sha256, "match": True},
+            "oracle_sha256_check": {"oracle": oracle_data["weights_sha256"], "run": weights["weights_sha256"],
+                                    "oracle_stored": oracle_data.get("stored_weights_sha256"),
+                                    "run_stored": weights["stored_weights_sha256"], "match": True},
             "configuration_options": {c: o.to_dict(changed_only=True) for c, o in parsed.items()},
             "requests_compared": len(items), "seconds": time.perf_counter() - started}
-    return judge_against_oracle(oracle_data, weights_sha256=weights_sha256, items=items, entries_by_name=entries,
+    return judge_against_oracle(oracle_data, weights_sha256=weights, items=items, entries_by_name=entries,
                                 out=out, name=run_name, meta=meta)
 
 
@@ -143,19 +145,19 @@ def _read_tasks(sources, progress: bool):
 
 
 def _load_bf16(model, fp8: str, log, *, hash_it: bool = True):
-    """The export in bf16 on the GPU (CPU without one), with ``fp8`` projections when not "off"; and the stored
-    weights' sha256 (hashed before any patch)."""
+    """The export in bf16 on the GPU (CPU without one), with ``fp8`` projections when not "off"; and its weights'
+    fingerprints (:func:`~hf_openjev.fidelity.weights_identity`, before any patch)."""
     import torch
 
-    from ..fidelity import hash_weights
+    from ..fidelity import weights_identity
     from ..model import load_export
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
     loaded = load_export(model, dtype="bfloat16", device=device, fp8=fp8)
-    sha = hash_weights(loaded) if hash_it else None
+    sha = weights_identity(loaded) if hash_it else None
     log(f"loaded {model} in bf16{'' if fp8 == 'off' else f' with fp8 {fp8}'} on {device} "
-        f"({time.perf_counter() - t0:.1f} s)" + (f"; weights sha256 {sha}" if sha else ""))
+        f"({time.perf_counter() - t0:.1f} s)" + (f"; stored weights sha256 {sha['stored_weights_sha256']}" if sha else ""))
     return loaded, sha
 
 
@@ -167,7 +169,7 @@ def _make_items(model, tasks, workload, *, seed: int, limit, log):
     return items_from_workload(build_workload(workload, vocab=model.config.vocab_size, seed=seed, limit=limit)), []
 
 
-def _open_oracle(paths, weights_sha256: str, items):
+def _open_oracle(paths, weights: dict, items):
     """(the oracle files' merged content or None, its entries by id), refused (UsageError) when another
     checkpoint's or when a request id has other token ids."""
     from .oracle import check_oracle_progress, read_oracle_progress
@@ -175,7 +177,7 @@ def _open_oracle(paths, weights_sha256: str, items):
     try:
         progress_file = read_oracle_progress(paths)
         done = {} if progress_file is None else check_oracle_progress(
-            progress_file, weights_sha256=weights_sha256, where=" / ".join(map(str, paths)),
+            progress_file, weights_sha256=weights, where=" / ".join(map(str, paths)),
             tokens_sha256={item.id: item.tokens_sha256 for item in items})
     except ValueError as exc:
         raise UsageError(f"refusing the oracle: {exc}") from None
@@ -231,7 +233,7 @@ def _release_memory() -> None:
 
 
 def _complete_oracle(model, items, done, progress_file, placement, *, path: Path, name: str, seed: int,
-                     weights_sha256: str, progress: bool, command: str) -> dict:
+                     weights: dict, progress: bool, command: str) -> dict:
     """Score what the oracle lacks (fp32, where ``placement`` says) and return it, written to ``path``."""
     from .oracle import extend_oracle, write_oracle
     from .placement import load_oracle_model
@@ -240,7 +242,7 @@ def _complete_oracle(model, items, done, progress_file, placement, *, path: Path
         header = {k: v for k, v in progress_file.items()
                   if k not in ("requests", "n_done", "n_total", "complete", "seconds")}
     else:
-        header = {"shape": name, "seed": seed, "weights_sha256": weights_sha256}
+        header = {"shape": name, "seed": seed, **weights}  # both fingerprints (hf_openjev.fidelity.same_weights)
     if placement is None:  # nothing to score: a copy of what the given files hold
         return write_oracle(path, header, done, [item.id for item in items])
     header.update(command=command, device=run_info()["device"], versions=run_info(), placement=placement.describe())

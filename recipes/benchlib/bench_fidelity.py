@@ -35,12 +35,14 @@ def open_oracle(args, parser):
 def start_fidelity(oracle, model, work, *, args, out: Path, results: dict) -> dict | None:
     """Hash this run's weights (as built, before any patch) and refuse (None, a message) unless they are the
     oracle's; else the context add_fidelity fills: the oracle's entries for this run's requests, token hashes."""
-    from hf_openjev.fidelity import hash_tokens, hash_weights, select_requests, verify_oracle_identity
+    from hf_openjev.fidelity import hash_tokens, select_requests, verify_oracle_identity, weights_identity
 
     t0 = time.perf_counter()
-    sha = results["weights_sha256"] = hash_weights(model)
+    weights = weights_identity(model)
+    sha = results["weights_sha256"] = weights["weights_sha256"]
+    results["stored_weights_sha256"] = weights["stored_weights_sha256"]
     try:
-        verify_oracle_identity(oracle, shape=args.shape, seed=args.seed, weights_sha256=sha)
+        verify_oracle_identity(oracle, shape=args.shape, seed=args.seed, weights_sha256=weights)
         oracle_requests = select_requests(oracle["requests"], [item["id"] for item, _ in work])
     except ValueError as error:
         print(f"--oracle {args.oracle}: {error}", file=sys.stderr)
