@@ -20,7 +20,6 @@ Times: the fastest of ``--repeats`` runs, events around each, after two warm-ups
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchlib.provenance import versions
+from benchlib.provenance import command_line, versions
 from benchlib.tables import save_table
 
 HEADS, KV_HEADS, HEAD_DIM = 24, 4, 256  # 27B full attention (docs/checkpoints.md)
@@ -102,7 +101,7 @@ def main(argv=None) -> int:
         parser.error("needs a CUDA device")
     device = torch.device("cuda")
     scale = HEAD_DIM ** -0.5
-    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(),
+    result = {"command": command_line(), "versions": versions(),
               "cudnn": torch.backends.cudnn.version(), "runs": []}
     rows = []
     for total in [int(x) for x in args.lengths.split(",") if x]:

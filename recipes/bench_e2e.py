@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from benchlib.groups import native_comparison_lines, table
-from benchlib.provenance import git_commit, versions
+from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import add_model_arguments, build_model, default_device
 from benchlib.timing import summarize
 from benchlib.workload import add_manifest_argument, check_manifest_argument, manifest_identity
@@ -225,7 +225,7 @@ def measure_after_bench(model, arms: list[str], prepared, *, bench: dict, out: P
     ``e2e_<shape>_<arms>.json`` and ``.md`` under ``out``. ``warmup_requests`` shortens B's warm-up only."""
     work, tokenizer = prepared
     info = versions()
-    results = {"command": " ".join([sys.executable, *sys.argv]), "versions": info, "device": info["device"],
+    results = {"command": command_line(), "versions": info, "device": info["device"],
                "git_commit": git_commit(), "shape": bench["shape"], "seed": bench["seed"], "dtype": bench["dtype"],
                "manifest": bench["manifest"], "manifest_sha256": bench["manifest_sha256"], "data": DATA.name,
                "n": len(work), "tokenizer": f"{type(tokenizer).__name__}, {len(tokenizer)} tokens (Qwen3.5)",
@@ -254,7 +254,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"e2e_{args.shape}_{'-'.join(args.arms)}"
     info = versions()
-    results = {"command": " ".join([sys.executable, *sys.argv]), "versions": info, "device": info["device"],
+    results = {"command": command_line(), "versions": info, "device": info["device"],
                "git_commit": git_commit(), "shape": args.shape, "seed": args.seed, "dtype": args.dtype,
                **manifest_identity(args.manifest), "data": str(args.data.name), "n": len(work),
                "tokenizer": f"{type(tokenizer).__name__}, {len(tokenizer)} tokens"

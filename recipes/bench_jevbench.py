@@ -46,7 +46,7 @@ from benchlib.closed_loop import closed_loop, graph_stats
 from benchlib.fla_binding import bind_fla
 from benchlib.groups import table
 from benchlib.parity import parity
-from benchlib.provenance import versions
+from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, build_model, default_device, weights_gb
 from benchlib.shapes import SHAPES, VOCAB  # noqa: F401  (SHAPES: the --shape choices, for callers of this script)
 from benchlib.timing import peak_gb, reset_peak, run_pass, summarize, time_single
@@ -270,7 +270,7 @@ def main(argv=None) -> int:
     args.manifest = args.manifest or MANIFEST
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
+    results = {"command": command_line(), "versions": versions(), "shape": args.shape,
                "arms": {}, "seed": args.seed, **manifest_identity(args.manifest)}
 
     def save():

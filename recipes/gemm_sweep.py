@@ -19,14 +19,13 @@ than ``--margin`` (a bucket table could then round such packs up). CPU: ``--smok
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from benchlib.provenance import versions
+from benchlib.provenance import command_line, versions
 from benchlib.shapes import SHAPES, gemm_shapes, layer_kinds
 from benchlib.tables import save_table
 
@@ -123,7 +122,7 @@ def main(argv=None) -> int:
     weights = {name: [torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
                       for _ in range(2)] for group in shapes.values() for name, n, k in group}
     flop_per_row, weight_bytes = flops_and_bytes(shapes, layers)
-    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
+    result = {"command": command_line(), "versions": versions(), "shape": args.shape,
               "shapes": shapes,
               "flop_per_row": flop_per_row, "weight_bytes": weight_bytes, "libraries": {}}
     libraries = [b.strip() for b in args.blas.split(",") if b.strip()]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from benchlib.provenance import versions
+from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
 from benchlib.timing import sync
 from benchlib.workload import add_manifest_argument
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     from hf_openjev.patches import apply_patches
 
     apply_patches(model)  # set up for the fast path: the default options (graphs on CUDA)
-    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
+    result = {"command": command_line(), "versions": versions(), "shape": args.shape,
               "repeats": args.repeats, "requests": {}}
     for label, request in targets:
         result["requests"][label] = time_request(model, request, args.repeats)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from benchlib.provenance import versions
+from benchlib.provenance import command_line, versions
 from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES, TEMPERATURES, VOCAB
 from benchlib.workload import ESTIMATED_MANIFEST as SHAPES_FILE  # the request indices are into this one
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
-    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "device": device,
+    result = {"command": command_line(), "versions": versions(), "device": device,
               "layers": args.layers,
               "repeats": args.repeats, "requests": {}}
     for label, prepared in short_requests(indices):

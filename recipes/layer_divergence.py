@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from benchlib.provenance import versions
+from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
 from benchlib.shapes import VOCAB
 from benchlib.tables import save_table
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     apply_patches(model, FastPathOptions.from_mapping(patch_options))
     fast = layer_outputs(text_model, lambda: score_fast(model, [[[sequence]]]))
     layer_types = list(text_model.config.layer_types[: len(stock)])
-    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
+    result = {"command": command_line(), "versions": versions(), "shape": args.shape,
               "dtype": args.dtype, "device": device, "tokens": args.tokens, "patch_options": patch_options,
               "layers": compare(stock, fast, layer_types)}
     title = (f"Fast path against stock Transformers, layer by layer ({args.shape}, {args.dtype}, {device}, "

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from benchlib.fla_binding import bind_fla
-from benchlib.provenance import git_commit, versions
+from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES, VOCAB
 from benchlib.workload import ESTIMATED_MANIFEST, add_manifest_argument, build_workload, check_manifest_argument
@@ -169,7 +169,7 @@ def estimate_seconds(timings: list[tuple[int, float]], tokens: int) -> float:
 def make_header(args, model, *, weights_sha256: dict, numerics: dict, kernels: dict, n_total: int,
                 runs: list) -> dict:
     info = versions()
-    run = {"command": " ".join([sys.executable, *sys.argv]), "git_commit": git_commit(), "device": info["device"],
+    run = {"command": command_line(), "git_commit": git_commit(), "device": info["device"],
            "versions": info, "numerics": numerics, "kernels": kernels,
            "attn_implementation": model.backbone.config._attn_implementation,
            "shard": "/".join(map(str, args.shard)) if args.shard else None}

@@ -15,7 +15,7 @@ import json
 import sys
 
 from benchlib.parity import parity
-from benchlib.provenance import versions
+from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
 from benchlib.shapes import VOCAB
 from benchlib.tables import save_table
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
 
     out, device, model = prepare_recipe(args)
     work = build_workload(args.manifest, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
-    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
+    result = {"command": command_line(), "versions": versions(), "shape": args.shape,
               "dtype": args.dtype, **manifest_identity(args.manifest),
               "requests": len(work), "rows": []}
     reference = [r for _, r in run_pass(model, work, fast=False)]

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from benchlib.provenance import versions
+from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
 from benchlib.shapes import VOCAB
 from benchlib.timing import sync, time_fast_calls
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
 
     out, device, model = prepare_recipe(args)
     cuda = device == "cuda"
-    result = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
+    result = {"command": command_line(), "versions": versions(), "shape": args.shape,
               "cuda": cuda, "fast_options": fast_option_sets, "variants": []}
     for patch_options, fast_options, options in variants:
         apply_patches(model, options.replace(cuda_graphs=True))  # on CUDA, the graph cache profile_request replays

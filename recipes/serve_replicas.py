@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from benchlib.closed_loop import closed_loop
-from benchlib.provenance import versions
+from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, build_model
 from benchlib.shapes import VOCAB
 from benchlib.workload import add_manifest_argument, build_workload, check_manifest_argument, manifest_identity
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     models = build_replicas(args)
     work = build_workload(args.manifest, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
-    results = {"command": " ".join([sys.executable, *sys.argv]), "versions": versions(), "shape": args.shape,
+    results = {"command": command_line(), "versions": versions(), "shape": args.shape,
                "dtype": args.dtype, **manifest_identity(args.manifest), "devices": [str(m.device) for m in models],
                "requests": len(work),
                "build_s": time.perf_counter() - start, "replicas": {}}

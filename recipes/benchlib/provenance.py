@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as a result file records it: ``python3`` and the script relative to the repository, every other
+    absolute path shortened to ``…/<its last part>`` (a result file names no machine's paths)."""
+    def shown(arg: str) -> str:
+        if not os.path.isabs(arg):
+            return arg
+        path = Path(arg)
+        try:
+            return str(path.resolve().relative_to(ROOT))
+        except ValueError:
+            return f"…/{path.name}"
+
+    return " ".join(["python3", *map(shown, sys.argv if argv is None else argv)])
 
 
 def versions() -> dict:
