@@ -8,12 +8,10 @@ fidelity`` and the benchmark driver's ``--oracle`` mode.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..fidelity import (build_fidelity_report, compare_with_oracle, plot_fidelity, render_fidelity_markdown,
-                        select_requests)
+from ..fidelity import build_fidelity_report, compare_with_oracle, select_requests, write_fidelity_report
 from .configs import REFERENCE
 from .oracle import check_oracle_progress
 
@@ -85,9 +83,9 @@ def render_agreement_markdown(report: Mapping) -> str:
 
 
 def write_report(out: Path, stem: str, report: Mapping) -> None:
-    """``<stem>.json`` (compact), ``<stem>.png`` (max |dp| per request) and ``<stem>.md`` under ``out``."""
+    """``<stem>.json`` (compact), ``<stem>.png`` (max |dp| per request) and ``<stem>.md`` under ``out``: the gate's
+    files (:func:`~hf_openjev.fidelity.write_fidelity_report`), the markdown followed by the decisions section."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(report, separators=(",", ":")) + "\n")
-    plot_fidelity(report, out / f"{stem}.png")
-    markdown = render_fidelity_markdown(report, plot_name=f"{stem}.png") + render_agreement_markdown(report)
-    (out / f"{stem}.md").write_text(markdown)
+    write_fidelity_report(out, stem, report)
+    with (out / f"{stem}.md").open("a") as markdown:
+        markdown.write(render_agreement_markdown(report))
