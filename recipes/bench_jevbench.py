@@ -14,9 +14,10 @@ One process, one set of weights, three arms:
 The workload is ``--manifest`` (default ``recipes/data/jevbench231-shapes.json``: the requests' exact token shapes
 under the real Qwen3.5 tokenizer) filled with seeded random ids. With ``--oracle oracle_<shape>.json``
 (recipes/oracle.py) every arm and --sweep entry is also compared with the fp32 oracle and judged by the fidelity
-gate against B (hf_openjev.fidelity): fidelity_<shape>.json/.md/.png beside the bench's files; the workload is
-then the oracle's (``jevbench231-shapes-estimated.json``) and the run refuses to start when its bf16 weights'
-sha256 differs from the oracle's.
+gate against B by ``hf-openjev fidelity``'s own code (hf_openjev.fidelity_check.judge_against_oracle):
+fidelity_<shape>.json/.md/.png beside the bench's files; the workload is then the oracle's
+(``jevbench231-shapes-estimated.json``) and the run refuses to start when its bf16 weights' sha256 differs from
+the oracle's, or when the oracle lacks one of its requests or holds it with other token ids.
 
 Per arm: warm-up pass, then measured passes in request order; each request timed with a device synchronize at
 both ends, from token ids in to the response dict out. Reports mean / p50 / p95 (sorted[int(0.95 N) - 1]), the
@@ -168,7 +169,7 @@ def run_sweep(model, work, sweep_entries, c_options, base_fast_options, *, args,
         times = [t * 1000 for t, _ in measured]
         sweep[label] = {**summarize(times), "table": table(work, times), "fast_options": {**base_fast_options, **overrides}}
         if fidelity:
-            add_fidelity(fidelity, configuration_name(label, args), work, [r for _, r in measured])
+            add_fidelity(fidelity, configuration_name(label, args), [r for _, r in measured])
         for ref in ("A", "B"):  # the entry's answers against the reference arms this run has
             if ref in responses:
                 sweep[label][f"parity_vs_{ref}"] = parity(responses[ref], [r for _, r in measured])
@@ -209,7 +210,7 @@ def run_arm(run: BenchRun, arm: str, model, work, *, results: dict, responses: d
     per_request = [statistics.fmean(p[i][0] * 1000 for p in passes) for i in range(len(work))]
     responses[arm] = [r for _, r in passes[-1]]
     if fidelity:
-        add_fidelity(fidelity, configuration_name(arm, args), work, responses[arm])
+        add_fidelity(fidelity, configuration_name(arm, args), responses[arm])
     results["arms"][arm] = {**summarize(times), "warmup_s": warmup_s, "passes": len(passes),
                             "peak_memory_gb": peak_gb(), "table": table(work, per_request),
                             "per_request_ms": per_request, "parity_only": not timed}

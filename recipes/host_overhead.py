@@ -30,7 +30,7 @@ import torch
 
 from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
-from benchlib.timing import sync
+from benchlib.timing import add_ms_to, sync
 from benchlib.workload import add_manifest_argument
 from profile_forward import requests_of
 
@@ -45,26 +45,18 @@ def timed_phases(times: dict[str, float], events: list):
 
     originals = {"plan_requests": fast_path.plan_requests, "build_pack_context": fast_path.build_pack_context}
     run = PackGraphs.run
-
-    def timer(name, fn):
-        def wrapped(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                times[name] = times.get(name, 0.0) + (time.perf_counter() - start) * 1000
-        return wrapped
+    launch = add_ms_to(times, "launch", run)
 
     def timed_run(self, ctx):
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        out = timer("launch", run)(self, ctx)
+        out = launch(self, ctx)
         end.record()
         events.append((begin, end))
         return out
 
-    fast_path.plan_requests = timer("plan", originals["plan_requests"])
-    fast_path.build_pack_context = timer("context", originals["build_pack_context"])
+    fast_path.plan_requests = add_ms_to(times, "plan", originals["plan_requests"])
+    fast_path.build_pack_context = add_ms_to(times, "context", originals["build_pack_context"])
     if torch.cuda.is_available():
         PackGraphs.run = timed_run
     try:

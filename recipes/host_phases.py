@@ -38,6 +38,7 @@ import torch
 from benchlib.provenance import command_line, versions
 from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES, TEMPERATURES, VOCAB
+from benchlib.timing import add_ms_to
 from benchlib.workload import ESTIMATED_MANIFEST as SHAPES_FILE  # the request indices are into this one
 from benchlib.workload import build_workload, single_candidate_request
 
@@ -84,19 +85,9 @@ def timed_steps(times: dict[str, float]):
     from hf_openjev import fast_path
 
     saved = fast_path.plan_requests, fast_path.build_pack_context, PackGraphs.run
-
-    def timer(name, fn):
-        def wrapped(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                times[name] = times.get(name, 0.0) + (time.perf_counter() - start) * 1000
-        return wrapped
-
-    fast_path.plan_requests = timer("plan", saved[0])
-    fast_path.build_pack_context = timer("context", saved[1])
-    PackGraphs.run = timer("launch", saved[2])
+    fast_path.plan_requests = add_ms_to(times, "plan", saved[0])
+    fast_path.build_pack_context = add_ms_to(times, "context", saved[1])
+    PackGraphs.run = add_ms_to(times, "launch", saved[2])
     try:
         yield
     finally:

@@ -5,7 +5,9 @@ The bench's random model (``benchlib.random_model.build_model``: bf16 weights, s
 (fla unbound as in arm A, SDPA's math backend), TF32 off, one candidate per forward (the reference path with
 batch size 1: no padding). The workload is the bench's (``build_workload``, same seed, same random ids) on
 ``--manifest``, by default ``recipes/data/jevbench231-shapes-estimated.json``, on which the committed oracles were
-built (the bench's ``--oracle`` runs then use it too).
+built (the bench's ``--oracle`` runs then use it too). The numerics, the scoring of a request, the merging and
+checking of earlier files and the atomic writes are ``hf-openjev fidelity``'s own
+(``hf_openjev.fidelity_check.oracle``); this script adds the bench's model, shards and the time budget.
 
 Writes ``<out>/oracle_<shape>.json`` (hf_openjev.fidelity's oracle format) after every request, atomically, so
 a command killed at its time limit keeps what it finished; a later run resumes from that file (or from
@@ -22,7 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,11 +36,9 @@ from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES, VOCAB
 from benchlib.workload import ESTIMATED_MANIFEST, add_manifest_argument, build_workload, check_manifest_argument
 
-from hf_openjev.fidelity import (ORACLE_FORMAT, describe_request, hash_tokens, weights_identity,
-                                 load_oracle, verify_oracle_identity)
-
-KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
-                "causal_conv1d_update")
+from hf_openjev.fidelity import ORACLE_FORMAT, hash_tokens, load_oracle, verify_oracle_identity, weights_identity
+from hf_openjev.fidelity_check.oracle import (check_oracle_progress, exact_numerics, read_oracle_progress,
+                                              score_oracle_request, write_oracle)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -71,91 +70,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def set_exact_numerics() -> dict:
-    """TF32 off everywhere (matmul and cuDNN), fp32 matmuls at "highest"; returns what is now in force."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    return {"compute_dtype": "float32", "stored_dtype": "bfloat16",
-            "allow_tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-            "allow_tf32_cudnn": torch.backends.cudnn.allow_tf32,
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "sdpa_backend": "math", "candidates_per_forward": 1}
-
-
-def unbind_kernels() -> dict[str, str]:
-    """Stock Transformers' own torch code for the GDN and its conv (fla / causal-conv1d unbound, as arm A);
-    returns the function each name now runs. Raises if one still resolves outside Transformers."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
-
-    bind_fla(False)
-    used = {}
-    for name in KERNEL_NAMES:
-        fn = getattr(qwen, name, None)
-        if fn is None:
-            continue
-        fn = getattr(fn, "__wrapped__", fn)  # the hub/package wrapper's torch fallback
-        setattr(qwen, name, fn)
-        used[name] = f"{fn.__module__}.{fn.__qualname__}"
-        if not fn.__module__.startswith("transformers."):
-            raise RuntimeError(f"{name} runs {used[name]}, not Transformers' torch code")
-    return used
-
-
 def read_progress(paths: list[Path], *, shape: str, seed: int) -> dict | None:
-    """The existing oracle files of ``paths`` merged (entries by id, the runs of each), once they agree on shape,
-    seed and weights; None when there is none."""
-    unique = {p.resolve(): p for p in paths if p.exists()}
-    found = [load_oracle(p) for p in unique.values()]
-    if not found:
-        return None
-    progress = found[0]
-    done, runs = {}, {}
-    for other in found:
-        verify_oracle_identity(other, shape=shape, seed=seed, weights_sha256=progress)
-        for entry in other["requests"]:
-            done.setdefault(entry["id"], entry)
-        for run in other.get("runs", []):
-            runs.setdefault(json.dumps(run, sort_keys=True), run)
-    progress["requests"], progress["runs"] = list(done.values()), list(runs.values())
-    return progress
+    """The existing oracle files of ``paths`` merged (entries by id, the runs of each), once each is of this shape
+    and seed and all are of one model's weights; None when there is none."""
+    for path in paths:
+        if path.is_file():
+            verify_oracle_identity(load_oracle(path), shape=shape, seed=seed)
+    return read_oracle_progress(paths)
 
 
 def check_progress(progress: dict, *, weights_sha256: dict | str, tokens_sha256: dict[str, str]) -> dict[str, dict]:
-    """The entries of an earlier run, by id, once its weights and every entry's token ids match this run's."""
-    verify_oracle_identity(progress, shape=progress["shape"], seed=progress["seed"], weights_sha256=weights_sha256)
-    done = {}
-    for entry in progress["requests"]:
-        if tokens_sha256.get(entry["id"]) != entry.get("tokens_sha256"):
-            raise ValueError(f"request {entry['id']!r}: its token ids differ from this workload's")
-        done[entry["id"]] = entry
+    """The entries of an earlier run, by id, once its weights are this run's and every entry is a request of this
+    workload with the same token ids."""
+    done = check_oracle_progress(progress, weights_sha256=weights_sha256, tokens_sha256=tokens_sha256)
+    foreign = next((rid for rid in done if rid not in tokens_sha256), None)
+    if foreign is not None:
+        raise ValueError(f"request {foreign!r} is not a request of this workload")
     return done
-
-
-def score_request(model, item: dict, prepared) -> dict:
-    """One request, one candidate per forward (the reference path, batch 1): its oracle entry."""
-    from hf_openjev.scoring import build_answer, score_prepared
-
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    result = score_prepared(model, [prepared], fast=False, batch_size=1)
-    response = build_answer(model, prepared, result.scores[0], seconds=result.seconds,
-                            prefix_cache=result.prefix_cache[0], method="oracle")
-    scores = {q.id: list(s) for q, s in zip(prepared.parsed.questions, result.scores[0])}
-    return describe_request(item["id"], item["kind"], response, tokens_sha256=hash_tokens(prepared.tokens),
-                            tokens=prepared.input_tokens, scores=scores, seconds=time.perf_counter() - start)
-
-
-def write_oracle(path: Path, header: dict, done: dict[str, dict], order: list[str]) -> dict:
-    """Write the oracle file atomically (a temporary file, then a rename); entries in workload order."""
-    entries = [done[i] for i in order if i in done]
-    oracle = {**header, "n_done": len(entries), "complete": len(entries) == header["n_total"],
-              "seconds": sum(e["seconds"] for e in entries), "requests": entries}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(oracle, indent=1))
-    os.replace(tmp, path)
-    return oracle
 
 
 def estimate_seconds(timings: list[tuple[int, float]], tokens: int) -> float:
@@ -202,7 +133,16 @@ def main(argv=None) -> int:
     if device == "cuda":
         torch.cuda.empty_cache()
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    numerics, kernels = set_exact_numerics(), unbind_kernels()
+    bind_fla(False)  # as arm A; exact_numerics then runs Transformers' own torch code for every kernel, or raises
+    with exact_numerics() as (numerics, kernels):  # put back on exit
+        return score_workload(args, model, progress, path=path, start=start, weights_sha256=weights_sha256,
+                              numerics=numerics, kernels=kernels)
+
+
+def score_workload(args, model, progress: dict | None, *, path: Path, start: float, weights_sha256: dict,
+                   numerics: dict, kernels: dict) -> int:
+    """Under exact numerics: resume ``progress`` (checked against this workload), score what is left of this
+    run's share within the budget, writing ``path`` after each request; the exit status."""
     full = build_workload(args.manifest, vocab=VOCAB, seed=args.seed)
     order = [item["id"] for item, _ in full]
     work = full[:args.limit]
@@ -234,26 +174,27 @@ def merge_oracles(progress: dict, path: Path, *, manifest: Path = ESTIMATED_MANI
     order = [item["id"] for item in json.loads(Path(manifest).read_text())["requests"]]
     header = {k: v for k, v in progress.items() if k not in ("requests", "n_done", "complete", "seconds")}
     header["shard"] = None
-    oracle = write_oracle(path, header, {e["id"]: e for e in progress["requests"]}, order)
+    ids = set(order)
+    kept = {e["id"]: e for e in progress["requests"] if e["id"] in ids}  # the workload's requests only
+    oracle = write_oracle(path, header, kept, order)
     print(f"{path}: {oracle['n_done']}/{oracle['n_total']} requests merged, "
           f"{'complete' if oracle['complete'] else 'incomplete'}", flush=True)
     return 0
 
 
 def run_requests(model, todo, done, *, path, header, order, start, max_seconds) -> str:
-    """Score ``todo`` into ``done`` (writing the file after each), within the budget; why it stopped."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    """Score ``todo`` into ``done`` (writing the file after each), within the budget; why it stopped. Runs inside
+    ``exact_numerics`` (SDPA's math backend included)."""
     from tqdm import tqdm
 
     timings: list[tuple[int, float]] = []
-    with sdpa_kernel([SDPBackend.MATH]), tqdm(total=len(todo), unit="req", desc="oracle", file=sys.stderr,
-                                               mininterval=5.0) as bar:
+    with tqdm(total=len(todo), unit="req", desc="oracle", file=sys.stderr, mininterval=5.0) as bar:
         for item, prepared in todo:
             if max_seconds is not None:
                 elapsed = time.monotonic() - start
                 if elapsed + estimate_seconds(timings, prepared.input_tokens) > max_seconds:
                     return f"--max-seconds {max_seconds:g}: {elapsed:.0f} s spent, next request {item['id']!r}"
-            entry = score_request(model, item, prepared)
+            entry = score_oracle_request(model, item["id"], item["kind"], prepared)
             done[item["id"]] = entry
             timings.append((entry["tokens"], entry["seconds"]))
             write_oracle(path, header, done, order)

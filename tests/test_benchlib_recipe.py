@@ -104,3 +104,27 @@ def test_the_scripts_import_the_library_not_each_other_through_sys_path():
         text = script.read_text()
         assert "sys.path.insert(0, str(Path(__file__)" not in text, script.name
         assert "from bench_jevbench import" not in text, script.name
+
+
+def test_a_phase_timer_adds_each_call_s_ms_even_when_it_raises():
+    import time
+
+    load_recipe("bench_jevbench")  # recipes/ on the path
+    from benchlib.timing import add_ms_to
+
+    times = {"plan": 5.0}
+
+    def step(x, *, fail=False):
+        time.sleep(0.002)
+        if fail:
+            raise RuntimeError("step failed")
+        return x + 1
+
+    timed = add_ms_to(times, "plan", step)
+    assert timed(1) == 2 and times["plan"] >= 5.0 + 2.0
+    after_one = times["plan"]
+    with pytest.raises(RuntimeError):
+        timed(1, fail=True)
+    assert times["plan"] >= after_one + 2.0 and set(times) == {"plan"}
+    add_ms_to(times, "launch", step)(0)
+    assert times["launch"] >= 2.0

@@ -21,6 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+import hf_openjev.checkpoint.publish as publish
 import hf_openjev.export.merge as export_mod
 from hf_openjev.checkpoint.tiny import TINY_MODEL_ID, write_tiny_base_and_package
 from hf_openjev.errors import CheckpointError
@@ -487,7 +488,7 @@ def no_writes(monkeypatch):
         raise AssertionError("merge_lora started writing before its checks finished")
 
     monkeypatch.setattr(tempfile, "mkdtemp", refuse)
-    monkeypatch.setattr(export_mod, "claim_temp_dir", refuse)
+    monkeypatch.setattr(publish, "claim_temp_dir", refuse)  # what claim_export_temp, merge_lora's, calls
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))

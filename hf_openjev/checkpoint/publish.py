@@ -25,7 +25,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TempDir", "claim_temp_dir", "put_in_place", "remove_stale_temps"]
+from .out_dir import read_umask
+
+__all__ = ["TempDir", "claim_export_temp", "claim_temp_dir", "put_in_place", "remove_stale_temps"]
 
 _KINDS = ("tmp", "old", "bf16")
 _RENAME_EXCHANGE = 2
@@ -48,6 +50,11 @@ class TempDir:
             with contextlib.suppress(OSError):
                 os.close(self.lock_fd)
             self.lock_fd = None
+
+    def discard(self) -> None:
+        """Remove the directory (whatever it holds) and release it: a failed export's temporary."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.release()
 
 
 def _lock(path: Path, *, create: bool) -> int | None:
@@ -91,6 +98,23 @@ def claim_temp_dir(out_dir: Path, kind: str = "tmp") -> TempDir:
             lock_path.unlink()
             raise
         return TempDir(base, lock_path, fd)
+
+
+def claim_export_temp(out_dir: Path, *, say, what: str) -> TempDir:
+    """The temporary an export of ``out_dir`` is written into: ``out_dir``'s parent made, the stale temporaries
+    beside it removed (each one told to ``say`` as ``"<what>: removed ..."``), a fresh one claimed
+    (:func:`claim_temp_dir`) and given an ordinary directory's permissions (``0o777`` minus the umask)."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in remove_stale_temps(out_dir):
+        say(f"{what}: removed {stale}, left by an export that did not finish")
+    claim = claim_temp_dir(out_dir)
+    try:
+        os.chmod(claim.path, 0o777 & ~read_umask())  # made 0o700; the export is an ordinary directory
+    except BaseException:
+        claim.discard()
+        raise
+    return claim
 
 
 def remove_stale_temps(out_dir: Path) -> list[Path]:

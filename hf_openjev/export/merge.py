@@ -64,8 +64,8 @@ from ..checkpoint.files import (FLOAT_DTYPES, base_weight_files, expected_backbo
 from ..errors import CheckpointError
 from ..family import check_family_member, is_test_package, package_names
 from .identity import BaseIdentity, check_base_identity
-from ..checkpoint.out_dir import check_free_space, missing_parents, read_umask, remove_empty
-from ..checkpoint.publish import claim_temp_dir, put_in_place, remove_stale_temps
+from ..checkpoint.out_dir import check_free_space, missing_parents, remove_empty
+from ..checkpoint.publish import claim_export_temp, put_in_place
 from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader
 from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
 from ..checkpoint.manifest import MANIFEST_NAME, ExportManifest, check_max_length, write_manifest
@@ -670,12 +670,8 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
     finished = False
     writer = None
     try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        for stale in remove_stale_temps(out_dir):
-            say(f"export: removed {stale}, left by an export that did not finish")
-        claim = claim_temp_dir(out_dir)
+        claim = claim_export_temp(out_dir, say=say, what="export")
         tmp = claim.path
-        os.chmod(tmp, 0o777 & ~read_umask())  # made 0o700; the export is an ordinary directory
         writer = _ShardWriter(tmp, plan.shards)
         check = report.tensor_check
         say(f"export: {len(plan.items)} tensors from {len(plan.files)} base shard(s) into {len(plan.shards)} "
@@ -703,8 +699,7 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
         if writer is not None:
             writer.abort()
         if not finished and claim is not None:
-            shutil.rmtree(claim.path, ignore_errors=True)
-            claim.release()
+            claim.discard()
         if not finished:
             remove_empty(created)
         raise

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -41,13 +40,11 @@ def merge_and_quantize(base_dir, package_dir, out_dir, *, targets: Iterable[str]
                                     progress=progress, log=log)
     except BaseException:
         if work is not None:
-            shutil.rmtree(work.path, ignore_errors=True)
-            work.release()
+            work.discard()
             work = None
         remove_empty(created)
         raise
     finally:
         if work is not None:
-            shutil.rmtree(work.path, ignore_errors=True)
-            work.release()
+            work.discard()
     return merged, quantized

@@ -120,14 +120,16 @@ def score_oracle_request(model, request_id: str, kind: str, prepared) -> dict:
 
 
 def write_oracle(path: Path, header: dict, done: dict[str, dict], order: Sequence[str]) -> dict:
-    """Write the oracle atomically: the entries of ``order`` first (in that order), then any other ones kept."""
+    """Write the oracle atomically: the entries of ``order`` first (in that order), then any other ones kept.
+    ``n_total`` is the header's when it has one (``recipes/oracle.py``: the whole workload's size), else the
+    number of entries; ``complete``: every id of ``order`` is done."""
     ordered = [done[i] for i in order if i in done]
     seen = set(order)
     ordered += [e for i, e in done.items() if i not in seen]
     n_asked = sum(1 for i in order if i in done)
-    oracle = {**header, "format": ORACLE_FORMAT, "n_total": len(ordered), "n_done": len(ordered),
-              "complete": n_asked == len(order), "seconds": sum(float(e.get("seconds", 0.0)) for e in ordered),
-              "requests": ordered}
+    oracle = {**header, "format": ORACLE_FORMAT, "n_total": header.get("n_total", len(ordered)),
+              "n_done": len(ordered), "complete": n_asked == len(order),
+              "seconds": sum(float(e.get("seconds", 0.0)) for e in ordered), "requests": ordered}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(oracle, indent=1))

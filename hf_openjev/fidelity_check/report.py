@@ -2,18 +2,16 @@
 decision agreement with the oracle and the accuracy against the tasks' expected labels; written as
 ``fidelity_<name>.json``, ``.md`` and ``.png``.
 
-:func:`judge_against_oracle` is the whole back end, for any caller that has an oracle and answers: ``hf-openjev
+:func:`judge_against_oracle` is the whole back end, for every caller that has an oracle and answers: ``hf-openjev
 fidelity`` and the benchmark driver's ``--oracle`` mode.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..fidelity import (build_fidelity_report, compare_with_oracle, plot_fidelity, render_fidelity_markdown,
-                        select_requests)
+from ..fidelity import build_fidelity_report, compare_with_oracle, select_requests, write_fidelity_report
 from .configs import REFERENCE
 from .oracle import check_oracle_progress
 
@@ -40,15 +38,21 @@ def accuracy_against_labels(items: Sequence, entries: Sequence[Mapping]) -> dict
     return {"n": len(scored), "correct": correct, "accuracy": correct / len(scored)}
 
 
-def judge_against_oracle(oracle: Mapping, *, weights_sha256: str, items: Sequence,
+def select_oracle_entries(oracle: Mapping, *, weights_sha256: Mapping | str, items: Sequence) -> list[dict]:
+    """``oracle``'s entries of ``items`` (in their order), once its weights are these and every item is in it with
+    the same token ids; else a one-line ``ValueError``. A caller can run it before any work, to refuse early."""
+    done = check_oracle_progress(dict(oracle), weights_sha256=weights_sha256,
+                                 tokens_sha256={item.id: item.tokens_sha256 for item in items})
+    return select_requests(list(done.values()), [item.id for item in items])
+
+
+def judge_against_oracle(oracle: Mapping, *, weights_sha256: Mapping | str, items: Sequence,
                          entries_by_name: Mapping[str, Sequence[Mapping]], out: str | Path, name: str,
                          meta: Mapping | None = None) -> dict:
     """Compare every configuration's entries (``entries_by_name``, each in ``items`` order; ``"B"`` is the gate's
-    yardstick) with ``oracle``'s, after checking its weights and token ids (one-line ``ValueError``); write
+    yardstick) with ``oracle``'s, after checking its weights and token ids (:func:`select_oracle_entries`); write
     ``<out>/fidelity_<name>.{json,md,png}`` and return the report."""
-    done = check_oracle_progress(dict(oracle), weights_sha256=weights_sha256,
-                                 tokens_sha256={item.id: item.tokens_sha256 for item in items})
-    oracle_entries = select_requests(list(done.values()), [item.id for item in items])
+    oracle_entries = select_oracle_entries(oracle, weights_sha256=weights_sha256, items=items)
     n_questions = sum(len(e["probabilities"]) for e in oracle_entries)
     stats = {config: compare_with_oracle(oracle_entries, list(entries)) for config, entries in entries_by_name.items()}
     report = build_fidelity_report(stats, reference=REFERENCE, **dict(meta or {}))
@@ -79,9 +83,9 @@ def render_agreement_markdown(report: Mapping) -> str:
 
 
 def write_report(out: Path, stem: str, report: Mapping) -> None:
-    """``<stem>.json`` (compact), ``<stem>.png`` (max |dp| per request) and ``<stem>.md`` under ``out``."""
+    """``<stem>.json`` (compact), ``<stem>.png`` (max |dp| per request) and ``<stem>.md`` under ``out``: the gate's
+    files (:func:`~hf_openjev.fidelity.write_fidelity_report`), the markdown followed by the decisions section."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(report, separators=(",", ":")) + "\n")
-    plot_fidelity(report, out / f"{stem}.png")
-    markdown = render_fidelity_markdown(report, plot_name=f"{stem}.png") + render_agreement_markdown(report)
-    (out / f"{stem}.md").write_text(markdown)
+    write_fidelity_report(out, stem, report)
+    with (out / f"{stem}.md").open("a") as markdown:
+        markdown.write(render_agreement_markdown(report))

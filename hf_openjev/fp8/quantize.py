@@ -23,7 +23,6 @@ end; on any failure nothing is left behind.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
@@ -35,8 +34,8 @@ import torch
 
 from ..checkpoint.files import base_weight_files
 from ..checkpoint.manifest import MANIFEST_NAME, read_json_object, read_manifest
-from ..checkpoint.out_dir import check_free_space, missing_parents, read_umask, remove_empty
-from ..checkpoint.publish import claim_temp_dir, put_in_place, remove_stale_temps
+from ..checkpoint.out_dir import check_free_space, missing_parents, remove_empty
+from ..checkpoint.publish import claim_export_temp, put_in_place
 from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader, TensorFileWriter, tensor_nbytes
 from ..errors import CheckpointError
 from .scheme import (ALL_TARGETS, FP8_EXPORT_FORMAT, SOURCE_FORMAT, manifest_block, manifest_format,
@@ -282,12 +281,8 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
     created = missing_parents(out_dir)
     claim = None
     try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        for stale in remove_stale_temps(out_dir):
-            say(f"fp8: removed {stale}, left by an export that did not finish")
-        claim = claim_temp_dir(out_dir)
+        claim = claim_export_temp(out_dir, say=say, what="fp8")
         tmp = claim.path
-        os.chmod(tmp, 0o777 & ~read_umask())  # made 0o700; the export is an ordinary directory
         from tqdm import tqdm
 
         say(f"fp8: quantizing {', '.join(plan.modules)} in {len(plan.shards)} shard(s) into {tmp}")
@@ -301,8 +296,7 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
         claim = None
     except BaseException:
         if claim is not None:
-            shutil.rmtree(claim.path, ignore_errors=True)
-            claim.release()
+            claim.discard()
         remove_empty(created)
         raise
     report.seconds = time.perf_counter() - start

@@ -1,5 +1,6 @@
 """The benchmark's ``--oracle`` run: the oracle checked, this run's weights hashed, each configuration compared
-with the fp32 oracle and judged by the fidelity gate against B (``hf_openjev.fidelity``)."""
+with the fp32 oracle and judged by the fidelity gate against B, with ``hf-openjev fidelity``'s code
+(``hf_openjev.fidelity_check``: the same entries, checks, gate and report files)."""
 
 from __future__ import annotations
 
@@ -34,16 +35,19 @@ def open_oracle(args, parser):
 
 def start_fidelity(oracle, model, work, *, args, out: Path, results: dict) -> dict | None:
     """Hash this run's weights (as built, before any patch) and refuse (None, a message) unless they are the
-    oracle's; else the context add_fidelity fills: the oracle's entries for this run's requests, token hashes."""
-    from hf_openjev.fidelity import hash_tokens, select_requests, verify_oracle_identity, weights_identity
+    oracle's and the oracle holds every request of ``work`` with the same token ids; else the context
+    add_fidelity fills: the oracle, the weights' fingerprints, the requests as fidelity items, the report's meta."""
+    from hf_openjev.fidelity import verify_oracle_identity, weights_identity
+    from hf_openjev.fidelity_check import items_from_workload, select_oracle_entries
 
     t0 = time.perf_counter()
     weights = weights_identity(model)
     sha = results["weights_sha256"] = weights["weights_sha256"]
     results["stored_weights_sha256"] = weights["stored_weights_sha256"]
+    items = items_from_workload(work)
     try:
         verify_oracle_identity(oracle, shape=args.shape, seed=args.seed, weights_sha256=weights)
-        oracle_requests = select_requests(oracle["requests"], [item["id"] for item, _ in work])
+        select_oracle_entries(oracle, weights_sha256=weights, items=items)  # what add_fidelity judges against
     except ValueError as error:
         print(f"--oracle {args.oracle}: {error}", file=sys.stderr)
         return None
@@ -54,23 +58,24 @@ def start_fidelity(oracle, model, work, *, args, out: Path, results: dict) -> di
                        "git_commit": oracle.get("git_commit"), "device": oracle.get("device")},
             "oracle_sha256_check": {"oracle": oracle["weights_sha256"], "run": sha, "match": True},
             "requests_compared": len(work)}
-    return {"oracle_requests": oracle_requests, "tokens_sha256": [hash_tokens(p.tokens) for _, p in work],
-            "stats": {}, "out": out, "meta": meta}
+    return {"oracle": oracle, "weights": weights, "items": items, "entries": {}, "out": out, "meta": meta}
 
 
-def add_fidelity(fidelity: dict, name: str, work, responses) -> None:
-    """One configuration's answers against the oracle; rewrites fidelity_<shape>.json/.md/.png with every
-    configuration so far, each judged by the gate against B when the run has B."""
-    from hf_openjev.fidelity import build_fidelity_report, compare_with_oracle, describe_request, write_fidelity_report
+def add_fidelity(fidelity: dict, name: str, responses) -> None:
+    """One configuration's answers (one response per request, in workload order) against the oracle; rewrites
+    fidelity_<shape>.json/.md/.png with every configuration so far, judged by ``hf-openjev fidelity``'s own back
+    end (``hf_openjev.fidelity_check.judge_against_oracle``: the gate against B when the run has B, the decision
+    agreement with the oracle)."""
+    from hf_openjev.fidelity_check import entries_from_responses, judge_against_oracle
 
-    entries = [describe_request(item["id"], item["kind"], response, tokens_sha256=tokens)
-               for (item, _), response, tokens in zip(work, responses, fidelity["tokens_sha256"])]
-    stats = fidelity["stats"][name] = compare_with_oracle(fidelity["oracle_requests"], entries)
-    report = build_fidelity_report(fidelity["stats"], **fidelity["meta"])
-    write_fidelity_report(fidelity["out"], f"fidelity_{fidelity['meta']['shape']}", report)
-    print(f"fidelity {name} vs oracle: max {stats.max_abs_dp:.4g}, p99 {stats.p99_abs_dp:.4g}, mean "
-          f"{stats.mean_abs_dp:.4g}, {stats.flips} flips (+{stats.near_tie_flips} near-tie); passes "
-          f"{report['configurations'][name]['passes']}", flush=True)
+    fidelity["entries"][name] = entries_from_responses(fidelity["items"], responses)
+    report = judge_against_oracle(fidelity["oracle"], weights_sha256=fidelity["weights"], items=fidelity["items"],
+                                  entries_by_name=fidelity["entries"], out=fidelity["out"],
+                                  name=fidelity["meta"]["shape"], meta=fidelity["meta"])
+    stats = report["configurations"][name]
+    print(f"fidelity {name} vs oracle: max {stats['max_abs_dp']:.4g}, p99 {stats['p99_abs_dp']:.4g}, mean "
+          f"{stats['mean_abs_dp']:.4g}, {stats['flips']} flips (+{stats['near_tie_flips']} near-tie); passes "
+          f"{stats['passes']}", flush=True)
 
 
 def configuration_name(name: str, args) -> str:

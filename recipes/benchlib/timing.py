@@ -24,6 +24,17 @@ def peak_gb() -> float:
     return torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else float("nan")
 
 
+def add_ms_to(times: dict[str, float], name: str, fn):
+    """``fn`` wrapped so that each call adds its wall ms to ``times[name]`` (the recipes' phase timers)."""
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            times[name] = times.get(name, 0.0) + (time.perf_counter() - start) * 1000
+    return timed
+
+
 def run_pass(model, work, *, fast: bool, batch_size: int = 32):
     """Time every request (sync at both ends); returns per-request (seconds, response). ``batch_size``: the
     reference path's right-padded batch (fast=False); the fast path runs with the options the model is patched
