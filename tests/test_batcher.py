@@ -265,6 +265,8 @@ class ReplicaScorer(Scorer):
             self.most_busy = max(self.most_busy, self.busy)
         try:
             if model.name in self.broken:
+                if self.delay:  # a broken GPU takes its time too: else it drains the queue before the other wakes
+                    time.sleep(self.delay)
                 raise RuntimeError(f"CUDA error on {model.name}: an illegal memory access was encountered")
             return super().__call__(model, prepared, fast=fast)
         finally:
