@@ -101,10 +101,10 @@ def add_route_lists(inputs: InputLists, prefixes: list[list[int]], rows_before: 
     return slots, max_chain
 
 
-def lay_out_level_lists(plan, ids: list[int], layout: Layout, external, inputs: InputLists, *, pad: bool,
-                        dense_attention_tokens: int) -> tuple[LevelSpec, dict[str, int]]:
-    """``pack_context.lay_out_level`` on lists: the level's rows appended to ``layout``; ``(its LevelSpec with no
-    tensors, {tensor field: slot})``."""
+def lay_out_level_lists(plan, ids: list[int], layout: Layout, external, inputs: InputLists, chained: set[int], *,
+                        pad: bool, dense_attention_tokens: int) -> tuple[LevelSpec, dict[str, int]]:
+    """``pack_context.lay_out_level`` on lists: the level's rows appended to ``layout`` (``chain_rows`` only of the
+    ``chained`` segments: parents and exports); ``(its LevelSpec with no tensors, {tensor field: slot})``."""
     segments = plan.segments
     lo = len(layout.token_ids)
     cu = [0]
@@ -116,8 +116,9 @@ def lay_out_level_lists(plan, ids: list[int], layout: Layout, external, inputs: 
         layout.positions.extend(range(seg.start, seg.end))
         cu.append(len(layout.token_ids) - lo)
         prefixes.append(parent_chain(plan, seg_id, layout, external))
-        layout.chain_rows[seg_id] = prefixes[-1] + list(range(external.rows + start,
-                                                              external.rows + len(layout.token_ids)))
+        if seg_id in chained:
+            layout.chain_rows[seg_id] = prefixes[-1] + list(range(external.rows + start,
+                                                                  external.rows + len(layout.token_ids)))
     if pad:
         for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
             layout.token_ids.extend([0] * length)
@@ -216,9 +217,10 @@ def lay_out_template(plan, pack, store, *, pad: bool, merge_levels: bool,
     inputs = InputLists()
     for values in (layout.token_ids, layout.positions, None):  # slots 0-2 (final rows: filled below)
         inputs.add(INT64, values)
+    chained = {plan.segments[seg_id].parent for seg_id in pack.segments}.union(pack.export)
     levels = []
     for ids in layout.level_ids:
-        levels.append(lay_out_level_lists(plan, ids, layout, external, inputs, pad=pad,
+        levels.append(lay_out_level_lists(plan, ids, layout, external, inputs, chained, pad=pad,
                                           dense_attention_tokens=dense_attention_tokens))
         layout.levels.append(levels[-1][0])
     bank = StateBank(external.ids)
