@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from hf_openjev.ops.varlen import CHUNK_SIZE  # the GDN / conv chunk whose tables add_varlen_lists mirrors
+
 from .graph_buckets import bucket_tokens, pad_level
 from .input_buffer import plan_layout_of_shapes, write_host_buffer
 from .layout_cache import PackTemplate
@@ -33,9 +35,7 @@ from .pack_context import (
 )
 
 INT64, INT32 = torch.int64, torch.int32
-CHUNK_SIZE = 64  # the GDN / conv chunk of hf_openjev.ops.varlen (its chunk tables are mirrored here)
 LEVEL_FIELDS = ("cu_seqlens", "chunk_indices", "chunk_offsets")
-ROUTE_FIELDS = ("prefix_starts", "prefix_lengths", "chain_index")
 CALL_FIELDS = ("cu_seqlens", "chunk_indices", "chunk_offsets", "parent_rows", "rows", "keep")
 
 
