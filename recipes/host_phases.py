@@ -13,7 +13,8 @@ after one that captures):
 - ``prepare``: ``parse_request`` and the ``PreparedRequest`` (the contract's validation; the token ids are the
   benchmark's synthetic ones, so no tokenizer runs);
 - ``plan``: ``plan_requests``; ``context``: ``build_pack_context`` (a shape seen before: the layout cache's hit);
-- ``context, new shape``: the same with the layout cache emptied before each call (its miss), when it has one;
+- ``context, new shape``: the same with the layout cache emptied before each ``score_prepared`` call (its miss: every
+  pack's shape is new), when it has one;
 - ``launch``: ``PackGraphs.run`` (key lookup, the input copy, the replay call);
 - ``head + scores``: the rest of ``score_prepared`` (the head, the scores to the host, the bookkeeping);
 - ``host``: all of the above but ``context, new shape``.
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from benchlib.provenance import command_line, versions
+from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES, TEMPERATURES, VOCAB
 from benchlib.timing import add_ms_to
@@ -95,23 +96,22 @@ def timed_steps(times: dict[str, float]):
 
 
 def time_new_shapes(model, prepared, repeats: int) -> float:
-    """Median ms of ``build_pack_context`` for the request's packs with the layout cache emptied first (nan when
-    the package has no layout cache)."""
+    """Median ms of ``build_pack_context`` inside ``score_prepared`` (the fast path's own call, its options) with the
+    layout cache emptied before each call, so that every pack's shape is new (nan when the package has no layout
+    cache)."""
     try:
         from hf_openjev.packing.layout_cache import TEMPLATES
     except ImportError:
         return float("nan")
-    from hf_openjev.packing.pack_context import build_pack_context
-    from hf_openjev.packing.planner import plan_requests
+    from hf_openjev.scoring import score_prepared
 
-    plan = plan_requests([prepared.tokens])
     samples = []
     for _ in range(repeats):
         TEMPLATES.clear()
-        start = time.perf_counter()
-        for pack in plan.packs:
-            build_pack_context(plan, pack, {}, model.device, pad=True)
-        samples.append((time.perf_counter() - start) * 1000)
+        times: dict[str, float] = {}
+        with timed_steps(times):
+            score_prepared(model, [prepared], fast=True)
+        samples.append(times["context"])
     return statistics.median(samples)
 
 
@@ -166,6 +166,7 @@ def short_requests(indices) -> list[tuple[str, object]]:
 def write_markdown(result: dict, path: Path) -> None:
     lines = [f"# Host ms of short fast-path requests on a CPU ({result['layers']} layers, medians of "
              f"{result['repeats']})", "", f"Command: `{result['command']}`", "",
+             f"Commit: {result.get('git_commit')}", "",
              "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), "",
              f"Device: {result['device']} (one torch thread)", "",
              "| request | " + " | ".join(PHASES) + " |", "|---|" + "---|" * len(PHASES)]
@@ -195,9 +196,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
-    result = {"command": command_line(), "versions": versions(), "device": device,
-              "layers": args.layers,
-              "repeats": args.repeats, "requests": {}}
+    script_argv = None if argv is None else ["recipes/host_phases.py", *argv]
+    result = {"command": command_line(script_argv), "git_commit": git_commit(), "versions": versions(), "device": device,
+              "layers": args.layers, "repeats": args.repeats, "requests": {}}
     for label, prepared in short_requests(indices):
         result["requests"][label] = time_request(model, request_dict(prepared), prepared, args.repeats)
         print(label, {k: round(v, 3) for k, v in result["requests"][label].items()}, flush=True)

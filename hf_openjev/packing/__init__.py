@@ -4,6 +4,7 @@
 - :mod:`.prefix_cuts`: where a token prefix can be cut cleanly (pure Python);
 - :mod:`.pack_context`: one pack's tensors and state hand-offs on the device;
 - :mod:`.layout_cache`: a pack's layout cached per shape (lengths and tree), so a repeated shape only writes its ids;
+- :mod:`.host_layout`: a new shape's layout in one pass of plain lists, written straight into its input buffer;
 - :mod:`.input_buffer`: every input of a pack in one byte buffer, moved to the device in one copy;
 - :mod:`.graph_buckets`: the padded shapes CUDA graphs are captured for.
 """

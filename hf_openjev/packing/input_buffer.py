@@ -9,6 +9,8 @@ appearance), each region 16-byte aligned, each tensor in its region 16-byte alig
 
 from __future__ import annotations
 
+import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,18 +35,24 @@ class InputLayout:
 
 def plan_input_layout(tensors: Sequence[torch.Tensor]) -> InputLayout:
     """The :class:`InputLayout` of ``tensors`` in this order (equal shapes and dtypes in equal order: equal layouts)."""
+    return plan_layout_of_shapes([(tensor.dtype, tuple(tensor.shape)) for tensor in tensors])
+
+
+def plan_layout_of_shapes(shapes: Sequence[tuple[torch.dtype, tuple[int, ...]]]) -> InputLayout:
+    """The :class:`InputLayout` of tensors of these ``(dtype, shape)`` in this order, without the tensors."""
     sizes: dict[torch.dtype, int] = {}
     pieces: dict[torch.dtype, list[int]] = {}
     slots, piece_of = [], []
-    for tensor in tensors:
-        step = max(1, ALIGN_BYTES // tensor.element_size())
-        at = sizes.get(tensor.dtype, 0)
-        slots.append((tensor.dtype, at, tuple(tensor.shape)))
-        size = -(-tensor.numel() // step) * step
-        sizes[tensor.dtype] = at + size
-        split = pieces.setdefault(tensor.dtype, [])
+    for dtype, shape in shapes:
+        numel = math.prod(shape)
+        step = max(1, ALIGN_BYTES // dtype.itemsize)
+        at = sizes.get(dtype, 0)
+        slots.append((dtype, at, shape))
+        size = -(-numel // step) * step
+        sizes[dtype] = at + size
+        split = pieces.setdefault(dtype, [])
         piece_of.append(len(split))
-        split += [tensor.numel(), size - tensor.numel()]
+        split += [numel, size - numel]
     regions, nbytes = {}, 0
     for dtype, elements in sizes.items():
         regions[dtype] = (nbytes, elements)
@@ -65,6 +73,24 @@ def fill_host_buffer(tensors: Sequence[torch.Tensor], layout: InputLayout, *, pi
     for tensor, (dtype, at, _) in zip(tensors, layout.slots):
         regions[dtype][at: at + tensor.numel()] = tensor.reshape(-1)
     return host
+
+
+STRUCT_CODES = {torch.int64: "q", torch.int32: "i"}  # struct's codes of the inputs' dtypes (standard sizes)
+
+
+def write_host_buffer(values: Sequence[Sequence[int]], layout: InputLayout) -> torch.Tensor:
+    """The uint8 host buffer ``[nbytes]`` of ``layout`` holding ``values[i]`` (plain ints, slot i's elements in
+    row-major order) where ``layout`` puts slot i, zeros elsewhere: :func:`fill_host_buffer`'s bytes, built from
+    lists without a tensor per slot (one ``struct.pack_into`` per dtype region)."""
+    regions: dict[torch.dtype, list[int]] = {dtype: [] for dtype in layout.regions}
+    for flat, (dtype, at, _) in zip(values, layout.slots, strict=True):
+        region = regions[dtype]
+        region += [0] * (at - len(region))  # the previous slot's alignment gap
+        region += flat
+    buffer = bytearray(layout.nbytes)
+    for dtype, (start, _) in layout.regions.items():
+        struct.pack_into(f"={len(regions[dtype])}{STRUCT_CODES[dtype]}", buffer, start, *regions[dtype])
+    return torch.frombuffer(buffer, dtype=torch.uint8)
 
 
 def view_inputs(buffer: torch.Tensor, layout: InputLayout) -> tuple[dict[torch.dtype, torch.Tensor],

@@ -4,10 +4,10 @@ A pack's tensors (positions, varlen metadata, chunk tables, state routing, final
 on its shape: each segment's length, start, place in the tree (its parent as a position in the pack or in
 ``pack.external``), whether it is scored or hands a state on; the received states' lengths; the exports; and the
 layout options (``pad``, ``merge_levels``, ``dense_attention_tokens``). :func:`shape_key` is that tuple. The first
-pack of a shape is laid out by the steps of :mod:`.pack_context` and recorded as a :class:`PackTemplate` (its
-inputs in one host byte buffer, :mod:`.input_buffer`); a later pack of the same shape copies that buffer, writes
-its token ids into it, moves it to the device in one copy and takes the context's tensors as views of it
-(:func:`fill_template`): the same tensors reach the kernels, without the per-sequence Python work.
+pack of a shape is laid out by the steps of :mod:`.pack_context`, on lists (:mod:`.host_layout`), into a
+:class:`PackTemplate` (its inputs in one host byte buffer, :mod:`.input_buffer`); a later pack of the same shape
+copies that buffer, writes its token ids into it, moves it to the device in one copy and takes the context's tensors
+as views of it (:func:`fill_template`): the same tensors reach the kernels, without the per-sequence Python work.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def _tensor_fields(holder, slot_of: dict[int, int]) -> tuple[tuple[str, int], ..
 
 def record_template(ctx, plan, pack, layout, bank) -> PackTemplate:
     """The template of a context laid out on the host (``pack_context.lay_out_pack``: tensors not yet moved;
-    ``layout``: its ``Layout``, ``bank``: its ``StateBank``)."""
+    ``layout``: its ``Layout``, ``bank``: its ``StateBank``): the reference ``host_layout.lay_out_template`` (what
+    ``build_pack_context`` runs on a new shape) is tested against."""
     tensors = ctx.static_tensors()
     if tensors[0] is not ctx.input_ids:
         raise RuntimeError("static_tensors() must start with input_ids; this is a bug")

@@ -30,8 +30,9 @@ tail as any other parent.
 (``lay_out_levels`` -> ``lay_out_level`` -> ``route_prefixes``), the Gated DeltaNet calls (``group_gdn_levels``,
 ``StateBank``, ``gather_call_rows``, ``build_gdn_call``), then the inputs (``select_final_rows``, ``key_graph``:
 ``lay_out_pack`` up to here, then ``move_inputs``, ``attach_external_states``, ``attach_exports``).
-``build_pack_context`` (what the fast path calls) runs them once per pack *shape* and keeps the result
-(:mod:`.layout_cache`): a later pack of that shape only writes its token ids into a copy of the shape's input buffer.
+``build_pack_context`` (what the fast path calls) lays out a pack of a new *shape* once, the same steps on plain
+lists written straight into its input buffer (:mod:`.host_layout`), and keeps the result (:mod:`.layout_cache`): a
+later pack of that shape only writes its token ids into a copy of the shape's input buffer.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from hf_openjev.ops.varlen import prepare_varlen_metadata
 
 from .graph_buckets import bucket_sequences, bucket_tokens, pad_level
 from .input_buffer import fill_host_buffer, plan_input_layout, view_inputs
-from .layout_cache import TEMPLATES, fill_template, record_template, shape_key
+from .layout_cache import TEMPLATES, fill_template, shape_key
 
 __all__ = ["DENSE_ATTENTION_TOKENS", "GdnCall", "LevelSpec", "PackContext", "SegmentState", "build_pack_context",
            "build_pack_context_uncached", "lay_out_pack", "move_inputs"]
@@ -562,9 +563,11 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, optio
     key = shape_key(plan, pack, store, pad=pad, merge_levels=merge_levels,
                     dense_attention_tokens=options.dense_attention_tokens)
     template = TEMPLATES.get(key)
-    if template is None:
-        ctx, layout, bank = lay_out_pack(plan, pack, store, options, pad=pad, merge_levels=merge_levels)
-        template = record_template(ctx, plan, pack, layout, bank)
+    if template is None:  # a new shape: laid out in one pass of lists (host_layout imports this module's steps)
+        from .host_layout import lay_out_template
+
+        template = lay_out_template(plan, pack, store, pad=pad, merge_levels=merge_levels,
+                                    dense_attention_tokens=options.dense_attention_tokens)
         TEMPLATES.put(key, template)
     ctx = fill_template(template, plan, pack, device, options, PackContext)
     if pack.external:

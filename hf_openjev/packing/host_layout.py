@@ -1,0 +1,241 @@
+"""The layout of a pack whose shape is new, in one host pass of plain lists written straight into its input buffer.
+
+:func:`lay_out_template` makes the :class:`~.layout_cache.PackTemplate` that ``pack_context.lay_out_pack`` then
+``layout_cache.record_template`` make, byte for byte, without their small tensors: every input of the forward
+(token ids, positions, each level's varlen metadata and prefix routing, each Gated DeltaNet call's state routing and
+gathered layout, the final rows) is built as a list of ints, the input layout is planned from the lists' shapes and
+the lists are written into the one host byte buffer (:func:`.input_buffer.write_host_buffer`). The steps that are
+pure Python already (levels, anchors, received states, the GDN call groups, the gathered rows, the final rows) are
+``pack_context``'s own; the ones that made tensors are mirrored here on lists, in the same order.
+``build_pack_context`` calls it on a layout-cache miss; ``build_pack_context_uncached`` keeps the tensor steps (the
+reference, tests/test_host_layout.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_openjev.ops.varlen import CHUNK_SIZE  # the GDN / conv chunk whose tables add_varlen_lists mirrors
+
+from .graph_buckets import bucket_tokens, pad_level
+from .input_buffer import plan_layout_of_shapes, write_host_buffer
+from .layout_cache import PackTemplate
+from .pack_context import (
+    GdnCall,
+    Layout,
+    LevelSpec,
+    StateBank,
+    find_anchors,
+    gather_call_rows,
+    group_gdn_levels,
+    group_levels,
+    index_external,
+    parent_chain,
+    select_final_rows,
+)
+
+INT64, INT32 = torch.int64, torch.int32
+LEVEL_FIELDS = ("cu_seqlens", "chunk_indices", "chunk_offsets")
+CALL_FIELDS = ("cu_seqlens", "chunk_indices", "chunk_offsets", "parent_rows", "rows", "keep")
+
+
+class InputLists:
+    """The forward's inputs as lists, one slot per tensor of ``PackContext.static_tensors()`` in that order:
+    ``dtypes[i]``, ``values[i]`` (flat, row-major), ``shapes[i]``."""
+
+    def __init__(self):
+        self.dtypes: list[torch.dtype] = []
+        self.values: list[list[int]] = []
+        self.shapes: list[tuple[int, ...] | None] = []
+
+    def add(self, dtype: torch.dtype, values: list[int], shape: tuple[int, ...] | None = None) -> int:
+        """Append a slot (``shape`` None: 1-D, its length read when the layout is planned); return its index."""
+        self.dtypes.append(dtype)
+        self.values.append(values)
+        self.shapes.append(shape)
+        return len(self.values) - 1
+
+    def shape(self, slot: int) -> tuple[int, ...]:
+        shape = self.shapes[slot]
+        return (len(self.values[slot]),) if shape is None else shape
+
+
+def add_varlen_lists(inputs: InputLists, cu: list[int]) -> tuple[int, int, int]:
+    """``ops.varlen.prepare_varlen_metadata(cu)``'s tensors as slots: ``(cu_seqlens [n+1] int32, chunk_indices
+    [C, 2] int32, chunk_offsets [n+1] int64)``."""
+    pairs, offsets = [], [0]
+    for i in range(len(cu) - 1):
+        count = (cu[i + 1] - cu[i] + CHUNK_SIZE - 1) // CHUNK_SIZE
+        for j in range(count):
+            pairs += (i, j)
+        offsets.append(offsets[-1] + count)
+    return (inputs.add(INT32, cu), inputs.add(INT32, pairs, (len(pairs) // 2, 2)), inputs.add(INT64, offsets))
+
+
+def add_route_lists(inputs: InputLists, prefixes: list[list[int]], rows_before: int, *,
+                    pad: bool) -> tuple[dict[str, int], int]:
+    """``pack_context.route_prefixes`` on lists: ``({field: slot}, max_chain)`` (no ``chain_index`` slot when the
+    blocks are read in place)."""
+    blocks = [b for b in prefixes if b]
+    chain: list[int] | None = None
+    if all(b == list(range(b[0], b[0] + len(b))) for b in blocks):
+        first = [b[0] if b else 0 for b in prefixes]
+        max_chain = rows_before if pad else max(map(len, blocks))
+    else:
+        offset_of: dict[tuple[int, ...], int] = {}
+        chain = []
+        for block in map(tuple, blocks):
+            if block not in offset_of:
+                offset_of[block] = len(chain)
+                chain.extend(block)
+        first = [offset_of[tuple(b)] if b else 0 for b in prefixes]
+        max_chain = max(map(len, blocks))
+        if pad:  # rows past the last block are never read
+            max_chain = bucket_tokens(len(chain))
+            chain += [0] * (max_chain - len(chain))
+    lengths = [len(b) for b in prefixes]
+    ends = max(f + n for f, n in zip(first, lengths))
+    slots = {"prefix_starts": inputs.add(INT32, first + [ends]), "prefix_lengths": inputs.add(INT32, lengths)}
+    if chain is not None:
+        slots["chain_index"] = inputs.add(INT64, chain)
+    return slots, max_chain
+
+
+def lay_out_level_lists(plan, ids: list[int], layout: Layout, external, inputs: InputLists, chained: set[int], *,
+                        pad: bool, dense_attention_tokens: int) -> tuple[LevelSpec, dict[str, int]]:
+    """``pack_context.lay_out_level`` on lists: the level's rows appended to ``layout`` (``chain_rows`` only of the
+    ``chained`` segments: parents and exports); ``(its LevelSpec with no tensors, {tensor field: slot})``."""
+    segments = plan.segments
+    lo = len(layout.token_ids)
+    cu = [0]
+    prefixes: list[list[int]] = []
+    for seg_id in ids:
+        seg = segments[seg_id]
+        layout.start_of[seg_id] = start = len(layout.token_ids)
+        layout.token_ids.extend(seg.tokens)
+        layout.positions.extend(range(seg.start, seg.end))
+        cu.append(len(layout.token_ids) - lo)
+        prefixes.append(parent_chain(plan, seg_id, layout, external))
+        if seg_id in chained:
+            layout.chain_rows[seg_id] = prefixes[-1] + list(range(external.rows + start,
+                                                                  external.rows + len(layout.token_ids)))
+    if pad:
+        for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
+            layout.token_ids.extend([0] * length)
+            layout.positions.extend(range(length))
+            cu.append(len(layout.token_ids) - lo)
+            prefixes.append([])
+    fields = dict(zip(LEVEL_FIELDS, add_varlen_lists(inputs, cu)))
+    hi = len(layout.token_ids)
+    has_parents = any(segments[i].parent is not None for i in ids)
+    max_seqlen = (hi - lo) if pad else max(cu[i + 1] - cu[i] for i in range(len(cu) - 1))
+    spec = LevelSpec(lo, hi, None, None, None, max_seqlen, has_parents,
+                     dense=0 < dense_attention_tokens <= cu[1] and len(ids) == 1 and not has_parents)
+    if has_parents:
+        route, spec.max_chain = add_route_lists(inputs, prefixes, external.rows + lo, pad=pad)
+        fields.update(route)
+    return spec, fields
+
+
+def number_call_rows(bank: StateBank, sequences: list[int], parents: list[int]) -> tuple[int | None, list[int]]:
+    """``StateBank.add_call`` returning ``parent_rows`` as a list."""
+    start = bank.next_row
+    for i, seg_id in enumerate(sequences):
+        bank.row_of[seg_id] = start + i
+    bank.spans.append((start, start + len(parents)))
+    bank.next_row += len(parents)
+    real = parents[:len(sequences)]
+    for index, (lo_row, hi_row) in enumerate(bank.spans[:-1]):
+        if real and all(lo_row <= r < hi_row for r in real):
+            return index, [r - lo_row for r in real] + [0] * (len(parents) - len(sequences))
+    return None, list(parents)
+
+
+def build_gdn_call_lists(plan, group: list[int], layout: Layout, level_fields: list[dict[str, int]], anchors: dict,
+                         bank: StateBank, inputs: InputLists, *, pad: bool) -> tuple[GdnCall, dict[str, int]]:
+    """``pack_context.build_gdn_call`` on lists: ``(the GdnCall with no tensors, {tensor field: slot})``; a one-level
+    call without tails takes its level's metadata slots."""
+    first, last = layout.levels[group[0]], layout.levels[group[-1]]
+    sequences = [seg_id for index in group for seg_id in layout.level_ids[index]]
+    parents = [bank.anchor_row(anchors[seg_id][1]) for seg_id in sequences]
+    if len(group) == 1 and not any(anchors[seg_id][0] for seg_id in sequences):
+        shared = {name: level_fields[group[0]][name] for name in LEVEL_FIELDS}
+        parents += [0] * (inputs.shape(shared["cu_seqlens"])[0] - 1 - len(sequences))
+        source, parent_rows = number_call_rows(bank, sequences, parents)
+        call = GdnCall(group[0], group[-1], first.lo, first.hi, None, None, None, None, any(parents), source)
+        return call, {**shared, "parent_rows": inputs.add(INT64, parent_rows)}
+    rows, cu, keep = gather_call_rows(plan, sequences, anchors, layout, first.lo, last.hi)
+    if pad:
+        for length in pad_level([cu[i + 1] - cu[i] for i in range(len(sequences))]):
+            rows.extend([first.lo] * length)
+            cu.append(len(rows))
+            parents.append(0)
+    source, parent_rows = number_call_rows(bank, sequences, parents)
+    fields = {"parent_rows": inputs.add(INT64, parent_rows)}  # the slots in GdnCall.tensors() order
+    fields.update(zip(LEVEL_FIELDS, add_varlen_lists(inputs, cu)))
+    fields.update(rows=inputs.add(INT64, rows), keep=inputs.add(INT64, keep))
+    call = GdnCall(group[0], group[-1], first.lo, last.hi, None, None, None, None, any(parents), source, None, None)
+    return call, {name: fields[name] for name in CALL_FIELDS}
+
+
+def key_tail_of(inputs: InputLists, levels, calls) -> tuple:
+    """``pack_context.key_graph`` after the options' ``forward_key``, from the slots' shapes (``levels`` / ``calls``:
+    ``(spec, {field: slot})``; slot 2 is the final rows)."""
+    level_keys = tuple(
+        (spec.hi - spec.lo, inputs.shape(f["cu_seqlens"]), inputs.shape(f["chunk_indices"]), spec.has_parents,
+         spec.max_chain, inputs.shape(f["chain_index"]) if "chain_index" in f else None, spec.dense)
+        for spec, f in levels)
+    call_keys = tuple(
+        (call.first, call.last, call.has_parents, call.source, inputs.shape(f["cu_seqlens"]),
+         inputs.shape(f["chunk_indices"]), inputs.shape(f["rows"]) if "rows" in f else None)
+        for call, f in calls)
+    return (inputs.shape(2)[0], level_keys, call_keys)
+
+
+def token_runs_of(plan, pack, layout: Layout) -> tuple[tuple[int, int], ...]:
+    """The token rows in layout order: (pack position or -1 for a level's dummies, length), as
+    ``layout_cache.record_template`` records them."""
+    position = {seg_id: i for i, seg_id in enumerate(pack.segments)}
+    runs, row = [], 0
+    for ids, level in zip(layout.level_ids, layout.levels):
+        for seg_id in ids:
+            runs.append((position[seg_id], len(plan.segments[seg_id].tokens)))
+            row += runs[-1][1]
+        if level.hi > row:
+            runs.append((-1, level.hi - row))
+            row = level.hi
+    return tuple(runs)
+
+
+def lay_out_template(plan, pack, store, *, pad: bool, merge_levels: bool,
+                     dense_attention_tokens: int) -> PackTemplate:
+    """The :class:`PackTemplate` of ``pack`` (a pack of ``plan``; ``store``: earlier packs' exports) that
+    ``record_template(*lay_out_pack(...))`` makes, from lists (see the module docstring)."""
+    anchors = find_anchors(plan, pack)  # refuses a tail continued from another pack before any work
+    external = index_external(pack, store)
+    layout = Layout(group_levels(plan, pack))
+    inputs = InputLists()
+    for values in (layout.token_ids, layout.positions, None):  # slots 0-2 (final rows: filled below)
+        inputs.add(INT64, values)
+    chained = {plan.segments[seg_id].parent for seg_id in pack.segments}.union(pack.export)
+    levels = []
+    for ids in layout.level_ids:
+        levels.append(lay_out_level_lists(plan, ids, layout, external, inputs, chained, pad=pad,
+                                          dense_attention_tokens=dense_attention_tokens))
+        layout.levels.append(levels[-1][0])
+    bank = StateBank(external.ids)
+    level_fields = [fields for _, fields in levels]
+    calls = [build_gdn_call_lists(plan, group, layout, level_fields, anchors, bank, inputs, pad=pad)
+             for group in group_gdn_levels(layout.level_ids, anchors, merge=merge_levels)]
+    leaf_ids, inputs.values[2] = select_final_rows(plan, pack, layout, pad=pad)
+    buffer = plan_layout_of_shapes([(dtype, inputs.shape(i)) for i, dtype in enumerate(inputs.dtypes)])
+    position = {seg_id: i for i, seg_id in enumerate(pack.segments)}
+    return PackTemplate(
+        host=write_host_buffer(inputs.values, buffer), layout=buffer, token_runs=token_runs_of(plan, pack, layout),
+        context_fields=(("input_ids", 0), ("positions", 1), ("final_rows", 2)),
+        levels=tuple((spec, tuple(fields.items())) for spec, fields in levels),
+        gdn_calls=tuple((call, tuple(fields.items())) for call, fields in calls),
+        leaf_positions=tuple(position[s] for s in leaf_ids),
+        exports=tuple((position[s], bank.row_of[s], tuple(layout.chain_rows[s]), plan.segments[s].end)
+                      for s in pack.export),
+        key_tail=key_tail_of(inputs, levels, calls) if pad else None, n_external=len(external.ids))
