@@ -20,7 +20,7 @@ from hf_openjev.ops.varlen import CHUNK_SIZE  # the GDN / conv chunk whose table
 from .graph_buckets import bucket_tokens, pad_level
 from .input_buffer import plan_layout_of_shapes, write_host_buffer
 from .layout_cache import PackTemplate
-from .pack_context import (
+from .layout_steps import (
     GdnCall,
     Layout,
     LevelSpec,
