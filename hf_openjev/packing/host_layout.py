@@ -17,10 +17,12 @@ import torch
 
 from hf_openjev.ops.varlen import CHUNK_SIZE  # the GDN / conv chunk whose tables add_varlen_lists mirrors
 
-from .graph_buckets import bucket_tokens, pad_level
+from .graph_buckets import pad_level
 from .input_buffer import plan_layout_of_shapes, write_host_buffer
 from .layout_cache import PackTemplate
 from .layout_steps import (
+    chain_prefix_blocks,
+    token_runs_of,
     GdnCall,
     Layout,
     LevelSpec,
@@ -76,24 +78,7 @@ def add_route_lists(inputs: InputLists, prefixes: list[list[int]], rows_before: 
                     pad: bool) -> tuple[dict[str, int], int]:
     """``pack_context.route_prefixes`` on lists: ``({field: slot}, max_chain)`` (no ``chain_index`` slot when the
     blocks are read in place)."""
-    blocks = [b for b in prefixes if b]
-    chain: list[int] | None = None
-    if all(b == list(range(b[0], b[0] + len(b))) for b in blocks):
-        first = [b[0] if b else 0 for b in prefixes]
-        max_chain = rows_before if pad else max(map(len, blocks))
-    else:
-        offset_of: dict[tuple[int, ...], int] = {}
-        chain = []
-        for block in map(tuple, blocks):
-            if block not in offset_of:
-                offset_of[block] = len(chain)
-                chain.extend(block)
-        first = [offset_of[tuple(b)] if b else 0 for b in prefixes]
-        max_chain = max(map(len, blocks))
-        if pad:  # rows past the last block are never read
-            max_chain = bucket_tokens(len(chain))
-            chain += [0] * (max_chain - len(chain))
-    lengths = [len(b) for b in prefixes]
+    first, lengths, max_chain, chain = chain_prefix_blocks(prefixes, rows_before, pad=pad)
     ends = max(f + n for f, n in zip(first, lengths))
     slots = {"prefix_starts": inputs.add(INT32, first + [ends]), "prefix_lengths": inputs.add(INT32, lengths)}
     if chain is not None:
@@ -190,21 +175,6 @@ def key_tail_of(inputs: InputLists, levels, calls) -> tuple:
          inputs.shape(f["chunk_indices"]), inputs.shape(f["rows"]) if "rows" in f else None)
         for call, f in calls)
     return (inputs.shape(2)[0], level_keys, call_keys)
-
-
-def token_runs_of(plan, pack, layout: Layout) -> tuple[tuple[int, int], ...]:
-    """The token rows in layout order: (pack position or -1 for a level's dummies, length), as
-    ``layout_cache.record_template`` records them."""
-    position = {seg_id: i for i, seg_id in enumerate(pack.segments)}
-    runs, row = [], 0
-    for ids, level in zip(layout.level_ids, layout.levels):
-        for seg_id in ids:
-            runs.append((position[seg_id], len(plan.segments[seg_id].tokens)))
-            row += runs[-1][1]
-        if level.hi > row:
-            runs.append((-1, level.hi - row))
-            row = level.hi
-    return tuple(runs)
 
 
 def lay_out_template(plan, pack, store, *, pad: bool, merge_levels: bool,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .input_buffer import InputLayout, fill_host_buffer, plan_input_layout, view_inputs
+from .layout_steps import token_runs_of
 
 DEFAULT_CAPACITY = 4096  # shapes kept (least recently used first out); a template is a few KB
 
@@ -76,17 +77,9 @@ def record_template(ctx, plan, pack, layout, bank) -> PackTemplate:
     inputs = plan_input_layout(tensors)
     slot_of = {id(tensor): i for i, tensor in enumerate(tensors)}
     position = {seg_id: i for i, seg_id in enumerate(pack.segments)}
-    runs, row = [], 0
-    for ids, level in zip(layout.level_ids, layout.levels):
-        for seg_id in ids:
-            runs.append((position[seg_id], len(plan.segments[seg_id].tokens)))
-            row += runs[-1][1]
-        if level.hi > row:  # the level's dummy sequences (token 0)
-            runs.append((-1, level.hi - row))
-            row = level.hi
     forward = len(ctx.options.forward_key())
     return PackTemplate(
-        host=fill_host_buffer(tensors, inputs, pin=False), layout=inputs, token_runs=tuple(runs),
+        host=fill_host_buffer(tensors, inputs, pin=False), layout=inputs, token_runs=token_runs_of(plan, pack, layout),
         context_fields=_tensor_fields(ctx, slot_of),
         levels=tuple((level, _tensor_fields(level, slot_of)) for level in ctx.levels),
         gdn_calls=tuple((call, _tensor_fields(call, slot_of)) for call in ctx.gdn_calls),

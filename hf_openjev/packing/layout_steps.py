@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .graph_buckets import bucket_sequences
+from .graph_buckets import bucket_sequences, bucket_tokens
 
 
 @dataclass
@@ -234,3 +234,44 @@ def select_final_rows(plan, pack, layout: Layout, *, pad: bool) -> tuple[list[in
     if pad:
         final_rows += [0] * (bucket_sequences(len(final_rows)) - len(final_rows))
     return leaf_ids, final_rows
+
+
+def chain_prefix_blocks(prefixes: list[list[int]], rows_before: int, *,
+                        pad: bool) -> tuple[list[int], list[int], int, list[int] | None]:
+    """How a level's sequences read their prefix blocks (``prefixes[i]``: rows of ``[external ; pack]`` K/V, []
+    for none): ``(first row read [n], rows read [n], max_chain, chain)``. ``chain`` is None when every block is a run
+    of consecutive rows (read in place), else the distinct blocks' rows gathered once (padded to its token bucket
+    when ``pad``); the step ``pack_context.route_prefixes`` and ``host_layout.add_route_lists`` both take."""
+    blocks = [b for b in prefixes if b]
+    chain: list[int] | None = None
+    if all(b == list(range(b[0], b[0] + len(b))) for b in blocks):
+        first = [b[0] if b else 0 for b in prefixes]
+        max_chain = rows_before if pad else max(map(len, blocks))
+    else:
+        offset_of: dict[tuple[int, ...], int] = {}
+        chain = []
+        for block in map(tuple, blocks):
+            if block not in offset_of:
+                offset_of[block] = len(chain)
+                chain.extend(block)
+        first = [offset_of[tuple(b)] if b else 0 for b in prefixes]
+        max_chain = max(map(len, blocks))
+        if pad:  # rows past the last block are never read
+            max_chain = bucket_tokens(len(chain))
+            chain += [0] * (max_chain - len(chain))
+    return first, [len(b) for b in prefixes], max_chain, chain
+
+
+def token_runs_of(plan, pack, layout: Layout) -> tuple[tuple[int, int], ...]:
+    """The token rows in layout order: (the segment's position in ``pack.segments``, or -1 for a level's dummy
+    sequences of token 0, length)."""
+    position = {seg_id: i for i, seg_id in enumerate(pack.segments)}
+    runs, row = [], 0
+    for ids, level in zip(layout.level_ids, layout.levels):
+        for seg_id in ids:
+            runs.append((position[seg_id], len(plan.segments[seg_id].tokens)))
+            row += runs[-1][1]
+        if level.hi > row:
+            runs.append((-1, level.hi - row))
+            row = level.hi
+    return tuple(runs)

@@ -46,10 +46,10 @@ import torch
 from hf_openjev.fast_options import DENSE_ATTENTION_TOKENS, FastPathOptions
 from hf_openjev.ops.varlen import prepare_varlen_metadata
 
-from .layout_steps import (ExternalBlocks, GdnCall, Layout, LevelSpec, SegmentState, StateBank, find_anchors,
+from .layout_steps import (ExternalBlocks, chain_prefix_blocks, GdnCall, Layout, LevelSpec, SegmentState, StateBank, find_anchors,
                            gather_call_rows, group_gdn_levels, group_levels, index_external, parent_chain,
                            select_final_rows)
-from .graph_buckets import bucket_tokens, pad_level
+from .graph_buckets import pad_level
 from .host_layout import lay_out_template
 from .input_buffer import fill_host_buffer, plan_input_layout, view_inputs
 from .layout_cache import TEMPLATES, fill_template, shape_key
@@ -150,25 +150,8 @@ def route_prefixes(prefixes: list[list[int]], rows_before: int, *, pad: bool) ->
     are gathered once (``chain_index``) and shared by their sequences. ``rows_before``: the rows of K/V before the
     level (parents lie there), the bound ``max_chain`` takes in place when ``pad`` (fixed by the padded sizes of the
     earlier levels); when ``pad``, a gathered chain is padded to its token bucket."""
-    blocks = [b for b in prefixes if b]
-    chain_index = None
-    if all(b == list(range(b[0], b[0] + len(b))) for b in blocks):
-        first = [b[0] if b else 0 for b in prefixes]
-        max_chain = rows_before if pad else max(map(len, blocks))
-    else:
-        offset_of: dict[tuple[int, ...], int] = {}
-        chain: list[int] = []
-        for block in map(tuple, blocks):
-            if block not in offset_of:
-                offset_of[block] = len(chain)
-                chain.extend(block)
-        first = [offset_of[tuple(b)] if b else 0 for b in prefixes]
-        max_chain = max(map(len, blocks))
-        if pad:  # rows past the last block are never read
-            max_chain = bucket_tokens(len(chain))
-            chain += [0] * (max_chain - len(chain))
-        chain_index = torch.tensor(chain, dtype=torch.long)
-    lengths = [len(b) for b in prefixes]
+    first, lengths, max_chain, chain = chain_prefix_blocks(prefixes, rows_before, pad=pad)
+    chain_index = None if chain is None else torch.tensor(chain, dtype=torch.long)
     ends = max(f + n for f, n in zip(first, lengths))
     return PrefixRoute(torch.tensor(first + [ends], dtype=torch.int32), torch.tensor(lengths, dtype=torch.int32),
                        chain_index, max_chain)
