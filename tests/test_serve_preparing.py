@@ -63,7 +63,7 @@ def _big_over_long_body(kind: str) -> bytes:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["words", "one-word"])
-def test_a_small_request_answers_within_a_second_while_eight_clients_send_4_mib_bodies(tiny_model, kind):
+def test_small_requests_are_not_queued_behind_eight_clients_sending_4_mib_bodies(tiny_model, kind):
     big = _big_over_long_body(kind)
     stop = threading.Event()
     big_statuses: list[int] = []
@@ -97,4 +97,7 @@ def test_a_small_request_answers_within_a_second_while_eight_clients_send_4_mib_
             for f in floods:
                 f.result(timeout=120)
     assert len(big_statuses) >= 8
-    assert max(small_seconds) < 1.0, small_seconds
+    # Without the pools a small request queues behind the 8 big ones' tokenization (8 x ~0.7 s here, twice that
+    # on a slow CI machine); with them it waits ~0.3 s here. The bound sits between the two with room for a loaded
+    # 2-core machine; the latency itself is measured by recipes/probe_big_bodies.py, not asserted.
+    assert max(small_seconds) < 3.0, small_seconds

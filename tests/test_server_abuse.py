@@ -26,6 +26,7 @@ from hf_openjev.serve.ops import ACCESS_LOGGER
 from hf_openjev.serve.server import _uvicorn_config, create_app
 
 from live_server import serving
+from repo_data import load_recipe
 from serve_cli_args import forbid_loading, serve_parser
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -174,63 +175,32 @@ def test_abandoned_requests_are_not_scored_nor_counted_as_400(tiny_model, caplog
 
 # ------------------------------------------------------------------------------ finding 4: big bodies
 
-FLOODER = """
-import http.client, json, sys, threading
-host, port = sys.argv[1], int(sys.argv[2])
-body = json.dumps({"state": "7" * (4 * 1024 * 1024 - 200),
-                   "questions": {"q": {"type": "noul", "instructions": "?"}}}).encode()
-stop, statuses, lock = threading.Event(), [], threading.Lock()
-def flood():
-    conn = http.client.HTTPConnection(host, port, timeout=60)
-    for _ in range(200):  # bounded, whatever happens
-        if stop.is_set():
-            return
-        conn.request("POST", "/v1/systemone", body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        response.read()
-        with lock:
-            statuses.append(response.status)
-            if len(statuses) == 8:
-                print("flooding", flush=True)
-threads = [threading.Thread(target=flood) for _ in range(8)]
-for t in threads:
-    t.start()
-sys.stdin.read()  # until the test closes it
-stop.set()
-for t in threads:
-    t.join(60)
-print(json.dumps(sorted(set(statuses))), len(statuses), flush=True)
-"""
+def test_8_clients_sending_4_mib_digit_bodies_get_422_untokenized_while_small_requests_answer(tiny_model,
+                                                                                             monkeypatch):
+    """The 8 clients run in another process (as real clients do: they hold no GIL of the server's). What is
+    checked is the mechanism: every over-long body is refused with no more than a short window of it ever handed to
+    the tokenizer, and small requests keep being answered meanwhile. How fast they are answered is a latency figure,
+    measured by ``recipes/probe_big_bodies.py`` (recipes/RESULTS.md), not asserted here: a 2-core CI machine's
+    scheduling would make a wall-clock bound flaky."""
+    tokenizer_class = type(tiny_model.tokenizer)
+    original, longest = tokenizer_class.__call__, []
 
+    def recording(self, text, *args, **kwargs):
+        longest.append(max(map(len, text)) if isinstance(text, list) else len(text))
+        return original(self, text, *args, **kwargs)
 
-def test_small_requests_answer_within_a_second_beside_8_clients_sending_4_mib_digit_bodies(tiny_model):
-    """The 8 clients run in another process (as real clients do: they hold no GIL of the server's)."""
-    import subprocess
-    import sys
-
+    monkeypatch.setattr(tokenizer_class, "__call__", recording)
     app = create_app(tiny_model, max_wait_ms=0)
     with serving(_live(app)) as (url, _):
-        host, port = _address(url)
         with httpx.Client(base_url=url, timeout=30) as http:
             assert http.post("/v1/systemone", json=REQUEST).status_code == 200  # warm
-            flooder = subprocess.Popen([sys.executable, "-c", FLOODER, host, str(port)], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, text=True)
-            try:
-                assert flooder.stdout.readline().strip() == "flooding"
-                seconds = []
-                for _ in range(10):
-                    started = time.monotonic()
-                    assert http.post("/v1/systemone", json=REQUEST).status_code == 200
-                    seconds.append(time.monotonic() - started)
-                flooder.stdin.close()
-                statuses, count = flooder.stdout.readline().split()
-                assert flooder.wait(60) == 0
-            finally:
-                if flooder.poll() is None:
-                    flooder.kill()
-                    flooder.wait()
-    assert json.loads(statuses) == [422] and int(count) >= 8
-    assert max(seconds) < 1.0, seconds
+            longest.clear()
+            statuses, count, answers = load_recipe("probe_big_bodies").run_flood(
+                *_address(url), lambda: http.post("/v1/systemone", json=REQUEST).status_code, small_requests=10)
+    assert statuses == [422] and count >= 8
+    assert answers == [200] * 10
+    body_chars = 4 * 1024 * 1024 - 200
+    assert longest and max(longest) < body_chars // 100, f"the tokenizer saw {max(longest)} characters of a body"
 
 
 # ------------------------------------------------------------------------------ finding 3: timeouts

