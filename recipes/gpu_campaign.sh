@@ -24,6 +24,11 @@
 #                                        # recipes/data/oracle_SHAPE.json (the estimated workload): B and the default
 #   bash recipes/gpu_campaign.sh family  # one call for the 9B and 2B: each shape's B and C on the exact workload
 #                                        # (no HTTP), then the -m gpu suite beside family-fidelity 9b and 2b
+#   bash recipes/gpu_campaign.sh fingerprints SHAPES...  # e.g. 2b 9b 27b: the weights-hash probe at mid
+#                                        # (recipes/weights_hash_probe.py), each committed oracle given the stored
+#                                        # weights' fingerprint too (recipes/oracle.py --resume: nothing re-scored;
+#                                        # $OUT/fingerprints/oracles/); the first shape, if 2b or 9b,
+#                                        # then family-fidelity against its new oracle
 #   bash recipes/gpu_campaign.sh profile # 27B kernel profiles with graphs: a 107- and a 3,400-token candidate and
 #                                        # JevBench requests 0, 129, 204, the default and with aligned sharing
 #
@@ -32,10 +37,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest | bench | fidelity | session | family-fidelity | family | profile"
+stages="pytest | bench | fidelity | session | family-fidelity | family | fingerprints | profile"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest|bench|fidelity|session|family-fidelity|family|profile) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest|bench|fidelity|session|family-fidelity|family|fingerprints|profile) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -62,11 +67,12 @@ gpu_pytest() {  # $1 = time limit (s), $2 = log file under $out, $3 = -k express
 }
 
 family_fidelity() {  # $1 = 9b or 2b: the bench's random weights as an export, then hf-openjev fidelity on it
-  local shape=$1 export_dir=/tmp/random-$1
+  # against $2 (default: the committed recipes/data/oracle_$1.json)
+  local shape=$1 export_dir=/tmp/random-$1 oracle=${2:-$REPO/recipes/data/oracle_$1.json}
   rm -rf "$export_dir"
   python3 "$REPO/recipes/random_export.py" --shape "$shape" --device cuda --out "$export_dir" 2>&1 | quiet | tail -n 2
   python3 -m hf_openjev fidelity --model "$export_dir" --workload "$REPO/recipes/data/jevbench231-shapes-estimated.json" \
-    --oracle "$REPO/recipes/data/oracle_$shape.json" --configs default --name "$shape" --no-progress \
+    --oracle "$oracle" --configs default --name "$shape" --no-progress \
     --out "$out/fidelity$shape" 2>&1 | quiet | tail -n 12
   rm -rf "$export_dir"
 }
@@ -112,11 +118,28 @@ case "$stage" in
     gpu_pytest "$left" pytest_gpu.log "" "$REPO/tests" & suite=$!
     (family_fidelity 9b; family_fidelity 2b) >"$out/family_fidelity.log" 2>&1 & fid=$!
     wait "$fid"; cat "$out/family_fidelity.log"; wait "$suite" ;;
+  fingerprints)
+    [ $# -gt 0 ] || { echo "fingerprints SHAPES...: e.g. 2b 9b 27b"; exit 2; }
+    timeout 120 python3 "$REPO/recipes/weights_hash_probe.py" --shape mid --device cuda --out /tmp/hash-probe 2>&1 \
+      | quiet | tail -n 20
+    first=$1
+    for shape in "$@"; do
+      left=$((580 - (SECONDS - start)))
+      [ "$left" -gt 30 ] || { echo "oracle $shape: no time left"; continue; }
+      timeout "$left" python3 "$REPO/recipes/oracle.py" --shape "$shape" --resume "$REPO/recipes/data/oracle_$shape.json" \
+        --out "$out/oracles" 2>&1 | quiet | grep -v "^oracle:" | tail -n 3
+      echo "oracle $shape rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
+      if [ "$shape" = "$first" ] && { [ "$shape" = 2b ] || [ "$shape" = 9b ]; }; then  # the new oracle, at once
+        timeout $((580 - (SECONDS - start))) bash -c "$(declare -f family_fidelity quiet); out='$out' REPO='$REPO' \
+          family_fidelity '$shape' '$out/oracles/oracle_$shape.json'"
+        echo "family-fidelity $shape rc=$? at $((SECONDS - start)) s"
+      fi
+    done ;;
   profile)
     timeout $((575 - (SECONDS - start))) python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 \
       --requests 0,129,204 --fast-options '{}' '{"share_tails": false, "min_shared_tokens": 64}' \
       --out "$out/profile" 2>&1 | quiet | tail -n 12 ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
-case "$stage" in family|session) rm -rf "$out" ;; esac  # many files: the tarball alone comes back
+case "$stage" in family|session|fingerprints) rm -rf "$out" ;; esac  # many files: the tarball alone comes back
 ls -la "${OUT:-/tmp/out}"
