@@ -86,6 +86,15 @@ def _token_floor_for(model):
     return prove_token_floor(model.tokenizer) if _own_tokenizer(model) else None
 
 
+def prove_tokenizer_shortcuts(model) -> None:
+    """Run (and cache) the proofs behind :func:`tokenize_request`'s shortcuts for over-long texts (the clean cuts
+    and the byte floor) now rather than on the first request, which would otherwise wait for them: a few seconds
+    with the real Qwen3.5 tokenizer (recipes/RESULTS.md). A stand-in's ``encode`` has none: nothing to do."""
+    if _own_tokenizer(model):
+        _clean_cut_for(model)
+        _token_floor_for(model)
+
+
 def use_fast_path(model, fast: bool | None) -> bool:
     """Whether ``fast`` means the fast path for ``model``: ``None`` is the fast path on CUDA, the reference path
     elsewhere. The one rule: :func:`score_prepared` applies it to every call (its ``ScoreResult.path`` says what

@@ -10,9 +10,9 @@ from repo_data import load_recipe
 probe = load_recipe("probe_big_bodies")
 
 
-def test_summary_takes_the_median_p90_and_max():
-    summary = probe._summary([float(ms) for ms in range(1, 11)])  # 1 .. 10 ms
-    assert summary == {"requests": 10, "p50_ms": 5.5, "p90_ms": 9.0, "max_ms": 10.0}
+def test_summary_takes_the_median_p90_max_and_the_count_over_a_second():
+    summary = probe._summary([float(ms) for ms in range(1, 10)] + [1000.5])  # 1 .. 9 ms and one over a second
+    assert summary == {"requests": 10, "p50_ms": 5.5, "p90_ms": 9.0, "max_ms": 1000.5, "over_1_s": 1}
 
 
 def test_results_files_name_the_figures_and_the_provenance(tmp_path):
@@ -23,7 +23,7 @@ def test_results_files_name_the_figures_and_the_provenance(tmp_path):
     probe.write_results(result, tmp_path)
     assert json.loads((tmp_path / "big_bodies.json").read_text()) == result
     text = (tmp_path / "big_bodies.md").read_text()
-    assert "| beside the flood | 2 | 350.0 | 500.0 | 500.0 |" in text
+    assert "| beside the flood | 2 | 350.0 | 500.0 | 500.0 | 0 |" in text
     assert "96 bodies of 4,194,304 bytes, all answered [422]" in text and "at abc, 2 CPUs" in text
 
 

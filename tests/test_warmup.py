@@ -123,3 +123,29 @@ def test_serve_warms_up_on_the_fast_path_only(tiny_checkpoint, tmp_path, monkeyp
         assert calls == [[(4, [3, 5])]] and "warm-up: 1 requests" in caplog.text
         assert server.serve(tiny_checkpoint.export, device="cpu", fast=None, warm_up_shapes=shapes) == 0
     assert len(calls) == 1 and "warm-up skipped: the reference path" in caplog.text  # CPU default: reference
+
+
+def test_serve_proves_the_tokenizer_shortcuts_while_loading_not_on_the_first_request(tiny_checkpoint, monkeypatch):
+    """The clean-cut and byte-floor proofs take seconds with the real tokenizer: /health is 503 meanwhile."""
+    import uvicorn
+
+    from hf_openjev import scoring
+    from hf_openjev.serve import server
+
+    proved = []
+    monkeypatch.setattr(scoring, "prove_tokenizer_shortcuts", lambda model: proved.append(model.tokenizer))
+    monkeypatch.setattr(uvicorn.Server, "run", run_lifespan_without_a_socket)
+    assert server.serve(tiny_checkpoint.export, device="cpu") == 0
+    assert len(proved) == 1 and proved[0] is not None
+
+
+def test_prove_tokenizer_shortcuts_caches_both_proofs_for_the_models_tokenizer(tiny_checkpoint):
+    import hf_openjev
+    from hf_openjev import token_floor
+    from hf_openjev.packing import prefix_cuts
+    from hf_openjev.scoring import prove_tokenizer_shortcuts
+
+    model = hf_openjev.load_export(tiny_checkpoint.export, dtype="float32", device="cpu")  # a tokenizer of its own
+    assert model.tokenizer not in token_floor._finders and model.tokenizer not in prefix_cuts._finders
+    prove_tokenizer_shortcuts(model)
+    assert model.tokenizer in token_floor._finders and model.tokenizer in prefix_cuts._finders

@@ -800,11 +800,13 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     _configure_logging(log_level)
 
     def build(report_stage):  # on a thread, while uvicorn already answers /health with 503
+        from ..scoring import prove_tokenizer_shortcuts
         from .replicas import load_replicas
 
         models = load_replicas(model_dir, devices or [device or _default_device()], dtype=dtype, fp8=fp8,
                                allow_unknown_shape=allow_unknown_shape)
         model = models[0]
+        prove_tokenizer_shortcuts(model)  # not on the first request: seconds with the real tokenizer
         if shapes is not None:
             _warm_up(models, shapes, fast, options, report_stage)
         return create_app(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
