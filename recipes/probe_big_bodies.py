@@ -111,6 +111,24 @@ def _summary(milliseconds: list[float]) -> dict:
             "max_ms": round(ordered[-1], 1), "over_1_s": sum(ms > 1000 for ms in ordered)}
 
 
+def _server_split(response, milliseconds: float) -> dict:
+    """Where one answer's time went, from its metadata: in the batcher's queue, in inference, and the rest (reading
+    the body, validation, tokenization, the answer's JSON, the loopback and the client)."""
+    if response.status_code != 200:
+        return {}
+    metadata = response.json()["metadata"]
+    queue, inference = metadata["batch"]["queue_seconds"] * 1e3, metadata["inference_seconds"] * 1e3
+    return {"queue_ms": queue, "inference_ms": inference, "rest_ms": milliseconds - queue - inference}
+
+
+def _split_summary(splits: list[dict]) -> dict:
+    """Medians of each part over all answers, and the parts of the five slowest."""
+    splits = [s for s in splits if s]
+    median = {k: round(statistics.median(s[k] for s in splits), 1) for k in ("queue_ms", "inference_ms", "rest_ms")}
+    slowest = sorted(splits, key=lambda s: -sum(s.values()))[:5]
+    return {"median": median, "slowest": [{k: round(v, 1) for k, v in s.items()} for s in slowest]}
+
+
 def probe(*, tokenizer: str, small: int, work_dir: Path) -> dict:
     """Quiet, then flooded: the small requests' latency summaries and the flood's statuses."""
     import httpx
@@ -126,10 +144,11 @@ def probe(*, tokenizer: str, small: int, work_dir: Path) -> dict:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
             _wait_healthy(http, server)
 
-            def ask() -> tuple[int, float]:
+            def ask() -> tuple[int, float, dict]:
                 started = time.perf_counter()
-                status = http.post("/v1/systemone", json=SMALL_REQUEST).status_code
-                return status, (time.perf_counter() - started) * 1e3
+                response = http.post("/v1/systemone", json=SMALL_REQUEST)
+                milliseconds = (time.perf_counter() - started) * 1e3
+                return response.status_code, milliseconds, _server_split(response, milliseconds)
 
             for _ in range(3):
                 ask()  # warm
@@ -138,10 +157,11 @@ def probe(*, tokenizer: str, small: int, work_dir: Path) -> dict:
     finally:
         server.terminate()
         server.wait(60)
-    bad = sorted({s for s, _ in quiet + flooded} - {200})
+    bad = sorted({s for s, _, _ in quiet + flooded} - {200})
     if bad or statuses != [422]:
         raise RuntimeError(f"small requests answered {bad or [200]}, the flood {statuses}: expected 200 and 422")
-    return {"quiet": _summary([ms for _, ms in quiet]), "flooded": _summary([ms for _, ms in flooded]),
+    return {"quiet": _summary([ms for _, ms, _ in quiet]), "flooded": _summary([ms for _, ms, _ in flooded]),
+            "flooded_split": _split_summary([split for _, _, split in flooded]),
             "flood": {"clients": FLOOD_CLIENTS, "body_bytes": FLOOD_BODY_BYTES, "requests": count,
                       "statuses": statuses}}
 
@@ -164,10 +184,19 @@ def write_results(result: dict, out: Path) -> None:
         f"The flood: {flood['clients']} connections, {flood['requests']} bodies of {flood['body_bytes']:,} bytes, "
         f"all answered {flood['statuses']}.",
         "",
+        "Where a small request's time went beside the flood (its answer's metadata: queue, inference; the rest is "
+        "reading, validation, tokenization, the answer's JSON, loopback and client), ms: median "
+        f"{_parts(result['flooded_split']['median'])}; the five slowest: "
+        + "; ".join(_parts(s) for s in result["flooded_split"]["slowest"]) + ".",
+        "",
         f"Versions: {json.dumps(result['versions'])}",
         "",
     ])
     (out / "big_bodies.md").write_text(text, encoding="utf-8")
+
+
+def _parts(split: dict) -> str:
+    return f"queue {split['queue_ms']}, inference {split['inference_ms']}, rest {split['rest_ms']}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,6 +65,16 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def torch_threads_restored():
+    """A test that runs ``serve`` in-process sets torch's CPU threads as the server would
+    (:mod:`hf_openjev.serve.cpu_threads`): the next test gets them back as they were."""
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 def random_token_requests(model, n: int = 3, seed: int = 0) -> list:
     """Token ids [request][question][candidate] with shared prefixes: ``n`` requests of 2, 3, ... candidates."""
     g = torch.Generator().manual_seed(seed)

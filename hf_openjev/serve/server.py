@@ -801,10 +801,15 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
 
     def build(report_stage):  # on a thread, while uvicorn already answers /health with 503
         from ..scoring import prove_tokenizer_shortcuts
+        from .cpu_threads import leave_a_core_for_the_server
         from .replicas import load_replicas
 
-        models = load_replicas(model_dir, devices or [device or _default_device()], dtype=dtype, fp8=fp8,
-                               allow_unknown_shape=allow_unknown_shape)
+        chosen = devices or [device or _default_device()]
+        threads = leave_a_core_for_the_server(chosen)
+        if threads is not None:
+            logger.info("scoring on the CPU with %d torch thread(s): one core left to the server (OMP_NUM_THREADS "
+                        "overrides)", threads)
+        models = load_replicas(model_dir, chosen, dtype=dtype, fp8=fp8, allow_unknown_shape=allow_unknown_shape)
         model = models[0]
         prove_tokenizer_shortcuts(model)  # not on the first request: seconds with the real tokenizer
         if shapes is not None:
