@@ -39,11 +39,28 @@ _finders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _CLASS_OF = bytes(next(i for i, cls in enumerate(BYTE_CLASSES) if b in cls) for b in range(256))
 
 
+_GIL_FREE_FROM_BYTES = 1 << 16  # texts this long are counted by torch, which lets other threads run meanwhile
+
+
 def count_byte_classes(data: bytes) -> tuple[int, ...]:
-    """How many bytes of ``data`` fall in each of :data:`BYTE_CLASSES` (C speed: one ``translate`` to class
-    numbers, one ``count`` per class)."""
-    classes = data.translate(_CLASS_OF)
-    return tuple(classes.count(i) for i in range(len(BYTE_CLASSES)))
+    """How many bytes of ``data`` fall in each of :data:`BYTE_CLASSES`. Short data: one ``translate`` to class
+    numbers and one ``count`` per class (C speed, holding the GIL); from 64 KiB on, a byte histogram by
+    ``torch.bincount``, which releases the GIL, so that a server's other threads are not held for the ~10 ms a 4 MiB
+    body takes."""
+    if len(data) < _GIL_FREE_FROM_BYTES:
+        classes = data.translate(_CLASS_OF)
+        return tuple(classes.count(i) for i in range(len(BYTE_CLASSES)))
+    import torch
+
+    histogram = torch.bincount(torch.frombuffer(bytearray(data), dtype=torch.uint8), minlength=256)
+    per_class = torch.zeros(len(BYTE_CLASSES), dtype=torch.int64).index_add_(0, _class_index(), histogram)
+    return tuple(per_class.tolist())
+
+
+def _class_index():
+    import torch
+
+    return torch.tensor(list(_CLASS_OF), dtype=torch.int64)
 
 
 def _byte_decoder() -> dict[str, int]:

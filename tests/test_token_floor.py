@@ -9,12 +9,13 @@ import re
 import time
 
 import pytest
+import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from hf_openjev.contract import MSG_TOO_MANY_TOKENS, parse_request, tokenize_candidates
 from hf_openjev.errors import RequestError
 from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
-from hf_openjev.token_floor import count_byte_classes, prove_token_floor
+from hf_openjev.token_floor import BYTE_CLASSES, count_byte_classes, prove_token_floor
 
 ALPHABET = ["a", "Zz", " ", "  ", "1", "2024", "日本", "é", "e\u0301", "\n", "\t", "!!", "<|im_start|>", "🙂",
             "x" * 30]
@@ -108,3 +109,13 @@ def test_request_token_budget_stops_tokenizing_at_the_limit():
     within = tokenize_candidates(parsed, encode, chat_prefix="", chat_suffix="", max_length=4096,
                                  max_total_tokens=10**7)
     assert len(within[0]) == 200
+
+
+@pytest.mark.parametrize("size", [(1 << 16) - 1, 1 << 16, (1 << 16) + 7, 3 * 1024 * 1024 + 5])
+def test_the_gil_free_byte_count_of_long_data_equals_the_translate_count(size):
+    """From 64 KiB on the classes are counted by torch.bincount (the GIL released); below, by translate/count."""
+    from hf_openjev.token_floor import _CLASS_OF
+
+    data = bytes(torch.randint(0, 256, (size,), generator=torch.Generator().manual_seed(size), dtype=torch.uint8))
+    expected = tuple(data.translate(_CLASS_OF).count(i) for i in range(len(BYTE_CLASSES)))
+    assert count_byte_classes(data) == expected and sum(expected) == size
