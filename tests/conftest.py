@@ -66,13 +66,18 @@ def one_torch_thread():
 
 
 @pytest.fixture(autouse=True)
-def torch_threads_restored():
-    """A test that runs ``serve`` in-process sets torch's CPU threads as the server would
-    (:mod:`hf_openjev.serve.cpu_threads`): the next test gets them back as they were."""
+def process_settings_restored():
+    """A test that runs ``serve`` in-process sets torch's CPU threads (:mod:`hf_openjev.serve.cpu_threads`) and
+    freezes the objects alive at its start (:mod:`hf_openjev.serve.startup_gc`) as a server process would: the next
+    test gets the threads back as they were and nothing frozen."""
+    import gc
+
     before = torch.get_num_threads()
     yield
     if torch.get_num_threads() != before:
         torch.set_num_threads(before)
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 def random_token_requests(model, n: int = 3, seed: int = 0) -> list:

@@ -803,6 +803,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
         from ..scoring import prove_tokenizer_shortcuts
         from .cpu_threads import leave_a_core_for_the_server
         from .replicas import load_replicas
+        from .startup_gc import freeze_startup_objects
 
         chosen = devices or [device or _default_device()]
         threads = leave_a_core_for_the_server(chosen)
@@ -814,9 +815,11 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
         prove_tokenizer_shortcuts(model)  # not on the first request: seconds with the real tokenizer
         if shapes is not None:
             _warm_up(models, shapes, fast, options, report_stage)
-        return create_app(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
-                          fast=fast, options=options, drain_timeout_s=drain_timeout_s, ops=ops,
-                          replicas=models if len(models) > 1 else None, limits=limits)
+        app = create_app(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
+                         fast=fast, options=options, drain_timeout_s=drain_timeout_s, ops=ops,
+                         replicas=models if len(models) > 1 else None, limits=limits)
+        logger.info("%d startup objects frozen out of the garbage collector's full passes", freeze_startup_objects())
+        return app
 
     loading = LoadingApp(build, on_failure=lambda: setattr(server, "should_exit", True))
     config = _uvicorn_config(OpsMiddleware(loading, ops), host=host, port=port, log_level=log_level,
