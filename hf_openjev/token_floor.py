@@ -17,6 +17,7 @@ before counting).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import unicodedata
@@ -57,7 +58,9 @@ def count_byte_classes(data: bytes) -> tuple[int, ...]:
     return tuple(per_class.tolist())
 
 
+@functools.cache
 def _class_index():
+    """The class number of each byte value, as a tensor (built once)."""
     import torch
 
     return torch.tensor(list(_CLASS_OF), dtype=torch.int64)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from pathlib import Path
 import torch
 
 from benchlib.groups import native_comparison_lines, table
+from benchlib.local_server import free_port
 from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import add_model_arguments, build_model, default_device
 from benchlib.timing import summarize
@@ -118,12 +118,6 @@ def attach_tokenizer(model, tokenizer) -> None:
         prefix, suffix = QWEN_CHAT
     model.tokenizer = tokenizer
     model.manifest = dataclasses.replace(model.manifest, chat_prefix=prefix, chat_suffix=suffix)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def serve_arm(model, arm: str):

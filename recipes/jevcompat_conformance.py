@@ -19,37 +19,16 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from benchlib.local_server import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = Path("jevcompat-report")  # in the current directory; summaries go to recipes/RESULTS.md
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with status {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"the server was not healthy within {timeout:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib.local_server import free_port, wait_healthy
 from benchlib.provenance import command_line, git_commit, versions
 
 FLOOD_CLIENTS = 8
@@ -84,26 +84,6 @@ def run_flood(host: str, port: int, ask, *, small_requests: int, clients: int = 
     return json.loads(statuses), int(count), answers
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_healthy(http, server: subprocess.Popen, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"hf-openjev serve exited with {server.returncode} before it was ready")
-        try:
-            if http.get("/health").status_code == 200:
-                return
-        except Exception:  # noqa: BLE001 - not listening yet
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"hf-openjev serve was not healthy within {timeout_s:g} s")
-
-
 def _summary(milliseconds: list[float]) -> dict:
     ordered = sorted(milliseconds)
     p90 = ordered[round(0.9 * (len(ordered) - 1))]
@@ -136,13 +116,13 @@ def probe(*, tokenizer: str, small: int, work_dir: Path) -> dict:
     from hf_openjev.export.tiny import build_tiny_checkpoint
 
     tiny = build_tiny_checkpoint(work_dir / f"tiny-{tokenizer}", tokenizer=tokenizer)
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "hf_openjev.cli", "serve", "--model", str(tiny.export),
                                "--device", "cpu", "--dtype", "float32", "--port", str(port), "--max-wait-ms", "0",
                                "--log-level", "warning"])
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-            _wait_healthy(http, server)
+            wait_healthy(f"http://127.0.0.1:{port}", server, timeout=300)
 
             def ask() -> tuple[int, float, dict]:
                 started = time.perf_counter()

@@ -1,4 +1,5 @@
-"""A uvicorn server running on a thread for tests that need real HTTP (port 0: the OS picks a free one)."""
+"""A uvicorn server running on a thread for tests that need real HTTP (port 0: the OS picks a free one), and a
+stand-in for its run that starts and stops the app's lifespan without a socket."""
 
 from __future__ import annotations
 
@@ -23,3 +24,21 @@ def serving(server):
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def run_lifespan_without_a_socket(server) -> None:
+    """A stand-in for ``uvicorn.Server.run``: the app's lifespan starts (``serve`` loads and warms up the model on
+    its loading thread), then stops once the model is ready or failed; no socket is opened."""
+    import asyncio
+
+    from hf_openjev.serve.lifecycle import _LifespanDriver
+
+    async def start_and_stop():
+        app = server.config.app  # the ops middleware around the loading app
+        driver = _LifespanDriver(app)
+        await driver.start()
+        while app.app.stage not in ("ready", "failed"):
+            await asyncio.sleep(0.01)
+        await driver.stop()
+
+    asyncio.run(start_and_stop())

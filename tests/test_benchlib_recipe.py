@@ -128,3 +128,20 @@ def test_a_phase_timer_adds_each_call_s_ms_even_when_it_raises():
     assert times["plan"] >= after_one + 2.0 and set(times) == {"plan"}
     add_ms_to(times, "launch", step)(0)
     assert times["launch"] >= 2.0
+
+
+def test_local_server_gives_a_free_port_and_stops_waiting_when_the_server_exits():
+    import socket
+    import subprocess
+    import sys
+
+    load_recipe("bench_jevbench")  # recipes/ on the path
+    from benchlib.local_server import free_port, wait_healthy
+
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # nothing held it
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    with pytest.raises(RuntimeError, match="exited with status 3 before it was ready"):
+        wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=30)

@@ -30,7 +30,7 @@ def test_serve_on_the_cpu_sets_the_threads_before_loading(tiny_checkpoint, monke
     import uvicorn
 
     from hf_openjev.serve import server
-    from test_warmup import run_lifespan_without_a_socket
+    from live_server import run_lifespan_without_a_socket
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(uvicorn.Server, "run", run_lifespan_without_a_socket)
@@ -47,7 +47,7 @@ def test_serve_freezes_what_it_loaded_before_it_answers(tiny_checkpoint, monkeyp
     import uvicorn
 
     from hf_openjev.serve import server
-    from test_warmup import run_lifespan_without_a_socket
+    from live_server import run_lifespan_without_a_socket
 
     assert gc.get_freeze_count() == 0
     monkeypatch.setattr(uvicorn.Server, "run", run_lifespan_without_a_socket)

@@ -119,3 +119,14 @@ def test_the_gil_free_byte_count_of_long_data_equals_the_translate_count(size):
     data = bytes(torch.randint(0, 256, (size,), generator=torch.Generator().manual_seed(size), dtype=torch.uint8))
     expected = tuple(data.translate(_CLASS_OF).count(i) for i in range(len(BYTE_CLASSES)))
     assert count_byte_classes(data) == expected and sum(expected) == size
+
+
+def test_long_data_is_counted_by_torch_and_short_data_is_not(monkeypatch):
+    """The GIL-free path is the one taken from 64 KiB on (torch.bincount releases the GIL; translate does not)."""
+    calls = []
+    original = torch.bincount
+    monkeypatch.setattr(torch, "bincount", lambda *a, **k: calls.append(a[0].numel()) or original(*a, **k))
+    count_byte_classes(b"7" * ((1 << 16) - 1))
+    assert calls == []
+    count_byte_classes(b"7" * (1 << 16))
+    assert calls == [1 << 16]

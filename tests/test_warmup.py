@@ -13,6 +13,8 @@ from hf_openjev.cli import main as cli_main
 from hf_openjev.errors import InputFileError
 from hf_openjev.fast_options import FastPathOptions
 
+from live_server import run_lifespan_without_a_socket
+
 torch.set_num_threads(1)
 
 
@@ -88,24 +90,6 @@ def test_serve_warm_up_file_is_checked_before_the_model_loads(tmp_path, monkeypa
     monkeypatch.setattr(model_module, "load_export", lambda *a, **k: pytest.fail("loaded before the file check"))
     bad = _write(tmp_path, {"requests": [{"prefix_tokens": 1}]})
     assert cli_main(["serve", "--model", str(tmp_path), "--warm-up", str(bad)]) == 2
-
-
-def run_lifespan_without_a_socket(server) -> None:
-    """A stand-in for ``uvicorn.Server.run``: the app's lifespan starts (``serve`` loads and warms up the model on
-    its loading thread), then stops once the model is ready or failed; no socket is opened."""
-    import asyncio
-
-    from hf_openjev.serve.lifecycle import _LifespanDriver
-
-    async def start_and_stop():
-        app = server.config.app  # the ops middleware around the loading app
-        driver = _LifespanDriver(app)
-        await driver.start()
-        while app.app.stage not in ("ready", "failed"):
-            await asyncio.sleep(0.01)
-        await driver.stop()
-
-    asyncio.run(start_and_stop())
 
 
 def test_serve_warms_up_on_the_fast_path_only(tiny_checkpoint, tmp_path, monkeypatch, caplog):

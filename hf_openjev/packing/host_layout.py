@@ -122,20 +122,6 @@ def lay_out_level_lists(plan, ids: list[int], layout: Layout, external, inputs: 
     return spec, fields
 
 
-def number_call_rows(bank: StateBank, sequences: list[int], parents: list[int]) -> tuple[int | None, list[int]]:
-    """``StateBank.add_call`` returning ``parent_rows`` as a list."""
-    start = bank.next_row
-    for i, seg_id in enumerate(sequences):
-        bank.row_of[seg_id] = start + i
-    bank.spans.append((start, start + len(parents)))
-    bank.next_row += len(parents)
-    real = parents[:len(sequences)]
-    for index, (lo_row, hi_row) in enumerate(bank.spans[:-1]):
-        if real and all(lo_row <= r < hi_row for r in real):
-            return index, [r - lo_row for r in real] + [0] * (len(parents) - len(sequences))
-    return None, list(parents)
-
-
 def build_gdn_call_lists(plan, group: list[int], layout: Layout, level_fields: list[dict[str, int]], anchors: dict,
                          bank: StateBank, inputs: InputLists, *, pad: bool) -> tuple[GdnCall, dict[str, int]]:
     """``pack_context.build_gdn_call`` on lists: ``(the GdnCall with no tensors, {tensor field: slot})``; a one-level
@@ -146,7 +132,7 @@ def build_gdn_call_lists(plan, group: list[int], layout: Layout, level_fields: l
     if len(group) == 1 and not any(anchors[seg_id][0] for seg_id in sequences):
         shared = {name: level_fields[group[0]][name] for name in LEVEL_FIELDS}
         parents += [0] * (inputs.shape(shared["cu_seqlens"])[0] - 1 - len(sequences))
-        source, parent_rows = number_call_rows(bank, sequences, parents)
+        source, parent_rows = bank.add_call_rows(sequences, parents)
         call = GdnCall(group[0], group[-1], first.lo, first.hi, None, None, None, None, any(parents), source)
         return call, {**shared, "parent_rows": inputs.add(INT64, parent_rows)}
     rows, cu, keep = gather_call_rows(plan, sequences, anchors, layout, first.lo, last.hi)
@@ -155,7 +141,7 @@ def build_gdn_call_lists(plan, group: list[int], layout: Layout, level_fields: l
             rows.extend([first.lo] * length)
             cu.append(len(rows))
             parents.append(0)
-    source, parent_rows = number_call_rows(bank, sequences, parents)
+    source, parent_rows = bank.add_call_rows(sequences, parents)
     fields = {"parent_rows": inputs.add(INT64, parent_rows)}  # the slots in GdnCall.tensors() order
     fields.update(zip(LEVEL_FIELDS, add_varlen_lists(inputs, cu)))
     fields.update(rows=inputs.add(INT64, rows), keep=inputs.add(INT64, keep))

@@ -186,6 +186,11 @@ class StateBank:
         return 0 if anchor is None else self.row_of[anchor]
 
     def add_call(self, sequences: list[int], parents: list[int]) -> tuple[int | None, torch.Tensor]:
+        """:meth:`add_call_rows` with ``parent_rows`` as a long tensor."""
+        source, rows = self.add_call_rows(sequences, parents)
+        return source, torch.tensor(rows, dtype=torch.long)
+
+    def add_call_rows(self, sequences: list[int], parents: list[int]) -> tuple[int | None, list[int]]:
         """Number the final-state rows of a call whose real ``sequences`` come first, then its dummies (``parents``:
         the bank row each of them starts from, one per sequence, dummies' 0); return ``(source, parent_rows)``.
 
@@ -201,9 +206,8 @@ class StateBank:
         real = parents[:len(sequences)]
         for index, (lo_row, hi_row) in enumerate(self.spans[:-1]):
             if real and all(lo_row <= r < hi_row for r in real):
-                local = [r - lo_row for r in real] + [0] * (len(parents) - len(sequences))
-                return index, torch.tensor(local, dtype=torch.long)
-        return None, torch.tensor(parents, dtype=torch.long)
+                return index, [r - lo_row for r in real] + [0] * (len(parents) - len(sequences))
+        return None, list(parents)
 
 
 def gather_call_rows(plan, sequences: list[int], anchors: dict, layout: Layout, lo: int,
