@@ -46,7 +46,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="where to write the merged export")
     parser.add_argument("--max-length", type=int, default=4096, metavar="N",
                         help="longest candidate sequence the export accepts, 1..16384 (default 4096)")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if it already exists")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out if it already exists and is an export (holds open_jev_export.json) or "
+                             "an empty folder; any other folder is refused")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip the verification (PEFT comparison and score probe)")
     parser.add_argument("--probe", choices=PROBE_MODES, default="auto",
