@@ -60,13 +60,16 @@ def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, 
     from .export.tiny import build_tiny_checkpoint
     from .checkpoint.tiny import default_cache_dir
 
+    from .devices import check_device
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)  # before the build: a bad device wastes no work
     kind = pick_demo_tokenizer()
     if kind == "toy":
         print_fn(NO_TOKENIZER_PACKAGE)
     root = demo_build_dir(cache_dir or default_cache_dir(), kind)
     rebuild = kind == "qwen3.5" and _built_with_toy_tokenizer(root)
     tiny = build_tiny_checkpoint(root, tokenizer=kind, overwrite=rebuild)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     jev = pipeline("jev-decision", model=str(tiny.export), device=device, dtype=dtype, fast=fast)
     print_fn(f"hf-openjev demo: tiny checkpoint at {tiny.export} on {device} ({dtype}), "
              f"tokenizer of {len(jev.model.tokenizer):,} tokens.")

@@ -168,3 +168,15 @@ def test_demo_refuses_a_foreign_folder_of_its_name_and_a_file_in_one_line(tmp_pa
     assert err == (f"hf-openjev demo: error: --cache-dir {tmp_path / 'a-file'} is a file; pass a directory (the demo "
                    "builds in a folder of its own inside it)\n")
     assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_demo_checks_the_device_before_building(tmp_path, monkeypatch):
+    """A device this machine lacks is refused before the build (which takes seconds to minutes), nothing written."""
+    import torch
+
+    from hf_openjev.errors import UsageError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UsageError, match="CUDA is not available on this machine"):
+        run_demo(cache_dir=tmp_path / "cache", device="cuda", print_fn=lambda *_: None)
+    assert not (tmp_path / "cache").exists()
