@@ -121,3 +121,30 @@ def test_an_export_rerun_after_a_killed_fallback_swap_restores_then_honours_over
     assert (out / "marker").read_text() == "old" and said[0].startswith(f"export: put back {out}")
     merge_lora(tiny_checkpoint.base, tiny_checkpoint.package, out, overwrite=True, progress=False, verify=False)
     assert not (out / "marker").exists() and sorted(os.listdir(tmp_path)) == ["export"]
+
+
+def test_the_fallback_swap_puts_the_old_export_back_on_an_error_and_replaces_it_otherwise(tmp_path, monkeypatch):
+    """Without the atomic exchange: an error in the second rename puts the old export back; a clean swap leaves only
+    the new one (the regression guard of the two-rename path the issue-36 restore builds on)."""
+    from pathlib import Path
+
+    monkeypatch.setattr(publish, "_exchange", lambda a, b: False)
+    out = tmp_path / "export"
+    _fake_export(out, "old")
+    claim = publish.claim_export_temp(out, say=print, what="export")
+    (claim.path / "open_jev_export.json").write_text("{}")
+    (claim.path / "marker").write_text("new")
+    real = Path.rename
+
+    def second_rename_fails(self, target):
+        if Path(target) == out and Path(self) == claim.path:
+            raise OSError(5, "I/O error")
+        return real(self, target)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "rename", second_rename_fails)
+        with pytest.raises(OSError, match="I/O error"):
+            publish.put_in_place(claim, out, overwrite=True, refuse=AssertionError)
+    assert (out / "marker").read_text() == "old"
+    publish.put_in_place(claim, out, overwrite=True, refuse=AssertionError)
+    assert (out / "marker").read_text() == "new" and sorted(os.listdir(tmp_path)) == ["export"]
