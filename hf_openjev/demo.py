@@ -57,10 +57,9 @@ def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, 
     from transformers import pipeline
 
     import hf_openjev  # noqa: F401 - registers the pipeline
-    from .export.tiny import build_tiny_checkpoint
     from .checkpoint.tiny import default_cache_dir
-
     from .devices import check_device
+    from .export.tiny import build_tiny_checkpoint
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device)  # before the build: a bad device wastes no work

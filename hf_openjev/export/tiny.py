@@ -51,7 +51,7 @@ def check_build_root(root: Path) -> None:
     """Refuse (one-line ``UsageError``) a ``root`` that the build may not clear: a file, or a folder holding
     anything but a tiny build (see the module docstring)."""
     if root.is_symlink() or (root.exists() and not root.is_dir()):
-        raise UsageError(f"{root} is not a directory; pass a folder for the tiny checkpoint (new or empty)")
+        raise UsageError(f"{root} is a file or a link; pass a folder for the tiny checkpoint (new or empty)")
     if not root.exists():
         existing = root.parent
         while not existing.exists():
