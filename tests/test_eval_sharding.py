@@ -222,3 +222,35 @@ def test_more_processes_than_tasks_finish_without_hanging(tiny_export, tmp_path)
     assert done.stderr.count("invalid task: request rejected") == 1  # reported by rank 0 only
     assert "rank 1: 0 tasks, 0 tokens" in done.stderr
     assert [r["id"] for r in lines(out / "results.jsonl")] == [rows[0]["id"]] and rank_results_files(out) == []
+
+
+def test_merging_the_rank_files_on_a_full_disk_leaves_no_temporary(tmp_path, monkeypatch):
+    """Issue 36 (no temporary after any resume): a merge that fails to write leaves results.jsonl and the per-rank
+    files as they were and no results.jsonl.tmp."""
+    import errno
+
+    import hf_openjev.eval.sharding as sharding
+
+    real_open = open
+
+    class FullDisk:
+        def __init__(self, path, *args, **kwargs):
+            self._file = real_open(path, *args, **kwargs)  # closed by __exit__
+
+        def writelines(self, lines):
+            raise OSError(errno.ENOSPC, "No space left on device", self._file.name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._file.close()
+
+    (tmp_path / "results.jsonl").write_text('{"tier": "easy", "id": "a"}\n', encoding="utf-8")
+    (tmp_path / "results.rank1.jsonl").write_text('{"tier": "easy", "id": "b"}\n', encoding="utf-8")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    monkeypatch.setattr(sharding, "open", FullDisk, raising=False)
+    with pytest.raises(OSError) as info:
+        sharding.merge_results(tmp_path, ev.read_results, [("easy", "a"), ("easy", "b")])
+    assert info.value.errno == errno.ENOSPC
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

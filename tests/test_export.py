@@ -528,9 +528,9 @@ def test_shard_limit_above_5gb_is_refused(src, tmp_path, no_writes):
         merge_lora(src.base, src.package, tmp_path / "export", max_shard_bytes=5 * 1000**3 + 1, progress=False)
 
 
-def test_existing_target_refused_then_replaced_with_overwrite(src, tmp_path):
+def test_existing_target_refused_then_replaced_with_overwrite(src, tmp_path, exported):
     out = tmp_path / "export"
-    out.mkdir()
+    shutil.copytree(exported[0], out)  # an export: --overwrite may replace it
     (out / "marker").write_text("old")
     with pytest.raises(CheckpointError, match="already exists; pass --overwrite"):
         merge_lora(src.base, src.package, out, progress=False, verify=False)
@@ -570,14 +570,15 @@ def test_interrupt_while_writing_leaves_nothing(src, tmp_path, monkeypatch):
     no_leftovers(tmp_path, set())
 
 
-def test_interrupt_keeps_an_existing_target(src, tmp_path, monkeypatch):
+def test_interrupt_keeps_an_existing_target(src, tmp_path, monkeypatch, exported):
     out = tmp_path / "export"
-    out.mkdir()
+    shutil.copytree(exported[0], out)
     (out / "marker").write_text("old")
+    before = sorted(os.listdir(out))
     _interrupt_after(monkeypatch, 5)
     with pytest.raises(KeyboardInterrupt):
         merge_lora(src.base, src.package, out, overwrite=True, progress=False, verify=False)
-    assert os.listdir(out) == ["marker"]
+    assert sorted(os.listdir(out)) == before
     no_leftovers(tmp_path, {"export"})
 
 
@@ -676,6 +677,9 @@ def test_cli_exports_and_prints_the_verification_figures(src, tmp_path, monkeypa
     assert "max_length must be an integer in 1..16384" in capsys.readouterr().err
     assert json.loads((out / "open_jev_export.json").read_text())["max_length"] == 512
 
+    import hf_openjev.export.cli as export_cli
+
+    monkeypatch.setattr(export_cli, "MIN_SHARD_BYTES", 1000)  # the tiny export is below the 1 MB floor
     rc = _cli(monkeypatch, args + ["--overwrite", "--no-verify", "--no-progress", "--max-shard-size", "30KB"])
     captured = capsys.readouterr()
     assert rc == 0 and "verify: off" in captured.out and "merging shards" not in captured.err

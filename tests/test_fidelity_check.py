@@ -397,3 +397,31 @@ def test_tasks_the_contract_rejects_all_leave_a_one_line_error(export, tmp_path)
     path.write_text(json.dumps(row) + "\n")
     with pytest.raises(UsageError, match="no request to compare: the contract rejects all 1 task"):
         check_fidelity(model=export, out=tmp_path / "out", data=[path], progress=False)
+
+
+def test_a_limited_run_does_not_replace_a_full_report_unless_told(first_run, export, tasks, tmp_path, monkeypatch,
+                                                                   capsys):
+    """Issue 36: `fidelity --limit` into an --out holding a full report silently overwrote it. Now it is refused
+    before anything loads unless --overwrite; a limited report records its limit and may be replaced."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(first_run[0], out)
+    full = {p.name: p.read_bytes() for p in out.iterdir()}
+    with monkeypatch.context() as patch:
+        refuse_loading(patch)
+        with pytest.raises(UsageError, match=r"already holds the full report fidelity_export.json of 3 requests, "
+                                             r"which this --limit 1 run would replace; pass --overwrite"):
+            check_fidelity(model=export, out=out, data=[tasks], configs=[], limit=1, progress=False)
+        code = main(["fidelity", "--model", str(export), "--data", str(tasks), "--out", str(out), "--limit", "2",
+                     "--configs", "default", "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "--overwrite" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == full
+    assert json.loads(full["fidelity_export.json"])["limit"] is None  # a full report says so
+    monkeypatch.setattr(oracle_module, "score_oracle_request", lambda *a: pytest.fail("the oracle was scored again"))
+    check_fidelity(model=export, out=out, data=[tasks], configs=[], limit=1, overwrite=True, progress=False)
+    assert json.loads((out / "fidelity_export.json").read_text())["limit"] == 1
+    assert json.loads((out / "oracle_export.json").read_text())["n_done"] == 3  # the oracle keeps every entry
+    check_fidelity(model=export, out=out, data=[tasks], configs=[], limit=2, progress=False)  # limited over limited
+    assert json.loads((out / "fidelity_export.json").read_text())["requests_compared"] == 2

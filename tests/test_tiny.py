@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
+import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer
@@ -181,3 +184,33 @@ def test_an_unknown_tokenizer_kind_is_refused_before_anything_is_written(tmp_pat
     with pytest.raises(ValueError, match="tokenizer must be one of toy, qwen3.5"):
         build_tiny_checkpoint(tmp_path, tokenizer="gpt2")
     assert (tmp_path / "keep").is_dir()
+
+
+def test_a_folder_that_is_not_a_tiny_build_is_refused_and_kept(tmp_path):
+    """build_tiny_checkpoint clears only a folder it made (issue 36): a user's folder is refused in one line."""
+    from hf_openjev.errors import UsageError
+
+    mine = tmp_path / "mine"
+    (mine / "export").mkdir(parents=True)
+    (mine / "thesis.tex").write_text("chapter 1")
+    with pytest.raises(UsageError, match=r"is not empty and holds no tiny build; nothing was changed") as info:
+        build_tiny_checkpoint(mine)
+    assert "\n" not in str(info.value)
+    assert sorted(os.listdir(mine)) == ["export", "thesis.tex"]
+    (tmp_path / "file").write_text("x")
+    for root in (tmp_path / "file", tmp_path / "file" / "below"):
+        with pytest.raises(UsageError, match="pass a folder for the tiny checkpoint"):
+            build_tiny_checkpoint(root)
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_build_of_an_earlier_version_without_the_mark_is_rebuilt(tiny_checkpoint, tmp_path):
+    """A demo cache made before the mark existed (only base/package/export, the tiny package) is still ours."""
+    from hf_openjev.export.tiny import BUILD_MARK
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_checkpoint.root, old)
+    (old / BUILD_MARK).unlink()
+    (old / "export" / MANIFEST_NAME).unlink()  # unfinished: rebuilt
+    rebuilt = build_tiny_checkpoint(old)
+    assert (rebuilt.export / MANIFEST_NAME).is_file() and (old / BUILD_MARK).is_file()

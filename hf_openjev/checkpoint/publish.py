@@ -9,7 +9,13 @@ export is left alone, and so is one without a lock file, made by an older versio
 :func:`put_in_place` renames the finished directory to ``OUT``. Over an existing ``OUT`` (``--overwrite``) it
 exchanges the two in one ``renameat2(RENAME_EXCHANGE)`` on Linux, so that ``OUT`` always holds a whole export, the
 old one or the new one, whenever the process stops; where the exchange is not available it falls back to two
-renames (the old export moved aside first, put back on an error).
+renames: the old export is moved aside to ``.OUT.old-<token>`` (locked like any temporary), the new one renamed to
+``OUT``, and only then is the old one removed. A process that dies between those two renames leaves no ``OUT`` and
+the old export aside, unlocked: the next export to ``OUT`` first puts it back (:func:`restore_interrupted_swap`), and
+:func:`remove_stale_temps` never removes a moved-aside export while ``OUT`` is missing.
+
+Only an export (its manifest present) or an empty directory is ever replaced (:func:`~.out_dir.is_replaceable`,
+checked again at the swap).
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .out_dir import read_umask
+from ..errors import CheckpointError
+from .out_dir import is_replaceable, read_umask
 
-__all__ = ["TempDir", "claim_export_temp", "claim_temp_dir", "put_in_place", "remove_stale_temps"]
+__all__ = ["TempDir", "claim_export_temp", "claim_temp_dir", "put_back_interrupted_swap", "put_in_place",
+           "remove_stale_temps", "restore_interrupted_swap"]
 
 _KINDS = ("tmp", "old", "bf16")
 _RENAME_EXCHANGE = 2
@@ -106,6 +114,7 @@ def claim_export_temp(out_dir: Path, *, say, what: str) -> TempDir:
     (:func:`claim_temp_dir`) and given an ordinary directory's permissions (``0o777`` minus the umask)."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    put_back_interrupted_swap(out_dir, say=say, what=what)
     for stale in remove_stale_temps(out_dir):
         say(f"{what}: removed {stale}, left by an export that did not finish")
     claim = claim_temp_dir(out_dir)
@@ -123,10 +132,11 @@ def remove_stale_temps(out_dir: Path) -> list[Path]:
     parent = out_dir.parent
     if not parent.is_dir():
         return []
-    pattern = re.compile(rf"^\.{re.escape(out_dir.name)}\.(?:{'|'.join(_KINDS)})-[0-9a-f]+\.lock$")
+    out_missing = not (out_dir.exists() or out_dir.is_symlink())
     removed = []
     for lock_path in sorted(parent.iterdir()):
-        if not pattern.match(lock_path.name):
+        kind = _temp_kind(out_dir, lock_path)
+        if kind is None or (kind == "old" and out_missing):  # a moved-aside export is kept while OUT is missing
             continue
         try:
             fd = _lock(lock_path, create=False)
@@ -146,6 +156,50 @@ def remove_stale_temps(out_dir: Path) -> list[Path]:
         finally:
             os.close(fd)
     return removed
+
+
+def _temp_kind(out_dir: Path, lock_path: Path) -> str | None:
+    """The kind (``tmp``, ``old``, ``bf16``) of the temporary of ``out_dir`` whose lock file is ``lock_path``."""
+    pattern = rf"^\.{re.escape(out_dir.name)}\.({'|'.join(_KINDS)})-[0-9a-f]+\.lock$"
+    match = re.match(pattern, lock_path.name)
+    return match.group(1) if match else None
+
+
+def restore_interrupted_swap(out_dir: Path) -> Path | None:
+    """Put back the export an ``--overwrite`` moved aside (``.OUT.old-<token>``) when its process died before the
+    new one took its place: only while ``OUT`` is missing and nobody holds the backup's lock. Returns where it
+    was, or None when there was nothing to restore."""
+    out_dir = Path(out_dir)
+    parent = out_dir.parent
+    if out_dir.exists() or out_dir.is_symlink() or not parent.is_dir():
+        return None
+    for lock_path in sorted(parent.iterdir()):
+        if _temp_kind(out_dir, lock_path) != "old":
+            continue
+        backup = lock_path.with_name(lock_path.name[:-len(".lock")])
+        try:
+            fd = _lock(lock_path, create=False)
+        except OSError:
+            continue
+        if fd is None:  # a live export is in the middle of its swap
+            continue
+        try:
+            if not backup.is_dir() or backup.is_symlink():
+                continue
+            backup.rename(out_dir)
+            lock_path.unlink()
+            return backup
+        finally:
+            os.close(fd)
+    return None
+
+
+def put_back_interrupted_swap(out_dir: Path, *, say, what: str) -> None:
+    """:func:`restore_interrupted_swap`, told to ``say`` as ``"<what>: put back ..."``; every export command calls it
+    before checking ``OUT``, so that ``--overwrite`` (or its absence) applies to the restored export."""
+    restored = restore_interrupted_swap(out_dir)
+    if restored is not None:
+        say(f"{what}: put back {out_dir} from {restored}, where an interrupted --overwrite had moved it aside")
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -176,10 +230,19 @@ def put_in_place(tmp: TempDir, out_dir: Path, *, overwrite: bool, refuse) -> Non
         return
     if not overwrite:
         raise refuse()
-    if out_dir.is_dir() and not out_dir.is_symlink() and _exchange(tmp.path, out_dir):
+    if not is_replaceable(out_dir):
+        raise CheckpointError(f"{out_dir} changed while exporting: it is no longer an export or an empty folder, so "
+                              "it was not replaced; move it away and run the export again")
+    if _exchange(tmp.path, out_dir):
         shutil.rmtree(tmp.path, ignore_errors=True)  # now the old export; a kill here leaves it stale (unlocked)
         tmp.release()
         return
+    _swap_by_renames(tmp, out_dir)
+
+
+def _swap_by_renames(tmp: TempDir, out_dir: Path) -> None:
+    """Where no atomic exchange exists: the old ``out_dir`` aside (locked), the new one in place, then the old one
+    removed; an error between the renames puts the old one back, a dead process leaves it for the next run."""
     backup = claim_temp_dir(out_dir, "old")
     backup.path.rmdir()
     out_dir.rename(backup.path)

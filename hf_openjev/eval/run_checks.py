@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import UsageError
 from .tasks import EvalInputError
 
-__all__ = ["check_batch_size", "check_dtype_name", "check_out_dir", "drop_torn_records"]
+__all__ = ["check_batch_size", "check_dtype_name", "check_out_dir", "drop_torn_records", "remove_repair_leftovers"]
 
 
 def check_batch_size(batch_size) -> int:
@@ -53,11 +53,29 @@ def check_out_dir(out_dir) -> Path:
     return out_dir
 
 
+def remove_repair_leftovers(path: Path) -> list[Path]:
+    """Remove the ``.<name>.repair-<pid>`` files of ``path`` left by earlier repairs that died (a kill, a full
+    disk before this version); the results file has one writer, so none of them is in use. Returns them."""
+    path = Path(path)
+    removed = []
+    if path.parent.is_dir():
+        for leftover in path.parent.glob(f".{path.name}.repair-*"):
+            if leftover.is_file() and not leftover.is_symlink():
+                leftover.unlink(missing_ok=True)
+                removed.append(leftover)
+    return removed
+
+
 def drop_torn_records(path: Path) -> int:
     """Rewrite the results file ``path`` without its torn records (an unterminated last line, or a line that is not
     a JSON object: an interrupted write or a full disk), so that it stays valid JSONL and the next record starts on
-    its own line; returns how many were dropped (0: the file is left untouched)."""
+    its own line; returns how many were dropped (0: the file is left untouched).
+
+    The rewrite goes to ``.<name>.repair-<pid>`` beside it, renamed over it when complete; a failed rewrite (a full
+    disk: ``OSError``, raised) removes it, and every call first removes those of earlier runs
+    (:func:`remove_repair_leftovers`), so no temporary outlives a resume."""
     path = Path(path)
+    remove_repair_leftovers(path)
     if not path.is_file():
         return 0
     data = path.read_bytes()
@@ -76,9 +94,13 @@ def drop_torn_records(path: Path) -> int:
     if not dropped and not tail:
         return 0
     tmp = path.with_name(f".{path.name}.repair-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(b"".join(line + b"\n" for line in kept))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(b"".join(line + b"\n" for line in kept))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return dropped

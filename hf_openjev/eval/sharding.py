@@ -176,10 +176,14 @@ def merge_results(out_dir: Path, read, keys: Sequence[tuple[str, str]]) -> None:
             merged[key] = others.pop(key)
     merged.update(others)
     tmp = out_dir / f"{RESULTS_NAME}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in merged.values())
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, out_dir / RESULTS_NAME)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in merged.values())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, out_dir / RESULTS_NAME)
+    except BaseException:  # a full disk: the per-rank files still hold every record; no temporary is left
+        tmp.unlink(missing_ok=True)
+        raise
     for path in ranks:
         path.unlink()

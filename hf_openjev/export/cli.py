@@ -20,19 +20,33 @@ from contextlib import contextmanager
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3}
+MIN_SHARD_BYTES = 1000**2  # 1 MB: a smaller shard limit is surely a mistake (e.g. "5" for 5 bytes, not 5 GB)
 
 
 def parse_size(text: str) -> int:
-    """``"5GB"``, ``"500MB"``, ``"123456"`` -> bytes (decimal units, as the 5 GB shard limit)."""
-    import argparse
-
+    """``"5GB"``, ``"500MB"``, ``"123456"`` -> bytes (decimal units, as the 5 GB shard limit); ``ValueError`` for
+    anything else."""
     match = _SIZE.match(str(text))
     if not match:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 5GB, 500MB or a number of bytes)")
-    value = float(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"the shard size must be at least 1 byte, got {text!r}")
-    return int(value)
+        raise ValueError(f"not a size: {text!r}")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+
+
+def check_shard_size(text) -> int:
+    """``--max-shard-size`` in bytes, from 1 MB (:data:`MIN_SHARD_BYTES`) to 5 GB; else a one-line ``UsageError``
+    (before anything loads) that names the option and asks for a unit."""
+    from ..errors import UsageError
+    from .merge import MAX_SHARD_BYTES
+
+    try:
+        size = parse_size(text)
+    except ValueError:
+        size = None
+    if size is None or not MIN_SHARD_BYTES <= size <= MAX_SHARD_BYTES:
+        what = "is not a size" if size is None else f"means {size:,} bytes"
+        raise UsageError(f"--max-shard-size {text} {what}; give {MIN_SHARD_BYTES // 1000**2}MB to "
+                         f"{MAX_SHARD_BYTES // 1000**3}GB with its unit, e.g. 2GB or 500MB")
+    return size
 
 
 def add_arguments(parser) -> None:
@@ -46,7 +60,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="where to write the merged export")
     parser.add_argument("--max-length", type=int, default=4096, metavar="N",
                         help="longest candidate sequence the export accepts, 1..16384 (default 4096)")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if it already exists")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out if it already exists and is an export (holds open_jev_export.json) or "
+                             "an empty folder; any other folder is refused")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip the verification (PEFT comparison and score probe)")
     parser.add_argument("--probe", choices=PROBE_MODES, default="auto",
@@ -54,8 +70,9 @@ def add_arguments(parser) -> None:
                              f"up to --probe-max-params, default {DEFAULT_PROBE_MAX_PARAMS:,}), on, off")
     parser.add_argument("--probe-max-params", type=int, default=DEFAULT_PROBE_MAX_PARAMS, metavar="N",
                         help="largest backbone (parameters) the automatic score probe runs on")
-    parser.add_argument("--max-shard-size", type=parse_size, default=MAX_SHARD_BYTES, metavar="SIZE",
-                        help="largest output shard, e.g. 2GB (default and maximum 5GB)")
+    parser.add_argument("--max-shard-size", default=f"{MAX_SHARD_BYTES // 1000**3}GB", metavar="SIZE",
+                        help="largest output shard with its unit (decimal: 1GB = 10^9 bytes), e.g. 2GB or 500MB; "
+                             "1MB to 5GB (default 5GB); a bare number is bytes, so '5' is refused")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.add_argument("--allow-base-mismatch", action="store_true",
                         help="export even when the package names another base model (repo id, revision or weight "
@@ -95,11 +112,12 @@ def log(message: str) -> None:
 
 
 def run(args) -> int:
+    max_shard_bytes = check_shard_size(args.max_shard_size)  # before any file is read
     from .merge import merge_lora
 
     options = dict(max_length=args.max_length, overwrite=args.overwrite, verify=args.verify, probe=args.probe,
                    probe_max_params=args.probe_max_params, progress=args.progress,
-                   max_shard_bytes=args.max_shard_size, log=log, allow_base_mismatch=args.allow_base_mismatch,
+                   max_shard_bytes=max_shard_bytes, log=log, allow_base_mismatch=args.allow_base_mismatch,
                    allow_unknown_shape=args.allow_unknown_shape)
     with sigterm_unwinds():
         if args.fp8 is None:

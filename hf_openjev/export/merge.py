@@ -27,8 +27,11 @@ base revision when known and always a fingerprint of the base weights; a ``--bas
 ``open_jev_export.json``, an export already merged, is refused). The export is built in a temporary directory
 beside the target and renamed at the end (:mod:`hf_openjev.checkpoint.publish`); on any failure, ``KeyboardInterrupt``
 included, the temporary directory and any parent directories created for the target are removed, and a later run
-removes the temporaries of runs that were killed. An existing target replaced with ``overwrite=True`` stays in
-place until the new export is complete, and is then exchanged with it in one step.
+removes the temporaries of runs that were killed. ``overwrite=True`` replaces only an export (its manifest present)
+or an empty directory, and no ``out_dir`` on, above or inside the base or the package is accepted
+(:mod:`hf_openjev.checkpoint.out_dir`); the replaced export stays in place until the new one is complete, and is
+then exchanged with it in one step (or, where that is unavailable, kept aside until the new one is in place and put
+back by the next run if the process dies in between: :mod:`hf_openjev.checkpoint.publish`).
 
 Verification (``verify=True``, the default), before the rename:
 
@@ -64,8 +67,9 @@ from ..checkpoint.files import (FLOAT_DTYPES, base_weight_files, expected_backbo
 from ..errors import CheckpointError
 from ..family import check_family_member, is_test_package, package_names
 from .identity import BaseIdentity, check_base_identity
-from ..checkpoint.out_dir import check_free_space, missing_parents, remove_empty
-from ..checkpoint.publish import claim_export_temp, put_in_place
+from ..checkpoint.out_dir import (check_free_space, check_outside_inputs, check_replaceable, missing_parents,
+                                  remove_empty)
+from ..checkpoint.publish import claim_export_temp, put_back_interrupted_swap, put_in_place
 from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader
 from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
 from ..checkpoint.manifest import MANIFEST_NAME, ExportManifest, check_max_length, write_manifest
@@ -212,16 +216,8 @@ def _check_adapter_options(package) -> None:
 
 
 def _check_out_dir(out_dir: Path, overwrite: bool, protected: list[Path]) -> None:
-    resolved = out_dir.resolve()
-    for path in protected:
-        p = path.resolve()
-        if resolved == p or resolved in p.parents:
-            raise CheckpointError(f"--out {out_dir} would replace the input directory {path}; choose another --out")
-    if out_dir.exists() or out_dir.is_symlink():
-        if not overwrite:
-            raise CheckpointError(f"{out_dir} already exists; pass --overwrite to replace it (or choose another --out)")
-        if not out_dir.is_dir() or out_dir.is_symlink():
-            raise CheckpointError(f"{out_dir} exists and is not a directory; --overwrite only replaces a directory")
+    check_outside_inputs(out_dir, protected)
+    check_replaceable(out_dir, overwrite)
     parent = out_dir.parent
     while not parent.exists():
         parent = parent.parent
@@ -654,6 +650,7 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
         raise CheckpointError(f"probe must be one of {', '.join(PROBE_MODES)}, got {probe!r}")
     say = log or (lambda _message: None)
     start = time.perf_counter()
+    put_back_interrupted_swap(Path(out_dir), say=say, what="export")  # a killed --overwrite's old export, first
     plan = plan_export(base_dir, package_dir, out_dir, max_length=max_length, overwrite=overwrite,
                        max_shard_bytes=max_shard_bytes, allow_base_mismatch=allow_base_mismatch,
                        allow_unknown_shape=allow_unknown_shape)

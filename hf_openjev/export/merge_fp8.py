@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..checkpoint.out_dir import missing_parents, remove_empty
-from ..checkpoint.publish import claim_temp_dir, remove_stale_temps
-from ..errors import CheckpointError
+from ..checkpoint.out_dir import check_outside_inputs, check_replaceable, missing_parents, remove_empty
+from ..checkpoint.publish import claim_temp_dir, put_back_interrupted_swap, remove_stale_temps
 from ..fp8.quantize import quantize_export
 from ..fp8.scheme import ALL_TARGETS, resolve_targets
 
@@ -20,15 +19,16 @@ def merge_and_quantize(base_dir, package_dir, out_dir, *, targets: Iterable[str]
     beside ``out_dir`` (its verification, ``merge_options``, runs there: it checks the merge), then
     :func:`~hf_openjev.fp8.quantize.quantize_export` of it into ``out_dir``; the temporary export is removed whatever happens. Both stream
     (one tensor at a time); the disk holds the bf16 export and the FP8 one at the end. Returns
-    ``(ExportReport, Fp8ExportReport)``. Bad targets and an existing ``out_dir`` (without ``overwrite``) are
-    refused before the merge."""
+    ``(ExportReport, Fp8ExportReport)``. Bad targets, an ``out_dir`` on or inside an input, and an existing
+    ``out_dir`` (without ``overwrite``; with it, one that is neither an export nor empty) are refused before the
+    merge."""
     from .merge import merge_lora
 
     out_dir = Path(out_dir)
     modules = resolve_targets(targets)
-    if (out_dir.exists() or out_dir.is_symlink()) and not overwrite:
-        raise CheckpointError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it (or choose "
-                              "another)")
+    put_back_interrupted_swap(out_dir, say=log or (lambda _message: None), what="export")
+    check_outside_inputs(out_dir, [Path(base_dir), Path(package_dir)])
+    check_replaceable(out_dir, overwrite)  # an export or an empty directory only
     created = missing_parents(out_dir)
     work = None
     try:

@@ -19,7 +19,9 @@ def add_arguments(parser) -> None:
     add_fp8_argument(parser, "--fp8", const=None,
                      help="all (default: MLP, attention and Gated DeltaNet projections) or no-gdn (the Gated "
                           "DeltaNet's stay bf16)")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if it already exists")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out if it already exists and is an export (holds open_jev_export.json) or "
+                             "an empty folder; any other folder is refused")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 

@@ -18,7 +18,10 @@ def add_arguments(parser) -> None:
                         help="the benchmark's request shapes (recipes/data/jevbench231-shapes.json) filled with "
                              "seeded random token ids, as recipes/bench_jevbench.py builds them")
     parser.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0, the benchmark's)")
-    parser.add_argument("--limit", type=int, default=None, help="the first N requests only")
+    parser.add_argument("--limit", type=int, default=None, metavar="N",
+                        help="the first N requests only; the report is recorded as limited, and a --limit run into "
+                             "an --out holding a full report of the same --name is refused before anything loads "
+                             "(pass --overwrite, or another --out or --name)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="fidelity_<name>.json/.md/.png and the oracle, oracle_<name>.json (resumed when there)")
     parser.add_argument("--name", default=None, help="the <name> of the files (default: the export's folder name)")
@@ -31,19 +34,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--oracle-device", default="auto", choices=PLACEMENTS,
                         help="where the fp32 oracle runs: auto (one GPU when it fits, else several, else offloaded "
                              "layer by layer from the host; the CPU without a GPU), cpu, cuda, multi-gpu, offload")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="let a --limit run replace a full report in --out (a run without --limit always "
+                             "writes its report; the oracle file is extended, never truncated)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 
 
 def run(args) -> int:
-    from ..errors import UsageError
     from .run import check_fidelity
 
-    if args.limit is not None and args.limit < 1:
-        raise UsageError(f"--limit must be a positive number of requests, got {args.limit}")
     command = "hf-openjev " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report = check_fidelity(model=args.model, out=args.out, data=args.data, workload=args.workload, seed=args.seed,
                             limit=args.limit, configs=args.configs, oracle=args.oracle,
-                            oracle_device=args.oracle_device, name=args.name, progress=args.progress, command=command)
+                            oracle_device=args.oracle_device, name=args.name, progress=args.progress, command=command,
+                            overwrite=args.overwrite)
     for config, c in report["configurations"].items():
         verdict = {True: "passes", False: "FAILS", None: "-"}[c["passes"]]
         accuracy = f", accuracy {c['accuracy']['accuracy']:.4f}" if c.get("accuracy") else ""

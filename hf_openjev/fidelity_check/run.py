@@ -18,6 +18,7 @@ Order of work (every check that needs no weights comes first):
 from __future__ import annotations
 
 import gc
+import json
 import platform
 import sys
 import time
@@ -46,7 +47,26 @@ def run_info() -> dict:
     return info
 
 
-def check_arguments(*, model, out, data, workload, configs, oracle, oracle_device, name) -> tuple[dict, list, str]:
+def check_report_not_replaced(out: Path, name: str, limit: int | None, overwrite: bool) -> None:
+    """A ``limit`` run writes the same ``fidelity_<name>.*`` as a full one: refuse it (one-line UsageError) when
+    ``out`` holds a report that is not provably a limited one (its ``limit`` recorded), unless ``overwrite``."""
+    path = Path(out) / f"fidelity_{name}.json"
+    if limit is None or overwrite or not path.is_file():
+        return
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        previous = None
+    if isinstance(previous, dict) and previous.get("limit") is not None:
+        return  # a limited report: replacing it loses no full run
+    count = previous.get("requests_compared") if isinstance(previous, dict) else None
+    of = f" of {count} requests" if isinstance(count, int) else ""
+    raise UsageError(f"--out {out} already holds the full report {path.name}{of}, which this --limit {limit} run "
+                     "would replace; pass --overwrite to replace it, or another --out or --name")
+
+
+def check_arguments(*, model, out, data, workload, configs, oracle, oracle_device, name, limit=None,
+                    overwrite: bool = False) -> tuple[dict, list, str]:
     """(configurations, task sources, the run's name) once every argument is usable; a one-line UsageError."""
     from ..eval.tasks import EvalInputError, resolve_inputs
     from ..checkpoint.manifest import read_manifest
@@ -76,21 +96,27 @@ def check_arguments(*, model, out, data, workload, configs, oracle, oracle_devic
     run_name = name or Path(model).resolve().name
     if not run_name or "/" in run_name:
         raise UsageError(f"name {run_name!r} cannot name a file; pass another name (--name)")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise UsageError(f"--limit must be a positive number of requests, got {limit!r}")
+    check_report_not_replaced(Path(out), run_name, limit, overwrite)
     return parsed, sources, run_name
 
 
 def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit: int | None = None,
                    configs="default", oracle=None, oracle_device: str = "auto", name: str | None = None,
-                   progress: bool = True, log=None, command: str | None = None) -> dict:
+                   progress: bool = True, log=None, command: str | None = None, overwrite: bool = False) -> dict:
     """Judge ``configs`` (see :func:`.configs.parse_configs`) on the export ``model`` against its fp32 oracle on
     the tasks of ``data`` (eval's inputs) or on the benchmark's random-id ``workload`` (a shapes file; ``seed``,
     ``limit``); write ``<out>/fidelity_<name>.{json,md,png}`` and ``<out>/oracle_<name>.json``; return the report.
     ``oracle``: an earlier oracle file to start from (today's ORACLE_FORMAT); ``command``: what the report and the
-    oracle file record as the command. See the module docstring."""
+    oracle file record as the command. A ``limit`` run into an ``out`` that holds a full report of the same name is
+    refused before anything loads unless ``overwrite`` (:func:`check_report_not_replaced`); the report records
+    ``limit``. See the module docstring."""
     command = command or "hf_openjev.fidelity_check.check_fidelity"
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     parsed, sources, run_name = check_arguments(model=model, out=out, data=data, workload=workload, configs=configs,
-                                                oracle=oracle, oracle_device=oracle_device, name=name)
+                                                oracle=oracle, oracle_device=oracle_device, name=name, limit=limit,
+                                                overwrite=overwrite)
     out = Path(out)
     tasks, invalid = _read_tasks(sources, progress) if data is not None else ([], [])
     if data is not None and not tasks:
@@ -123,7 +149,7 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
 
     info = run_info()
     meta = {"command": command, "versions": info, "device": info["device"], "shape": run_name, "model": str(model),
-            "seed": seed, "inputs": {"data": [str(s.path) for s in sources],
+            "seed": seed, "limit": limit, "inputs": {"data": [str(s.path) for s in sources],
                                      "workload": None if workload is None else str(workload)},
             "invalid_tasks": invalid + rejected,
             "oracle": {"path": str(own_oracle), "complete": oracle_data["complete"],

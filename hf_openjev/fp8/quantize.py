@@ -34,8 +34,8 @@ import torch
 
 from ..checkpoint.files import base_weight_files
 from ..checkpoint.manifest import MANIFEST_NAME, read_json_object, read_manifest
-from ..checkpoint.out_dir import check_free_space, missing_parents, remove_empty
-from ..checkpoint.publish import claim_export_temp, put_in_place
+from ..checkpoint.out_dir import check_free_space, check_replaceable, missing_parents, remove_empty
+from ..checkpoint.publish import claim_export_temp, put_back_interrupted_swap, put_in_place
 from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader, TensorFileWriter, tensor_nbytes
 from ..errors import CheckpointError
 from .scheme import (ALL_TARGETS, FP8_EXPORT_FORMAT, SOURCE_FORMAT, manifest_block, manifest_format,
@@ -138,12 +138,7 @@ def _check_out_dir(out_dir: Path, src_dir: Path, overwrite: bool) -> None:
     out, src = out_dir.resolve(), src_dir.resolve()
     if out == src or src in out.parents or out in src.parents:
         raise CheckpointError(f"--out {out_dir} would overlap the source export {src_dir}; choose another directory")
-    if out_dir.exists() or out_dir.is_symlink():
-        if not overwrite:
-            raise CheckpointError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it (or "
-                                  "choose another)")
-        if not out_dir.is_dir() or out_dir.is_symlink():
-            raise CheckpointError(f"{out_dir} exists and is not a directory; only a directory is replaced")
+    check_replaceable(out_dir, overwrite)  # an export or an empty directory only
 
 
 def _plan_shards(src_dir: Path, modules: tuple[str, ...]) -> list[_Shard]:
@@ -274,6 +269,7 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
     merged export (an FP8 export included), an existing ``out_dir`` without ``overwrite``, or unknown targets."""
     say = log or (lambda _message: None)
     start = time.perf_counter()
+    put_back_interrupted_swap(Path(out_dir), say=say, what="fp8")  # a killed --overwrite's old export, first
     plan = plan_quantize_export(src_dir, out_dir, targets=targets, overwrite=overwrite)
     out_dir = plan.out_dir
     report = Fp8ExportReport(out_dir=out_dir, modules=plan.modules, shards=[], quantized=[], copied=0,
