@@ -40,8 +40,9 @@ def add_arguments(parser) -> None:
     limits.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help=f"largest request body, decoded too; 413 above (default {DEFAULT_MAX_BODY_BYTES})")
     limits.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS,
-                        help="input tokens over all of a request's candidate sequences; 413 above, tokenizing "
-                             f"stops there (default {DEFAULT_MAX_REQUEST_TOKENS})")
+                        help="tokens of work per request, as the path that scores it computes them (every "
+                             "candidate sequence in full on the reference path, shared prefixes once on the fast "
+                             f"path); 413 above, tokenizing stops there (default {DEFAULT_MAX_REQUEST_TOKENS})")
     limits.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S,
                         help="seconds from a request's arrival to its answer; 504 past it, its queued work dropped "
                              f"(default {DEFAULT_REQUEST_TIMEOUT_S:g})")

@@ -2,7 +2,11 @@
 
 :class:`RequestLimits` holds ``hf-openjev serve``'s ``--max-body-bytes``, ``--max-request-tokens``,
 ``--body-timeout`` and ``--request-timeout``, checked when built (one-line ``UsageError`` naming the option),
-so a bad value is refused before the port is bound or the model loaded. The header timeout lives with the
+so a bad value is refused before the port is bound or the model loaded. ``max_request_tokens`` counts a request's
+work as the path that scores it computes it (:mod:`hf_openjev.work_tokens`: every sequence in full on the reference
+path, each shared prefix once on the fast path); its default admits the contract's largest choice (255 options) at
+1,024 tokens a sequence on either path. Since the batcher runs a request in bounded slices
+(:mod:`hf_openjev.serve.slices`), the cap bounds the request's total work, not how long it holds others back. The header timeout lives with the
 connection (:mod:`hf_openjev.serve.header_timeout`).
 """
 
@@ -17,7 +21,7 @@ __all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_REQU
            "DEFAULT_REQUEST_TIMEOUT_S", "RequestLimits", "check_positive"]
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # docs/contract.md §2: 413 above 4 MiB
-DEFAULT_MAX_REQUEST_TOKENS = 65536  # input tokens over all of a request's sequences: seconds of one GPU at 27B
+DEFAULT_MAX_REQUEST_TOKENS = 262144  # the work of a request (limits.py docstring): 255 full sequences of 1024 tokens fit
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 

@@ -305,6 +305,7 @@ class _ServerState:
         self.started = time.time()
         self.preparing = 0  # requests being validated now: company the batcher may wait for
         self.path = "reference"  # the path the model was set up for (create_app)
+        self.options = None  # the fast path's options (create_app; None: the model's own)
         self.limits = limits
         self.expired = False  # the drain time ran out: requests still held get 503 (lifecycle.finish_drain)
         self._expiry_waiters: set = set()
@@ -346,7 +347,8 @@ class _ServerState:
         from ..scoring import tokenize_request
 
         try:
-            return tokenize_request(self.model, parsed, max_total_tokens=self.limits.max_request_tokens)
+            return tokenize_request(self.model, parsed, max_total_tokens=self.limits.max_request_tokens,
+                                    fast=self.path == "fast", options=self.options)  # the cap counts that path's work
         except Exception as exc:  # noqa: BLE001
             raise _validation_error(exc, obj) from None
 
@@ -639,7 +641,7 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
                       company_hint=lambda: state.preparing)  # ``state`` is bound below, before any request
     state = _ServerState(model, batcher, prepare_workers=prepare_workers, drain_timeout_s=drain_timeout_s,
                          retry_after_s=retry_after_s, release_date=release_date, limits=limits or RequestLimits())
-    state.path = path
+    state.path, state.options = path, options
     ops.watch_server(state)
     routes = [Route(route, functools.partial(decide, state), methods=["POST"]) for route in _POST_PATHS]
     routes += [Route("/v1/models", functools.partial(list_models, state), methods=["GET"]),
