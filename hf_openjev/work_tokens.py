@@ -35,6 +35,12 @@ class WorkFloor:
         self._first: Sequence[int] | None = None
         self._question_first: dict[object, Sequence[int]] = {}
 
+    def copy(self) -> "WorkFloor":
+        """A floor that goes on from this one's count without changing it."""
+        twin = WorkFloor(self.shares_prefixes)
+        twin.total, twin._first, twin._question_first = self.total, self._first, dict(self._question_first)
+        return twin
+
     def add(self, question, sequence: Sequence[int]) -> int:
         """Count one more candidate of ``question`` (any hashable key); the new total."""
         self.total += self.cost(question, sequence)
