@@ -357,7 +357,8 @@ def test_open_routes_are_what_the_readme_says(tiny_model):
 @pytest.mark.parametrize("option, value", [
     ("--max-queue", "0"), ("--max-batch-tokens", "-5"), ("--max-wait-ms", "-1"), ("--drain-timeout", "0"),
     ("--limit-concurrency", "0"), ("--max-body-bytes", "0"), ("--max-request-tokens", "-1"),
-    ("--request-timeout", "0"), ("--body-timeout", "nan"), ("--header-timeout", "-1"), ("--port", "70000")])
+    ("--request-timeout", "0"), ("--body-timeout", "nan"), ("--header-timeout", "-1"), ("--port", "70000"),
+    ("--slice-tokens", "0"), ("--group-deadline", "-1")])
 def test_bad_serve_options_are_refused_before_binding_or_loading(monkeypatch, tmp_path, capsys, option, value):
     forbid_loading(monkeypatch, f"{option} check")
     monkeypatch.setattr("hf_openjev.serve.server.check_port_free",

@@ -160,7 +160,9 @@ class _Replica:
     def stats(self) -> dict:
         return {"name": self.name, "groups": self.groups, "requests": self.requests, "failures": self.failures,
                 "retired": self.retired, "state": self.health.state, "recent_failures": self.health.recent_failures,
-                "recent_groups": len(self.health.recent), **({"retired_because": self.health.reason}
+                "recent_groups": len(self.health.recent),
+                "hung": self.current is not None and self.current.abandoned,  # still in a group past its deadline
+                **({"retired_because": self.health.reason}
                                                              if self.retired else {})}
 
 

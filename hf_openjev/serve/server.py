@@ -554,13 +554,20 @@ async def list_models(state: _ServerState, request: Request) -> Response:
 
 
 async def report_health(state: _ServerState, request: Request) -> Response:
-    """``GET /health``: readiness. 200 ``{"status": "ok", ...}`` once the lifespan has started; 503 with
-    ``"starting"`` before and ``"draining"`` during shutdown."""
-    status = "draining" if state.draining else "ok" if state.ready else "starting"
-    body = {"status": status, "ready": status == "ok", "model": state.model.model_id,
+    """``GET /health``: readiness. 200 ``{"status": "ok", ...}`` once the lifespan has started (``"degraded"`` while
+    a replica is hung, retired or failed a recent group: it still serves); 503 with ``"starting"`` before and
+    ``"draining"`` during shutdown."""
+    status = "draining" if state.draining else _serving_status(state.batcher) if state.ready else "starting"
+    body = {"status": status, "ready": status in ("ok", "degraded"), "model": state.model.model_id,
             "active_requests": state.active, "batcher": state.batcher.stats(),
             "uptime_seconds": round(time.time() - state.started, 3)}
-    return _json_response(body, 200 if status == "ok" else 503, _id_headers(_request_id(request)))
+    return _json_response(body, 200 if body["ready"] else 503, _id_headers(_request_id(request)))
+
+
+def _serving_status(batcher) -> str:
+    """``"ok"``, or ``"degraded"`` when a replica is not ok (hung, retired, a recent failed group)."""
+    states = batcher.replica_states() if hasattr(batcher, "replica_states") else {}
+    return "degraded" if any(count for name, count in states.items() if name != "ok") else "ok"
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -623,8 +630,8 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
     ``model`` and scoring groups on its own batcher worker (:mod:`hf_openjev.serve.batcher`); ``model`` answers the
     metadata and tokenizes. Default: ``[model]``.
 
-    ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`: body bytes, input
-    tokens, body and request timeouts); default: the defaults.
+    ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`: body bytes, tokens of
+    work, body and request timeouts, the batcher's slice and group deadline); default: the defaults.
     """
     from ..scoring import prepare_path, score_prepared
 
@@ -636,11 +643,13 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
             with use_device(replica):
                 prepare_path(replica, fast, options)
     score_fn = ops.time_scoring(score_fn or functools.partial(score_prepared, options=options))  # batch metrics
+    limits = limits or RequestLimits()
     batcher = Batcher(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
-                      fast=fast, score_fn=score_fn, replicas=replicas,
+                      fast=fast, score_fn=score_fn, replicas=replicas, slice_tokens=limits.slice_tokens,
+                      group_deadline_s=limits.group_deadline(),
                       company_hint=lambda: state.preparing)  # ``state`` is bound below, before any request
     state = _ServerState(model, batcher, prepare_workers=prepare_workers, drain_timeout_s=drain_timeout_s,
-                         retry_after_s=retry_after_s, release_date=release_date, limits=limits or RequestLimits())
+                         retry_after_s=retry_after_s, release_date=release_date, limits=limits)
     state.path, state.options = path, options
     ops.watch_server(state)
     routes = [Route(route, functools.partial(decide, state), methods=["POST"]) for route in _POST_PATHS]

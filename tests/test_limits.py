@@ -1,0 +1,24 @@
+"""What one request may cost (hf_openjev.serve.limits): the group deadline derived from the request timeout (issue 36
+item 9), so that a hung replica's group is retried before its requests time out; options checked when built."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_openjev.errors import UsageError
+from hf_openjev.serve.limits import UNTIMED_GROUP_DEADLINE_S, RequestLimits
+
+
+def test_the_group_deadline_is_a_quarter_of_the_request_timeout_unless_set():
+    assert RequestLimits(request_timeout_s=2.0).group_deadline() == 0.5
+    assert RequestLimits().group_deadline() < RequestLimits().request_timeout_s / 2
+    assert RequestLimits(request_timeout_s=2.0, group_deadline_s=1.5).group_deadline() == 1.5
+    assert RequestLimits(request_timeout_s=None).group_deadline() == UNTIMED_GROUP_DEADLINE_S
+
+
+@pytest.mark.parametrize("field, value, option", [("slice_tokens", 0, "--slice-tokens"),
+                                                  ("slice_tokens", 1.5, "--slice-tokens"),
+                                                  ("group_deadline_s", -1.0, "--group-deadline")])
+def test_bad_slice_and_deadline_values_are_refused_naming_their_option(field, value, option):
+    with pytest.raises(UsageError, match=option):
+        RequestLimits(**{field: value})
