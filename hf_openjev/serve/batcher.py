@@ -11,12 +11,19 @@ requests are on their way, when the server gives one: a lone request does not wa
 independent sequence, so an answer does not depend on the requests it was batched with (beyond floating-point
 rounding of differently shaped kernels).
 
+Slices: a request whose work is over ``slice_tokens`` is cut into parts (:mod:`~hf_openjev.serve.slices`); a group
+takes one part of each request it serves, and a request with parts left goes back first in its lane, behind the
+lanes not just served: a small request waits behind about one slice of a heavy one (one group: at most
+``max_batch_tokens`` of work), and a request whose client left or whose deadline passed stops at its next slice
+(``stopped`` in :meth:`Batcher.stats`). Its answer is joined from its parts' scores once the last one is scored.
+
 Replicas: with ``replicas=[model_0, model_1, ...]`` (one copy of the model per GPU: ``hf-openjev serve --devices``)
 there is one worker thread per replica, each bound to its replica's CUDA device, all taking groups from the one
 queue: a free replica takes the next group, so N replicas score N groups at once.
 
 Failures: a group fails wherever it fails (the scorer raised, returned the wrong number of results or a
-non-finite score, or missed its deadline, ``group_deadline_s``); it is retried once on another replica that still
+non-finite score, or missed its deadline, ``group_deadline_s``: the server derives it from its request timeout,
+:meth:`~hf_openjev.serve.limits.RequestLimits.group_deadline`); it is retried once on another replica that still
 serves, and otherwise every request of that group gets :class:`~hf_openjev.errors.InferenceError` (the server
 answers 500 ``model inference failed``); nothing partial is returned. A replica is retired by a streak of failures
 or by its failure rate (:mod:`hf_openjev.serve.replica_health`) while another replica still serves; the last one
