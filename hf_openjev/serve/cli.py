@@ -54,8 +54,8 @@ def add_arguments(parser) -> None:
                              + ", ".join(f"{k} {v}" for k, v in DEFAULT_SLICE_TOKENS.items()) + ")")
     limits.add_argument("--group-deadline", type=float, default=None,
                         help="seconds a replica may spend on one group before the group is retried on another "
-                             "replica and the replica counts as failed (default: "
-                             f"{GROUP_DEADLINE_SHARE:g} x --request-timeout)")
+                             "replica and the replica counts as failed (default: with --devices, "
+                             f"{GROUP_DEADLINE_SHARE:g} x --request-timeout; with one device, --request-timeout)")
     limits.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S,
                         help=f"seconds to receive a request's body; 408 past it (default {DEFAULT_BODY_TIMEOUT_S:g})")
     limits.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S,

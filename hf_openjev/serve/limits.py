@@ -25,7 +25,7 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # docs/contract.md §2: 413 above 4 Mi
 DEFAULT_MAX_REQUEST_TOKENS = 262144  # the work of a request (limits.py docstring): 255 full sequences of 1024 tokens fit
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
-GROUP_DEADLINE_SHARE = 0.25  # the group deadline, as a share of the request timeout: a hung group is retried in time
+GROUP_DEADLINE_SHARE = 0.25  # with replicas, the group deadline as a share of the request timeout: retried in time
 UNTIMED_GROUP_DEADLINE_S = 300.0  # the group deadline when requests have no timeout
 
 
@@ -63,12 +63,13 @@ class RequestLimits:
         check_positive(self.slice_tokens, "--slice-tokens", integer=True, allow_none=True)
         check_positive(self.group_deadline_s, "--group-deadline", allow_none=True)
 
-    def group_deadline(self) -> float:
-        """``group_deadline_s`` when set; else ``GROUP_DEADLINE_SHARE`` of the request timeout, so that a hung
-        replica's group is retried on a healthy one before its requests time out (``UNTIMED_GROUP_DEADLINE_S``
-        without a request timeout)."""
+    def group_deadline(self, replicas: int = 1) -> float:
+        """``group_deadline_s`` when set; else, with several ``replicas``, ``GROUP_DEADLINE_SHARE`` of the request
+        timeout, so that a hung replica's group is retried on a healthy one before its requests time out; with one,
+        the request timeout itself (no replica could retry it: its requests get their 504, and the replica counts a
+        failure). ``UNTIMED_GROUP_DEADLINE_S`` without a request timeout."""
         if self.group_deadline_s is not None:
             return float(self.group_deadline_s)
         if self.request_timeout_s is None:
             return UNTIMED_GROUP_DEADLINE_S
-        return GROUP_DEADLINE_SHARE * float(self.request_timeout_s)
+        return float(self.request_timeout_s) * (GROUP_DEADLINE_SHARE if replicas > 1 else 1.0)

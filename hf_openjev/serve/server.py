@@ -646,7 +646,7 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
     limits = limits or RequestLimits()
     batcher = Batcher(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
                       fast=fast, score_fn=score_fn, replicas=replicas, slice_tokens=limits.slice_tokens,
-                      group_deadline_s=limits.group_deadline(),
+                      group_deadline_s=limits.group_deadline(len(replicas or [model])),
                       company_hint=lambda: state.preparing)  # ``state`` is bound below, before any request
     state = _ServerState(model, batcher, prepare_workers=prepare_workers, drain_timeout_s=drain_timeout_s,
                          retry_after_s=retry_after_s, release_date=release_date, limits=limits)
