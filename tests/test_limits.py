@@ -23,3 +23,20 @@ def test_with_replicas_the_group_deadline_is_a_quarter_of_the_request_timeout_un
 def test_bad_slice_and_deadline_values_are_refused_naming_their_option(field, value, option):
     with pytest.raises(UsageError, match=option):
         RequestLimits(**{field: value})
+
+
+def test_serve_passes_slice_tokens_and_group_deadline_in_its_limits(monkeypatch):
+    from hf_openjev.serve import cli as serve_cli
+    from hf_openjev.serve import server
+
+    from serve_cli_args import serve_parser
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
+    args = serve_parser().parse_args(["--model", "/x", "--slice-tokens", "512", "--group-deadline", "3",
+                                      "--request-timeout", "20"])
+    assert serve_cli.run(args) == 0
+    limits = seen["limits"]
+    assert limits.slice_tokens == 512 and limits.group_deadline(replicas=2) == 3.0
+    serve_cli.run(serve_parser().parse_args(["--model", "/x", "--request-timeout", "20"]))
+    assert seen["limits"].slice_tokens is None and seen["limits"].group_deadline(replicas=2) == 5.0

@@ -148,3 +148,24 @@ def test_a_sliced_answer_is_the_unsliced_one_to_the_bit(tiny_model):
     batcher.close(timeout=5)
     assert batcher.groups >= 2 and batcher.requests == 1
     assert sliced.scores == unsliced
+
+
+def test_on_the_fast_path_a_sliced_answer_equals_the_unsliced_one_within_rounding(tiny_checkpoint):
+    """The fast path plans each part on its own (its shared prefix once per part): the same scores within the
+    rounding of differently shaped packs, and the same decisions."""
+    import hf_openjev
+    from hf_openjev.scoring import prepare_path
+
+    model = hf_openjev.load_export(tiny_checkpoint.export, dtype="float32", device="cpu")  # patched: a copy
+    prepare_path(model, True)
+    criteria = {f"option {i}": f"queue {i} " * (i % 7 + 1) for i in range(40)}
+    parsed = parse_request({"state": "The customer writes about a double charge. " * 4,
+                            "questions": {"q": {"type": "choice", "instructions": "Which?", "criteria": criteria}}})
+    prepared = tokenize_request(model, parsed)
+    unsliced = score_prepared(model, [prepared], fast=True).scores[0]
+    batcher = Batcher(model, max_wait_ms=0, fast=True, slice_tokens=prepared.input_tokens // 8)
+    sliced = asyncio.run(asyncio.wait_for(batcher.submit(prepared), 120))
+    batcher.close(timeout=5)
+    assert batcher.groups >= 3 and sliced.method == "fast"
+    assert sliced.scores[0] == pytest.approx(unsliced[0], abs=1e-4)
+    assert max(range(40), key=sliced.scores[0].__getitem__) == max(range(40), key=unsliced[0].__getitem__)
