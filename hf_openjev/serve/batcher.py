@@ -13,8 +13,8 @@ rounding of differently shaped kernels).
 
 Slices: a request whose work is over ``slice_tokens`` is cut into parts (:mod:`~hf_openjev.serve.slices`); a group
 takes one part of each request it serves, and a request with parts left goes back first in its lane, behind the
-lanes not just served: a small request waits behind about one slice of a heavy one (one group: at most
-``max_batch_tokens`` of work), and a request whose client left or whose deadline passed stops at its next slice
+lanes not just served: a small request waits behind about one slice of a heavy one (one group: its input tokens
+within ``max_batch_tokens``), and a request whose client left or whose deadline passed stops at its next slice
 (``stopped`` in :meth:`Batcher.stats`). Its answer is joined from its parts' scores once the last one is scored.
 
 Replicas: with ``replicas=[model_0, model_1, ...]`` (one copy of the model per GPU: ``hf-openjev serve --devices``)
@@ -84,14 +84,13 @@ class BatchOutcome:
 @dataclass
 class _Item:
     prepared: object
-    tokens: int  # work of its next part
+    tokens: int  # unpadded input tokens of its next part (the group budget counts them)
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     client: object = None  # whose lane (hf_openjev.serve.fair_queue): an API key or a connection
     enqueued: float = field(default_factory=time.monotonic)
     failed_on: set = field(default_factory=set)  # names of the replicas this request's group failed on
     parts: list = field(default_factory=list)  # its slices (hf_openjev.serve.slices): [prepared] when one
-    works: list = field(default_factory=list)  # each part's tokens of work
     scored: list = field(default_factory=list)  # the scores of the parts scored so far
     seconds: float = 0.0  # scoring time of the groups its parts ran in
     shared_tokens: int = 0
@@ -111,6 +110,11 @@ class _Attempt:
     items: list
     deadline: float | None
     abandoned: bool = False
+
+
+def _input_tokens(prepared) -> int:
+    """A request's (or a slice's) unpadded input tokens; 1 for a stand-in without any."""
+    return int(getattr(prepared, "input_tokens", 1))
 
 
 def _default_score_fn(model, prepared, *, fast):
@@ -327,14 +331,16 @@ class Batcher:
         Raises :class:`QueueFull` or :class:`BatcherClosed` at once when it cannot be admitted, and
         :class:`~hf_openjev.errors.InferenceError` when the forward of its group failed. Cancelled (the client
         left, its deadline passed) while it waits, it leaves the queue and is never scored; once a worker took
-        its group, the group is scored and this request's answer dropped.
+        its group, that slice is scored and the rest of the request never is.
         """
         loop = asyncio.get_running_loop()
-        if hasattr(prepared, "tokens"):
-            parts, works = split_request(prepared, self.slice_tokens, **self._slicing)
-        else:  # a stand-in without candidates: one part
-            parts, works = [prepared], [int(getattr(prepared, "input_tokens", 1))]
-        item = _Item(prepared, works[0], loop.create_future(), loop, client, parts=parts, works=works)
+        if self._closed:
+            raise BatcherClosed("the server is shutting down")
+        parts = [prepared]
+        if hasattr(prepared, "tokens") and _input_tokens(prepared) > self.slice_tokens:  # else it fits one slice
+            parts, _ = await loop.run_in_executor(  # off the event loop: O(tokens)
+                None, lambda: split_request(prepared, self.slice_tokens, **self._slicing))
+        item = _Item(prepared, _input_tokens(parts[0]), loop.create_future(), loop, client, parts=parts)
         with self._cond:
             if self._closed:
                 raise BatcherClosed("the server is shutting down")
@@ -492,7 +498,7 @@ class Batcher:
         with self._cond:
             if self._settled_late(attempt):
                 return None  # past its deadline: answered elsewhere (or with an error) already
-            tokens = sum(int(getattr(item.part, "input_tokens", item.tokens)) for item in live)
+            tokens = sum(_input_tokens(item.part) for item in live)
             finished = self._advance(live, scores, caches, float(result.seconds), started)
             replica.groups += 1
             replica.requests += len(finished)
@@ -517,7 +523,7 @@ class Batcher:
             elif item.future.done():
                 self.stopped += 1
             else:
-                item.tokens = item.works[len(item.scored)]
+                item.tokens = _input_tokens(item.part)
                 self._queue.appendleft(item)
                 self._cond.notify_all()
         return finished
