@@ -7,7 +7,7 @@ Routes (docs/contract.md §7):
 * ``GET /v1/models``: the served names, both as ``{"object": "list", "data": [{"id", "object", ...}]}``
   (OpenAI style) and as ``{"models": [{"name", "description", "release_date"}]}`` (what the TypeSafe SDK reads);
 * ``GET /health``: readiness, for load balancers: 200 ``{"status": "ok", ...}`` once the lifespan has started the
-  batcher; 503 ``{"status": "starting"}`` before, ``{"status": "draining"}`` from SIGTERM on (``serve`` answers
+  batcher (``"degraded"``, still 200, while a replica is hung, retired or failed a recent group); 503 ``{"status": "starting"}`` before, ``{"status": "draining"}`` from SIGTERM on (``serve`` answers
   ``"loading"`` / ``"warming_up"`` while the model loads: :mod:`hf_openjev.serve.lifecycle`);
 * ``GET /health/live`` (liveness) and ``GET /metrics`` (Prometheus): :mod:`hf_openjev.serve.ops`, which also checks
   API keys and writes the JSON access log.
