@@ -36,6 +36,7 @@ __all__ = [
     "parse_request",
     "question_head",
     "render",
+    "token_budget_error",
     "tokenize_candidates",
 ]
 
@@ -295,6 +296,7 @@ def tokenize_candidates(
     clean_cut: Callable[[str, int], int | None] | None = None,
     token_floor: Callable[[str], int] | None = None,
     max_total_tokens: int | None = None,
+    shares_prefixes: bool = False,
 ) -> list[list[list[int]]]:
     """Tokenize every candidate, question by question, candidate by candidate (docs/contract.md §2 item 7).
 
@@ -316,9 +318,14 @@ def tokenize_candidates(
     ``max_total_tokens``: the request's budget over all its sequences; tokenization stops at the first candidate
     that takes the running total past it, with ``RequestError`` (status 413, :data:`MSG_TOO_MANY_TOKENS`) naming
     the count so far and the limit: at most ``max_total_tokens + max_length`` tokens are ever computed.
+    ``shares_prefixes``: the budget counts the fast path's work (shared prefixes once), through a running lower bound
+    of it (:class:`~hf_openjev.work_tokens.WorkFloor`); the exact count is the caller's, once every candidate is
+    tokenized (:func:`hf_openjev.scoring.tokenize_request`). Default: every sequence in full (the reference path).
     """
+    from .work_tokens import WorkFloor
+
     result: list[list[list[int]]] = []
-    total = 0
+    floor = WorkFloor(shares_prefixes)
     for question in parsed.questions:
         per_question: list[list[int]] = []
         for prompt in question.prompts:
@@ -331,14 +338,22 @@ def tokenize_candidates(
                     f"max_length={max_length}; no silent truncation"
                 )
             per_question.append(ids)
-            total += len(ids)
+            total = floor.add(len(result), ids)
             if max_total_tokens is not None and total > max_total_tokens:
-                raise RequestError(f"{MSG_TOO_MANY_TOKENS}: at least {total} input tokens > "
-                                   f"max_request_tokens={max_total_tokens}", status=413,
-                                   detail=f"question {question.id!r} takes the request past {max_total_tokens} "
-                                          "input tokens; send fewer questions or candidates, or shorter texts")
+                raise token_budget_error(total, max_total_tokens, question.id, shared_once=shares_prefixes)
         result.append(per_question)
     return result
+
+
+def token_budget_error(count: int, limit: int, question_id=None, *, shared_once: bool) -> RequestError:
+    """The 413 of a request whose work is at least ``count`` tokens, over ``limit`` (``max_request_tokens``), past it
+    at question ``question_id`` (None: the whole request);
+    ``shared_once``: counted as the fast path computes it (shared prefixes once), else every sequence in full."""
+    what = "tokens of work (shared prefixes once)" if shared_once else "input tokens"
+    where = "the request" if question_id is None else f"question {question_id!r}"
+    return RequestError(f"{MSG_TOO_MANY_TOKENS}: at least {count} {what} > max_request_tokens={limit}", status=413,
+                        detail=f"{where} takes the request past {limit} {what}; send fewer questions or "
+                               "candidates, or shorter texts")
 
 
 EXACT_COUNT_CHARS = 16  # candidates of at most this many characters per max_length token are counted in full

@@ -48,20 +48,48 @@ def prepare_request(model, request) -> PreparedRequest:
     return tokenize_request(model, parse_request(request, served_models=model.served_model_names))
 
 
-def tokenize_request(model, parsed: ParsedRequest, *, max_total_tokens: int | None = None) -> PreparedRequest:
+def tokenize_request(model, parsed: ParsedRequest, *, max_total_tokens: int | None = None, fast: bool | None = None,
+                     options=None) -> PreparedRequest:
     """docs/contract.md §2 item 7 for a validated request: every candidate tokenized, or ``RequestError`` for the first one
     over ``model.max_length``. Over-long texts stop at a clean prefix already over the limit where the model's
     tokenizer allows it (:func:`hf_openjev.packing.prefix_cuts.prove_clean_cuts`); the verdict and the token counts of
     accepted requests are those of full tokenization; texts without clean cuts are bounded from their bytes
-    (:mod:`hf_openjev.token_floor`). ``max_total_tokens``: the request's token budget (413 past it, tokenization
-    stopped there: :func:`~hf_openjev.contract.tokenize_candidates`)."""
+    (:mod:`hf_openjev.token_floor`). ``max_total_tokens``: the request's token budget, counted as the work of the
+    path that will score it (``fast``, :func:`use_fast_path`; on the fast path with ``options``' prefix sharing,
+    each shared prefix once: :func:`hf_openjev.work_tokens.count_work_tokens`); 413 past it, tokenization stopped
+    as soon as a lower bound of that work is past it (:func:`~hf_openjev.contract.tokenize_candidates`)."""
     own = _own_tokenizer(model)
+    shares = max_total_tokens is not None and _shares_prefixes(model, fast, options)
     tokens = tokenize_candidates(parsed, model.encode, chat_prefix=model.chat_prefix,
                                  chat_suffix=model.chat_suffix, max_length=model.max_length,
                                  clean_cut=_clean_cut_for(model) if own else None,
                                  token_floor=_token_floor_for(model) if own else None,
-                                 max_total_tokens=max_total_tokens)
+                                 max_total_tokens=max_total_tokens, shares_prefixes=shares)
+    if shares:  # the floor let it through; the plan's exact count decides
+        from .contract import token_budget_error
+        from .work_tokens import count_work_tokens
+
+        work = count_work_tokens(tokens, fast=True, options=_path_options(model, options))
+        if work > max_total_tokens:
+            raise token_budget_error(work, max_total_tokens, shared_once=True)
     return PreparedRequest(parsed, tokens)
+
+
+def _shares_prefixes(model, fast: bool | None, options) -> bool:
+    """Whether the path ``fast`` selects computes shared prefixes once (the fast path with ``shared_prefix`` on)."""
+    device = getattr(model, "device", None)
+    if fast is None and device is None:  # a stand-in without a device: the reference path
+        return False
+    return use_fast_path(model, fast) and _path_options(model, options).shared_prefix
+
+
+def _path_options(model, options):
+    """``options``, else the options the model is patched with, else the defaults."""
+    if options is not None:
+        return options
+    from .patches import read_options
+
+    return read_options(model)
 
 
 def _own_tokenizer(model) -> bool:

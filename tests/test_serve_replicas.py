@@ -96,6 +96,42 @@ def test_a_failing_replica_is_retried_elsewhere_retired_and_shown_in_health_and_
     assert 'hf_openjev_replicas{state="ok"} 1.0' in metrics.text
 
 
+def test_a_hung_replicas_requests_are_answered_by_the_healthy_one_and_health_says_degraded(replicas):
+    """Issue 36 item 9: with --request-timeout 2 (and the group deadline derived from it) a replica that never
+    answers loses its group in time: every request gets its answer from the other one, /health and /metrics show it."""
+    from hf_openjev.serve.limits import RequestLimits
+
+    release, entered = threading.Event(), threading.Event()
+
+    def score(model, prepared, *, fast):
+        if model is replicas[1]:
+            entered.set()
+            release.wait(30)  # hangs (until the test ends)
+        else:
+            assert entered.wait(10)  # the hung replica has taken a group before the healthy one answers any
+        return score_prepared(model, prepared, fast=False)
+
+    app = create_app(replicas[0], replicas=replicas, max_wait_ms=0, max_batch_tokens=1, score_fn=score,
+                     limits=RequestLimits(request_timeout_s=2.0))
+    app.state.jev.ready = True  # as the lifespan does (httpx's ASGI transport runs none)
+    try:
+        responses = _post_all(app, [make_request(i) for i in range(4)])
+
+        async def scrape():
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+                return await c.get("/health"), await c.get("/metrics")
+
+        health, metrics = asyncio.run(scrape())
+    finally:
+        release.set()
+    assert [r.status_code for r in responses] == [200] * 4, [r.text for r in responses]
+    assert health.status_code == 200 and health.json()["status"] == "degraded" and health.json()["ready"]
+    hung = health.json()["batcher"]["replicas"][1]
+    assert hung["state"] == "retired" and hung["hung"] and hung["failures"] == 1
+    assert health.json()["batcher"]["group_deadline_s"] == 0.5
+    assert 'hf_openjev_replicas{state="retired"} 1.0' in metrics.text
+
+
 def test_create_app_sets_every_replica_up_for_the_fast_path(tiny_checkpoint):
     from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.patches import patch_record

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from jevcompat.checks import TICKET
 
 from hf_openjev.scoring import score_prepared
 from hf_openjev.serve import cli as serve_cli
@@ -34,6 +35,27 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 NOUL = {"type": "noul", "instructions": "Does the customer want a refund?"}
 REQUEST = {"state": "I was charged twice.", "questions": {"refund": NOUL}}
 JSON = {"content-type": "application/json"}
+
+
+def conformance_choice(n: int = 255) -> dict:
+    """jevcompat's ``choice-options`` case at ``n`` options (its own texts: jevcompat/checks.py)."""
+    options = {"Billing": "Payments, invoices, refunds",
+               **{f"Queue {i:03d}": f"Tickets routed to queue {i}" for i in range(1, n)}}
+    question = {"type": "choice", "instructions": "Which queue should this ticket go to?", "criteria": options}
+    return {"state": TICKET, "questions": {"queue": question}}
+
+
+class ByteLevel:
+    """``model`` with a byte-level tokenizer (one token per UTF-8 byte, like the test tokenizer of the issue)."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
 
 
 class Gate:
@@ -335,7 +357,8 @@ def test_open_routes_are_what_the_readme_says(tiny_model):
 @pytest.mark.parametrize("option, value", [
     ("--max-queue", "0"), ("--max-batch-tokens", "-5"), ("--max-wait-ms", "-1"), ("--drain-timeout", "0"),
     ("--limit-concurrency", "0"), ("--max-body-bytes", "0"), ("--max-request-tokens", "-1"),
-    ("--request-timeout", "0"), ("--body-timeout", "nan"), ("--header-timeout", "-1"), ("--port", "70000")])
+    ("--request-timeout", "0"), ("--body-timeout", "nan"), ("--header-timeout", "-1"), ("--port", "70000"),
+    ("--slice-tokens", "0"), ("--group-deadline", "-1")])
 def test_bad_serve_options_are_refused_before_binding_or_loading(monkeypatch, tmp_path, capsys, option, value):
     forbid_loading(monkeypatch, f"{option} check")
     monkeypatch.setattr("hf_openjev.serve.server.check_port_free",
@@ -344,3 +367,23 @@ def test_bad_serve_options_are_refused_before_binding_or_loading(monkeypatch, tm
     assert serve_cli.run(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hf-openjev serve: error: ") and option in err and "\n" not in err
+
+
+def test_the_conformance_255_option_choice_is_admitted_under_the_default_cap(tiny_model):
+    """Issue 36 item 5: jevcompat's 255-option case, byte-level tokens (over 65,536 in all), gets its answer."""
+    from types import SimpleNamespace
+
+    def score(model, prepared, *, fast):  # the cap is under test, not the forward
+        return SimpleNamespace(scores=[[[float(len(seq)) for seq in q] for q in p.tokens] for p in prepared],
+                               seconds=0.0, prefix_cache=[{"enabled": False} for _ in prepared], path="reference")
+
+    app = create_app(ByteLevel(tiny_model), score_fn=score)
+
+    async def main():
+        async with _client(app) as c:
+            return await c.post("/v1/systemone", json=conformance_choice())
+
+    answered = _run(main())
+    assert answered.status_code == 200, answered.text
+    body = answered.json()
+    assert len(body["answers"]["queue"]["probabilities"]) == 255 and body["usage"]["input_tokens"] > 65536

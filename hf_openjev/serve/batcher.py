@@ -11,12 +11,19 @@ requests are on their way, when the server gives one: a lone request does not wa
 independent sequence, so an answer does not depend on the requests it was batched with (beyond floating-point
 rounding of differently shaped kernels).
 
+Slices: a request whose work is over ``slice_tokens`` is cut into parts (:mod:`~hf_openjev.serve.slices`); a group
+takes one part of each request it serves, and a request with parts left goes back first in its lane, behind the
+lanes not just served: a small request waits behind about one slice of a heavy one (one group: its input tokens
+within ``max_batch_tokens``), and a request whose client left or whose deadline passed stops at its next slice
+(``stopped`` in :meth:`Batcher.stats`). Its answer is joined from its parts' scores once the last one is scored.
+
 Replicas: with ``replicas=[model_0, model_1, ...]`` (one copy of the model per GPU: ``hf-openjev serve --devices``)
 there is one worker thread per replica, each bound to its replica's CUDA device, all taking groups from the one
 queue: a free replica takes the next group, so N replicas score N groups at once.
 
 Failures: a group fails wherever it fails (the scorer raised, returned the wrong number of results or a
-non-finite score, or missed its deadline, ``group_deadline_s``); it is retried once on another replica that still
+non-finite score, or missed its deadline, ``group_deadline_s``: the server derives it from its request timeout,
+:meth:`~hf_openjev.serve.limits.RequestLimits.group_deadline`); it is retried once on another replica that still
 serves, and otherwise every request of that group gets :class:`~hf_openjev.errors.InferenceError` (the server
 answers 500 ``model inference failed``); nothing partial is returned. A replica is retired by a streak of failures
 or by its failure rate (:mod:`hf_openjev.serve.replica_health`) while another replica still serves; the last one
@@ -38,6 +45,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InferenceError
 from .fair_queue import FairQueue
+from .slices import default_slice_tokens, join_scores, split_request
 from .replica_health import (DEFAULT_FAILURE_RATE, DEFAULT_FAILURE_WINDOW, HealthPolicy, ReplicaHealth,
                              check_finite_scores)
 
@@ -49,7 +57,7 @@ DEFAULT_MAX_QUEUE = 256
 DEFAULT_MAX_BATCH_TOKENS = 4096 * 4
 DEFAULT_MAX_WAIT_MS = 5.0
 DEFAULT_RETIRE_AFTER_FAILURES = 3
-DEFAULT_GROUP_DEADLINE_S = 300.0
+REFERENCE_BATCH = 32  # sequences per forward of the reference path (hf_openjev.reference.DEFAULT_BATCH_SIZE)
 
 
 class QueueFull(RuntimeError):
@@ -76,12 +84,23 @@ class BatchOutcome:
 @dataclass
 class _Item:
     prepared: object
-    tokens: int
+    tokens: int  # unpadded input tokens of its next part (the group budget counts them)
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     client: object = None  # whose lane (hf_openjev.serve.fair_queue): an API key or a connection
     enqueued: float = field(default_factory=time.monotonic)
     failed_on: set = field(default_factory=set)  # names of the replicas this request's group failed on
+    parts: list = field(default_factory=list)  # its slices (hf_openjev.serve.slices): [prepared] when one
+    scored: list = field(default_factory=list)  # the scores of the parts scored so far
+    seconds: float = 0.0  # scoring time of the groups its parts ran in
+    shared_tokens: int = 0
+    started: float | None = None  # when its first part's group started
+    cache: dict | None = None  # its first part's prefix_cache report
+
+    @property
+    def part(self):
+        """The part its next group scores."""
+        return self.parts[len(self.scored)]
 
 
 @dataclass
@@ -91,6 +110,11 @@ class _Attempt:
     items: list
     deadline: float | None
     abandoned: bool = False
+
+
+def _input_tokens(prepared) -> int:
+    """A request's (or a slice's) unpadded input tokens; 1 for a stand-in without any."""
+    return int(getattr(prepared, "input_tokens", 1))
 
 
 def _default_score_fn(model, prepared, *, fast):
@@ -147,7 +171,9 @@ class _Replica:
     def stats(self) -> dict:
         return {"name": self.name, "groups": self.groups, "requests": self.requests, "failures": self.failures,
                 "retired": self.retired, "state": self.health.state, "recent_failures": self.health.recent_failures,
-                "recent_groups": len(self.health.recent), **({"retired_because": self.health.reason}
+                "recent_groups": len(self.health.recent),
+                "hung": self.current is not None and self.current.abandoned,  # still in a group past its deadline
+                **({"retired_because": self.health.reason}
                                                              if self.retired else {})}
 
 
@@ -163,8 +189,9 @@ class Batcher:
     row after which a replica stops taking groups while another one serves (None: never);
     ``retire_failure_rate``: the share of its last ``failure_window`` groups that retires it too (None: never).
     ``group_deadline_s``: seconds a replica may spend on one group before the group is taken from it (None: no
-    deadline). ``retry_on_another``: a failed group is scored once more on another serving replica before its
-    requests get the error.
+    deadline; the server derives it from its request timeout). ``retry_on_another``: a failed group is scored once
+    more on another serving replica before its requests get the error. ``slice_tokens``: tokens of work per slice of
+    a request (:mod:`~hf_openjev.serve.slices`; None: the default of the first replica's device kind).
     """
 
     def __init__(self, model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
@@ -173,7 +200,8 @@ class Batcher:
                  name: str = "jev-batcher", replicas: Sequence | None = None,
                  retire_after_failures: int | None = DEFAULT_RETIRE_AFTER_FAILURES,
                  retire_failure_rate: float | None = DEFAULT_FAILURE_RATE, failure_window: int = DEFAULT_FAILURE_WINDOW,
-                 group_deadline_s: float | None = DEFAULT_GROUP_DEADLINE_S, retry_on_another: bool = True):
+                 group_deadline_s: float | None = None, retry_on_another: bool = True,
+                 slice_tokens: int | None = None):
         if max_queue < 1:
             raise ValueError("max_queue must be at least 1")
         if max_batch_tokens < 1:
@@ -184,12 +212,19 @@ class Batcher:
             raise ValueError("replicas must hold at least one model")
         if group_deadline_s is not None and not group_deadline_s > 0:
             raise ValueError("group_deadline_s must be > 0 (or None)")
+        if slice_tokens is not None and (isinstance(slice_tokens, bool) or slice_tokens < 1):
+            raise ValueError("slice_tokens must be at least 1 (or None: the device's default)")
         policy = HealthPolicy(retire_after_failures, retire_failure_rate, failure_window)
         self.model = model
         models = list(replicas) if replicas is not None else [model]
         self.replicas = [_Replica(m, f"{i}:{getattr(m, 'device', 'model')}", ReplicaHealth(policy))
                          for i, m in enumerate(models)]
         self.group_deadline_s = group_deadline_s
+        device = getattr(models[0], "device", None)
+        self.slice_tokens = int(slice_tokens) if slice_tokens is not None else default_slice_tokens(device)
+        fast_path = bool(fast) if fast is not None else getattr(device, "type", None) == "cuda"
+        # the reference path's parts start on its batch boundaries: a lone request's forwards are its unsliced ones
+        self._slicing = {"shares_prefixes": fast_path, "align": 1 if fast_path else REFERENCE_BATCH}
         self.retry_on_another = bool(retry_on_another)
         self.max_queue = int(max_queue)
         self.max_batch_tokens = int(max_batch_tokens)
@@ -201,6 +236,7 @@ class Batcher:
         self._name = name
         self._queue = FairQueue()
         self.withdrawn = 0  # requests whose client left before a worker took them: never scored
+        self.stopped = 0  # requests whose client left (or deadline passed) between slices: the rest never scored
         self._cond = threading.Condition()
         self._closed = False
         self._in_flight = 0  # requests taken by the workers and not yet resolved
@@ -252,7 +288,8 @@ class Batcher:
         return {"waiting": self.waiting, "in_flight": self.in_flight, "max_queue": self.max_queue,
                 "max_batch_tokens": self.max_batch_tokens, "max_wait_ms": self.max_wait_s * 1000.0,
                 "groups": self.groups, "requests": self.requests, "failures": self.failures,
-                "withdrawn": self.withdrawn, "replica_states": self.replica_states(),
+                "withdrawn": self.withdrawn, "stopped": self.stopped, "slice_tokens": self.slice_tokens,
+                "group_deadline_s": self.group_deadline_s, "replica_states": self.replica_states(),
                 "replicas": [r.stats() for r in self.replicas]}
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -294,10 +331,16 @@ class Batcher:
         Raises :class:`QueueFull` or :class:`BatcherClosed` at once when it cannot be admitted, and
         :class:`~hf_openjev.errors.InferenceError` when the forward of its group failed. Cancelled (the client
         left, its deadline passed) while it waits, it leaves the queue and is never scored; once a worker took
-        its group, the group is scored and this request's answer dropped.
+        its group, that slice is scored and the rest of the request never is.
         """
         loop = asyncio.get_running_loop()
-        item = _Item(prepared, int(getattr(prepared, "input_tokens", 1)), loop.create_future(), loop, client)
+        if self._closed:
+            raise BatcherClosed("the server is shutting down")
+        parts = [prepared]
+        if hasattr(prepared, "tokens") and _input_tokens(prepared) > self.slice_tokens:  # else it fits one slice
+            parts, _ = await loop.run_in_executor(  # off the event loop: O(tokens)
+                None, lambda: split_request(prepared, self.slice_tokens, **self._slicing))
+        item = _Item(prepared, _input_tokens(parts[0]), loop.create_future(), loop, client, parts=parts)
         with self._cond:
             if self._closed:
                 raise BatcherClosed("the server is shutting down")
@@ -311,7 +354,10 @@ class Batcher:
         except asyncio.CancelledError:
             with self._cond:
                 if self._queue.remove(item):
-                    self.withdrawn += 1
+                    if item.scored:
+                        self.stopped += 1
+                    else:
+                        self.withdrawn += 1
                     self._cond.notify_all()
             raise
 
@@ -436,7 +482,7 @@ class Batcher:
             return None
         started = time.monotonic()
         try:
-            result = self._score_fn(replica.model, [item.prepared for item in live], fast=self.fast)
+            result = self._score_fn(replica.model, [item.part for item in live], fast=self.fast)
             scores = list(result.scores)
             caches = list(result.prefix_cache) or [{"enabled": False, "mode": "none", "shared_tokens": 0}] * len(live)
             if len(scores) != len(live) or len(caches) != len(live):
@@ -452,16 +498,48 @@ class Batcher:
         with self._cond:
             if self._settled_late(attempt):
                 return None  # past its deadline: answered elsewhere (or with an error) already
+            tokens = sum(_input_tokens(item.part) for item in live)
+            finished = self._advance(live, scores, caches, float(result.seconds), started)
             replica.groups += 1
-            replica.requests += len(live)
+            replica.requests += len(finished)
             replica.health.record(True)
-        tokens = sum(item.tokens for item in live)
-        for item, item_scores, cache in zip(live, scores, caches):
-            outcome = BatchOutcome(scores=item_scores, seconds=float(result.seconds), prefix_cache=cache,
-                                   method=path, batch_requests=len(live), batch_tokens=tokens,
-                                   queue_seconds=max(0.0, started - item.enqueued))
-            self._resolve(item, outcome=outcome)
+        for item in finished:
+            self._finish(item, path, len(live), tokens)
         return None
+
+    def _advance(self, live: list[_Item], scores: list, caches: list, seconds: float, started: float) -> list:
+        """Record each request's scored part (under the lock); queue again, first in its lane, each request with parts
+        left (its lane was just served: other lanes' requests go first), unless its client left or its deadline
+        passed (then the rest is never scored); the requests whose last part this was."""
+        finished = []
+        for item, item_scores, cache in zip(live, scores, caches):
+            item.scored.append(item_scores)
+            item.seconds += seconds
+            item.shared_tokens += int(cache.get("shared_tokens", 0) or 0)
+            item.cache = item.cache or cache
+            item.started = started if item.started is None else item.started
+            if len(item.scored) == len(item.parts):
+                finished.append(item)
+            elif item.future.done():
+                self.stopped += 1
+            else:
+                item.tokens = _input_tokens(item.part)
+                self._queue.appendleft(item)
+                self._cond.notify_all()
+        return finished
+
+    def _finish(self, item: _Item, path: str, batch_requests: int, batch_tokens: int) -> None:
+        """Answer a request whose every part is scored: its parts' scores joined in its shape."""
+        try:
+            scores = item.scored[0] if len(item.parts) == 1 else join_scores(item.prepared, item.scored)
+        except (ValueError, StopIteration) as exc:
+            self._resolve(item, error=InferenceError(f"model inference failed: {exc}"))
+            return
+        cache = dict(item.cache, shared_tokens=item.shared_tokens) if "shared_tokens" in item.cache else item.cache
+        self._resolve(item, outcome=BatchOutcome(scores=scores, seconds=item.seconds, prefix_cache=cache,
+                                                 method=path, batch_requests=batch_requests,
+                                                 batch_tokens=batch_tokens,
+                                                 queue_seconds=max(0.0, item.started - item.enqueued)))
     def _settled_late(self, attempt: _Attempt | None) -> bool:
         """Whether the watchdog took ``attempt`` (past its deadline); else its deadline is disarmed."""
         if attempt is None:

@@ -7,7 +7,8 @@ from ..family import UNKNOWN_SHAPE_HELP
 from .batcher import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS
 from .header_timeout import DEFAULT_HEADER_TIMEOUT_S
 from .limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REQUEST_TOKENS,
-                     DEFAULT_REQUEST_TIMEOUT_S)
+                     DEFAULT_REQUEST_TIMEOUT_S, GROUP_DEADLINE_SHARE)
+from .slices import DEFAULT_SLICE_TOKENS
 
 
 def add_arguments(parser) -> None:
@@ -40,11 +41,21 @@ def add_arguments(parser) -> None:
     limits.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help=f"largest request body, decoded too; 413 above (default {DEFAULT_MAX_BODY_BYTES})")
     limits.add_argument("--max-request-tokens", type=int, default=DEFAULT_MAX_REQUEST_TOKENS,
-                        help="input tokens over all of a request's candidate sequences; 413 above, tokenizing "
-                             f"stops there (default {DEFAULT_MAX_REQUEST_TOKENS})")
+                        help="tokens of work per request, as the path that scores it computes them (every "
+                             "candidate sequence in full on the reference path, shared prefixes once on the fast "
+                             f"path); 413 above, tokenizing stops there (default {DEFAULT_MAX_REQUEST_TOKENS})")
     limits.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT_S,
                         help="seconds from a request's arrival to its answer; 504 past it, its queued work dropped "
                              f"(default {DEFAULT_REQUEST_TIMEOUT_S:g})")
+    limits.add_argument("--slice-tokens", type=int, default=None,
+                        help="tokens of work per slice of a request: other requests are scheduled between a heavy "
+                             "request's slices, and a request that timed out or whose client left stops at its next "
+                             "one; the time a slice takes depends on the device and the model (default: "
+                             + ", ".join(f"{k} {v}" for k, v in DEFAULT_SLICE_TOKENS.items()) + ")")
+    limits.add_argument("--group-deadline", type=float, default=None,
+                        help="seconds a replica may spend on one group before the group is retried on another "
+                             "replica and the replica counts as failed (default: with --devices, "
+                             f"{GROUP_DEADLINE_SHARE:g} x --request-timeout; with one device, --request-timeout)")
     limits.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S,
                         help=f"seconds to receive a request's body; 408 past it (default {DEFAULT_BODY_TIMEOUT_S:g})")
     limits.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S,
@@ -81,7 +92,8 @@ def _serve(serve, args) -> int:
     from .limits import RequestLimits
 
     limits = RequestLimits(max_body_bytes=args.max_body_bytes, max_request_tokens=args.max_request_tokens,
-                           request_timeout_s=args.request_timeout, body_timeout_s=args.body_timeout)
+                           request_timeout_s=args.request_timeout, body_timeout_s=args.body_timeout,
+                           slice_tokens=args.slice_tokens, group_deadline_s=args.group_deadline)
     return serve(args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                  max_queue=args.max_queue, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                  fast=args.fast, drain_timeout_s=args.drain_timeout, log_level=args.log_level,

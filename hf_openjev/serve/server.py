@@ -7,7 +7,7 @@ Routes (docs/contract.md §7):
 * ``GET /v1/models``: the served names, both as ``{"object": "list", "data": [{"id", "object", ...}]}``
   (OpenAI style) and as ``{"models": [{"name", "description", "release_date"}]}`` (what the TypeSafe SDK reads);
 * ``GET /health``: readiness, for load balancers: 200 ``{"status": "ok", ...}`` once the lifespan has started the
-  batcher; 503 ``{"status": "starting"}`` before, ``{"status": "draining"}`` from SIGTERM on (``serve`` answers
+  batcher (``"degraded"``, still 200, while a replica is hung, retired or failed a recent group); 503 ``{"status": "starting"}`` before, ``{"status": "draining"}`` from SIGTERM on (``serve`` answers
   ``"loading"`` / ``"warming_up"`` while the model loads: :mod:`hf_openjev.serve.lifecycle`);
 * ``GET /health/live`` (liveness) and ``GET /metrics`` (Prometheus): :mod:`hf_openjev.serve.ops`, which also checks
   API keys and writes the JSON access log.
@@ -305,6 +305,7 @@ class _ServerState:
         self.started = time.time()
         self.preparing = 0  # requests being validated now: company the batcher may wait for
         self.path = "reference"  # the path the model was set up for (create_app)
+        self.options = None  # the fast path's options (create_app; None: the model's own)
         self.limits = limits
         self.expired = False  # the drain time ran out: requests still held get 503 (lifecycle.finish_drain)
         self._expiry_waiters: set = set()
@@ -346,7 +347,8 @@ class _ServerState:
         from ..scoring import tokenize_request
 
         try:
-            return tokenize_request(self.model, parsed, max_total_tokens=self.limits.max_request_tokens)
+            return tokenize_request(self.model, parsed, max_total_tokens=self.limits.max_request_tokens,
+                                    fast=self.path == "fast", options=self.options)  # the cap counts that path's work
         except Exception as exc:  # noqa: BLE001
             raise _validation_error(exc, obj) from None
 
@@ -552,13 +554,20 @@ async def list_models(state: _ServerState, request: Request) -> Response:
 
 
 async def report_health(state: _ServerState, request: Request) -> Response:
-    """``GET /health``: readiness. 200 ``{"status": "ok", ...}`` once the lifespan has started; 503 with
-    ``"starting"`` before and ``"draining"`` during shutdown."""
-    status = "draining" if state.draining else "ok" if state.ready else "starting"
-    body = {"status": status, "ready": status == "ok", "model": state.model.model_id,
+    """``GET /health``: readiness. 200 ``{"status": "ok", ...}`` once the lifespan has started (``"degraded"`` while
+    a replica is hung, retired or failed a recent group: it still serves); 503 with ``"starting"`` before and
+    ``"draining"`` during shutdown."""
+    status = "draining" if state.draining else _serving_status(state.batcher) if state.ready else "starting"
+    body = {"status": status, "ready": status in ("ok", "degraded"), "model": state.model.model_id,
             "active_requests": state.active, "batcher": state.batcher.stats(),
             "uptime_seconds": round(time.time() - state.started, 3)}
-    return _json_response(body, 200 if status == "ok" else 503, _id_headers(_request_id(request)))
+    return _json_response(body, 200 if body["ready"] else 503, _id_headers(_request_id(request)))
+
+
+def _serving_status(batcher) -> str:
+    """``"ok"``, or ``"degraded"`` when a replica is not ok (hung, retired, a recent failed group)."""
+    states = batcher.replica_states() if hasattr(batcher, "replica_states") else {}
+    return "degraded" if any(count for name, count in states.items() if name != "ok") else "ok"
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -621,8 +630,8 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
     ``model`` and scoring groups on its own batcher worker (:mod:`hf_openjev.serve.batcher`); ``model`` answers the
     metadata and tokenizes. Default: ``[model]``.
 
-    ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`: body bytes, input
-    tokens, body and request timeouts); default: the defaults.
+    ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`: body bytes, tokens of
+    work, body and request timeouts, the batcher's slice and group deadline); default: the defaults.
     """
     from ..scoring import prepare_path, score_prepared
 
@@ -634,12 +643,14 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
             with use_device(replica):
                 prepare_path(replica, fast, options)
     score_fn = ops.time_scoring(score_fn or functools.partial(score_prepared, options=options))  # batch metrics
+    limits = limits or RequestLimits()
     batcher = Batcher(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
-                      fast=fast, score_fn=score_fn, replicas=replicas,
+                      fast=fast, score_fn=score_fn, replicas=replicas, slice_tokens=limits.slice_tokens,
+                      group_deadline_s=limits.group_deadline(len(replicas or [model])),
                       company_hint=lambda: state.preparing)  # ``state`` is bound below, before any request
     state = _ServerState(model, batcher, prepare_workers=prepare_workers, drain_timeout_s=drain_timeout_s,
-                         retry_after_s=retry_after_s, release_date=release_date, limits=limits or RequestLimits())
-    state.path = path
+                         retry_after_s=retry_after_s, release_date=release_date, limits=limits)
+    state.path, state.options = path, options
     ops.watch_server(state)
     routes = [Route(route, functools.partial(decide, state), methods=["POST"]) for route in _POST_PATHS]
     routes += [Route("/v1/models", functools.partial(list_models, state), methods=["GET"]),
