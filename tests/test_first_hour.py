@@ -169,7 +169,8 @@ def test_a_package_or_a_missing_path_where_an_export_is_expected(tiny_checkpoint
 
 
 def _documented_section(pointer: str) -> str:
-    """The text of the section that ``'docs/x.md "Heading"'`` names (a missing file or heading fails the test)."""
+    """The text of the section a pointer such as ``GET_CHECKPOINT_DOCS`` names: a document, a space, a quoted
+    heading (a missing document or heading fails the test)."""
     path, heading = pointer.split(" ", 1)
     text = repo_path(path).read_text(encoding="utf-8")
     marker = f"## {heading.strip(chr(34))}\n"
