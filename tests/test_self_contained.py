@@ -122,7 +122,7 @@ def test_every_section_the_user_documents_cite_by_name_exists():
     documents = {p.name: p for p in (REPO / "docs").glob("*.md")}
     cited = set()
     for path in _user_documents():
-        for name, section in re.findall(r'([a-z_]+\.md)\)?,? "([^"]+)"', path.read_text(encoding="utf-8")):
+        for name, section in re.findall(r'([a-z_]+\.md)\)?,?\s+"([^"]+)"', path.read_text(encoding="utf-8")):
             if name in documents:
                 cited.add((name, " ".join(section.split())))
     assert ("checkpoints.md", "Getting a checkpoint") in cited and ("usage.md", "On a CPU") in cited
