@@ -9,7 +9,8 @@ memory; docs/usage.md "On a CPU" quotes it.
 
 The model is the benchmark's seeded random one (``benchlib.random_model.build_model``) with the real Qwen3.5
 tokenizer (the ``[tokenizer]`` extra) and the Qwen3.5 chat halves, scored through ``pipeline("jev-decision")`` on
-the CPU with its defaults; the request is the README's example (one choice of two options). Prints one JSON line.
+the CPU with its defaults; the request is the README's example (one choice of two options) with a longer state.
+Prints one JSON line.
 """
 
 from __future__ import annotations
