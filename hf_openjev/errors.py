@@ -38,6 +38,11 @@ class CheckpointError(ValueError):
     """A checkpoint (export directory, published package or base directory) that cannot be used."""
 
 
+# Where a checkpoint error points a user who has none on disk yet: the section saying which repositories to download
+# (ids and revisions) and how. tests/test_first_hour.py checks that the heading exists.
+GET_CHECKPOINT_DOCS = 'docs/checkpoints.md "Getting a checkpoint"'
+
+
 class InputFileError(ValueError):
     """A file given to a command (other than a checkpoint or a request) that cannot be used, e.g. warm-up shapes."""
 

@@ -18,12 +18,14 @@ import sys
 import pytest
 import torch
 from repo_data import JEVBENCH_EASY as EASY
+from repo_data import repo_path
 from starlette.testclient import TestClient
 
 import hf_openjev
 from hf_openjev.contract import parse_request
 from hf_openjev.devices import check_device
 from hf_openjev.errors import CheckpointError, RequestError, UsageError
+from hf_openjev.family import MEMBERS
 from hf_openjev.log_filter import _DropFlashLinearAttentionAdvice
 from hf_openjev.model import load_export
 
@@ -164,6 +166,35 @@ def test_a_package_or_a_missing_path_where_an_export_is_expected(tiny_checkpoint
         tp.pipeline("jev-decision", model=str(package))
     with pytest.raises(CheckpointError, match="it looks like a Qwen3.5 base model"):
         tp.pipeline("jev-decision", model=str(tiny_checkpoint.base))
+
+
+def _documented_section(pointer: str) -> str:
+    """The text of the section a pointer such as ``GET_CHECKPOINT_DOCS`` names: a document, a space, a quoted
+    heading (a missing document or heading fails the test)."""
+    path, heading = pointer.split(" ", 1)
+    text = repo_path(path).read_text(encoding="utf-8")
+    marker = f"## {heading.strip(chr(34))}\n"
+    assert marker in text, f"{path} has no heading {marker.strip()!r}"
+    return text.split(marker, 1)[1].split("\n## ", 1)[0]
+
+
+def test_a_missing_checkpoint_points_to_the_section_saying_how_to_download_one(tiny_checkpoint, tmp_path):
+    """Issue 36 item 11: "download it first" names the section giving the repo ids and the download command."""
+    from hf_openjev.export.merge import merge_lora
+
+    pointer = 'docs/checkpoints.md "Getting a checkpoint"'
+
+    with pytest.raises(CheckpointError, match="not a Hub repo id") as info:
+        load_export("open-jev/Open-Jev-2B")
+    assert pointer in str(info.value)
+    for base, package in ((tmp_path / "no-base", tiny_checkpoint.package), (tiny_checkpoint.base, tmp_path / "no-pkg")):
+        with pytest.raises(CheckpointError, match="does not exist") as info:
+            merge_lora(base, package, tmp_path / "out")
+        assert pointer in str(info.value)
+    section = _documented_section(pointer)
+    assert "hf download" in section and "--revision" in section
+    for member in MEMBERS:
+        assert member.base in section
 
 
 # -- 4. eval does not hide failure --------------------------------------------------------------------------------

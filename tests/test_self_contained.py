@@ -99,3 +99,62 @@ def test_every_cited_section_name_exists():
     for name, sections in cited.items():
         headings = re.findall(r"^#+ (.+)$", (REPO / name).read_text(encoding="utf-8"), re.M)
         assert all(any(h.startswith(s) for h in headings) for s in sections), (name, sections, headings)
+
+
+def _user_documents() -> list[Path]:
+    return [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_every_relative_link_in_the_user_documents_resolves():
+    broken = []
+    for path in _user_documents():
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            if not (path.parent / target.split("#")[0]).exists():
+                broken.append(f"{path.relative_to(REPO)}: {target}")
+    assert not broken, broken
+
+
+def test_every_section_the_user_documents_cite_by_name_exists():
+    """``[docs/usage.md](docs/usage.md) "On a CPU"``, ``checkpoints.md "Getting a checkpoint"``: a heading of that
+    document starts with the quoted name."""
+    documents = {p.name: p for p in (REPO / "docs").glob("*.md")}
+    cited = set()
+    for path in _user_documents():
+        for name, section in re.findall(r'([a-z_]+\.md)\)?,?\s+"([^"]+)"', path.read_text(encoding="utf-8")):
+            if name in documents:
+                cited.add((name, " ".join(section.split())))
+    assert ("checkpoints.md", "Getting a checkpoint") in cited and ("usage.md", "On a CPU") in cited
+    missing = []
+    for name, section in sorted(cited):
+        headings = re.findall(r"^#+ (.+)$", documents[name].read_text(encoding="utf-8"), re.M)
+        if not any(h.startswith(section) for h in headings):
+            missing.append((name, section))
+    assert not missing, missing
+
+
+def _documented_commands() -> list[list[str]]:
+    """Every ``hf-openjev ...`` command in a bash block of the README and docs/ (continuations joined), as argv."""
+    import shlex
+
+    commands = []
+    for path in _user_documents():
+        for block in re.findall(r"```bash\n(.*?)```", path.read_text(encoding="utf-8"), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                for part in line.split("&&"):
+                    part = part.split(" #")[0].strip()
+                    if part.startswith("hf-openjev ") and " ... " not in part:
+                        commands.append(shlex.split(part)[1:])
+    return commands
+
+
+def test_every_documented_command_parses():
+    """The options and choices of each documented command are its parser's (an unknown option exits)."""
+    from hf_openjev.cli import build_parser
+
+    commands = _documented_commands()
+    assert {argv[0] for argv in commands} >= {"demo", "export", "eval", "serve", "fidelity", "quantize"}
+    for argv in commands:
+        args = build_parser(argv[0]).parse_args(argv)
+        assert args.command == argv[0]

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..errors import CheckpointError
+from ..errors import GET_CHECKPOINT_DOCS, CheckpointError
 
 _TEXT_PREFIXES = ("model.language_model.", "model.")
 _DROPPED = re.compile(r"^(model\.visual\.|visual\.|mtp\.|model\.mtp\.|lm_head\.)")
@@ -34,7 +34,7 @@ def base_weight_files(base_dir: Path) -> list[Path]:
         missing = [f for f in files if not (base_dir / f).is_file()]
         if missing:
             raise CheckpointError(f"{base_dir}: shards named in {index.name} are missing: {missing[:3]}; "
-                                  "download the complete base model")
+                                  f"download the complete base model ({GET_CHECKPOINT_DOCS})")
         if not files:
             raise CheckpointError(f"{index} names no shards")
         return [base_dir / f for f in files]
@@ -42,7 +42,7 @@ def base_weight_files(base_dir: Path) -> list[Path]:
     if single.is_file():
         return [single]
     raise CheckpointError(f"{base_dir} has no model.safetensors or model.safetensors.index.json "
-                          "(the base model's weights are missing)")
+                          f"(the base model's weights are missing; {GET_CHECKPOINT_DOCS})")
 
 
 def text_key(key: str) -> str | None:

@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ..errors import GET_CHECKPOINT_DOCS, CheckpointError
 from ..json_files import read_json_object  # re-exported: callers import it from here
 
 MANIFEST_NAME = "open_jev_export.json"
@@ -117,7 +117,8 @@ def check_export_dir(export_dir: str | Path) -> Path:
     if not export_dir.is_dir():
         what = "it does not exist" if not export_dir.exists() else "it is a file"
         raise CheckpointError(f"{export_dir} is not a directory ({what}); pass the directory of a merged export "
-                              "made by `hf-openjev export` (a local directory, not a Hub repo id: download it first)")
+                              "made by `hf-openjev export` (a local directory, not a Hub repo id: download the package and its "
+                              f"base, then export them; {GET_CHECKPOINT_DOCS} says how)")
     path = export_dir / MANIFEST_NAME
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: {_not_an_export(export_dir)}")

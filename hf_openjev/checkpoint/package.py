@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..errors import CheckpointError
+from ..errors import GET_CHECKPOINT_DOCS, CheckpointError
 from .manifest import check_head, check_temperature
 from .manifest import read_json_object as _read_json
 
@@ -65,7 +65,8 @@ def find_checkpoint_dir(package_dir: str | Path) -> Path:
     """Accept the package root (holding ``checkpoint/``) or the ``checkpoint/`` folder itself."""
     root = Path(package_dir)
     if not root.is_dir():
-        raise CheckpointError(f"package directory {root} does not exist")
+        raise CheckpointError(f"package directory {root} does not exist; download the published package first "
+                              f"({GET_CHECKPOINT_DOCS})")
     if (root / "checkpoint").is_dir():
         return root / "checkpoint"
     if (root / "model.json").is_file() or (root / "adapter").is_dir():

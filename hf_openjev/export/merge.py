@@ -64,7 +64,7 @@ import torch
 
 from ..checkpoint.files import (FLOAT_DTYPES, base_weight_files, expected_backbone_shapes, load_tokenizer,
                                 read_safetensors_headers, text_key)
-from ..errors import CheckpointError
+from ..errors import GET_CHECKPOINT_DOCS, CheckpointError
 from ..family import check_family_member, is_test_package, package_names
 from .identity import BaseIdentity, check_base_identity
 from ..checkpoint.out_dir import (check_free_space, check_outside_inputs, check_replaceable, missing_parents,
@@ -364,7 +364,8 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
     if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int) or not 0 < max_shard_bytes <= MAX_SHARD_BYTES:
         raise CheckpointError(f"the shard size limit must be 1..{MAX_SHARD_BYTES} bytes (5 GB), got {max_shard_bytes!r}")
     if not base_dir.is_dir():
-        raise CheckpointError(f"base directory {base_dir} does not exist; pass the Qwen3.5 base model directory")
+        raise CheckpointError(f"base directory {base_dir} does not exist; pass the Qwen3.5 base model directory "
+                              f"the package names ({GET_CHECKPOINT_DOCS})")
     if (base_dir / MANIFEST_NAME).exists():
         raise CheckpointError(f"--base {base_dir} holds {MANIFEST_NAME}: it is a merged export (merging again "
                               "would add the LoRA twice); pass the Qwen3.5 base model directory the package names")
