@@ -9,10 +9,11 @@ import time
 
 
 @contextlib.contextmanager
-def serving(server):
-    """Run ``server`` (a ``uvicorn.Server``, or ``build_server``'s) on a daemon thread; yield ``(url, thread)`` once
-    it listens (30 s at most); on exit ask it to stop and join the thread (30 s at most)."""
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+def serving(server, sockets=None):
+    """Run ``server`` (a ``uvicorn.Server``, or ``build_server``'s) on a daemon thread, on ``sockets`` when given
+    (listening sockets made by the test), else on the port its config names; yield ``(url, thread)`` once it
+    listens (30 s at most); on exit ask it to stop and join the thread (30 s at most)."""
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
