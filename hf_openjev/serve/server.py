@@ -22,8 +22,8 @@ A request goes through, in this order (docs/contract.md §2; the first error win
    (:func:`hf_openjev.scoring.tokenize_request`), off the event loop on thread pools picked by size (small requests
    never wait behind big ones: :mod:`hf_openjev.serve.preparing`) -> 422; past ``--max-request-tokens`` input
    tokens -> 413 (tokenizing stops there);
-4. admission to the :class:`~hf_openjev.serve.batcher.Batcher` in the client's lane (its API key, else its
-   connection: :mod:`hf_openjev.serve.fair_queue`): a full queue -> 503 ``server is busy`` with ``Retry-After``;
+4. admission to the :class:`~hf_openjev.serve.batcher.Batcher` in the client's lane (the id of its API key,
+   however the ``Authorization`` header spells it; else its connection: :mod:`hf_openjev.serve.fair_queue`): a full queue -> 503 ``server is busy`` with ``Retry-After``;
    during shutdown -> 503 ``server is shutting down``;
 5. scoring, shared with concurrent requests; a failure -> 500 ``model inference failed`` (nothing partial).
 
@@ -38,7 +38,8 @@ sane, else a fresh one): it is logged, returned in ``X-Request-Id`` and ``x-type
 
 Shutdown (SIGINT/SIGTERM under ``serve``) drains first (:mod:`hf_openjev.serve.lifecycle`): new and kept-alive
 requests get 503 while the requests in flight are answered, up to the drain timeout (then a JSON 503); then uvicorn
-stops and the lifespan handler lets the batcher answer every admitted request and stops its worker thread.
+stops (its listening socket and idle kept-alive connections closed, without an answer) and the lifespan handler
+lets the batcher answer every admitted request and stops its worker thread.
 """
 
 from __future__ import annotations
