@@ -23,7 +23,7 @@ from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
 from hf_openjev.serve.ops import ACCESS_LOGGER
 from hf_openjev.serve.server import _uvicorn_config, create_app
 
-from live_server import serving
+from live_server import listening_socket, serving
 from serve_cli_args import forbid_loading, serve_parser
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -40,16 +40,6 @@ def _live(app, **options):
     config = _uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning", drain_timeout_s=10,
                              limit_concurrency=None, header_timeout_s=options.pop("header_timeout_s", 10), **options)
     return build_server(config, on_exit=lambda: begin_drain(app), drain=lambda: finish_drain(app))
-
-
-def _listening_socket(send_buffer: int) -> socket.socket:
-    """A loopback listening socket whose connections keep at most ``send_buffer`` bytes in the kernel (no
-    autotuning), so that an answer the client does not read stays in the server's own buffers."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    return sock
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -111,7 +101,7 @@ def test_slow_readers_are_closed_by_the_write_timeout_and_their_answers_dropped(
     app = create_app(tiny_model, max_wait_ms=0)
     body = _big_answer_request(1_000_000)
     server = _live(app, write_timeout_s=0.5)
-    with serving(server, sockets=[_listening_socket(16384)]) as (url, _):
+    with serving(server, sockets=[listening_socket(16384)]) as (url, _):
         readers = []
         for _ in range(4):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -132,7 +122,7 @@ def test_slow_readers_are_closed_by_the_write_timeout_and_their_answers_dropped(
 def test_a_reader_that_keeps_reading_gets_its_whole_answer_past_the_write_timeout(tiny_model):
     app = create_app(tiny_model, max_wait_ms=0)
     body = _big_answer_request(1_000_000)
-    with serving(_live(app, write_timeout_s=2), sockets=[_listening_socket(16384)]) as (url, _):
+    with serving(_live(app, write_timeout_s=2), sockets=[listening_socket(16384)]) as (url, _):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             sock.settimeout(10)
