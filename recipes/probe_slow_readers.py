@@ -160,8 +160,8 @@ def probe(*, model: Path, readers: int, answer_bytes: int, write_timeout: float,
             samples, closed_after = watch(sockets, server.pid, seconds=seconds)
             for sock in sockets:
                 sock.close()
-            small = http.post("/v1/systemone", json=SMALL_REQUEST).status_code
             answered = _answered_200(http) - before
+            small = http.post("/v1/systemone", json=SMALL_REQUEST).status_code
     finally:
         for sock in sockets:
             sock.close()

@@ -293,9 +293,10 @@ class OpsMiddleware:
 
     @staticmethod
     def _log(scope, exchange: _Exchange, seconds: float) -> None:
-        """The request's one log line: at WARNING for a 5xx, else INFO; what the app added
-        (:data:`ACCESS_DETAIL`: the request's shape, its batch, its error) after the common fields."""
-        level = logging.WARNING if exchange.status >= 500 else logging.INFO
+        """The request's one log line: at WARNING for a decision's 5xx, else INFO (a load balancer's ``/health``
+        polls during loading stay quiet); what the app added (:data:`ACCESS_DETAIL`: the request's shape, its batch,
+        its error) after the common fields."""
+        level = logging.WARNING if exchange.status >= 500 and scope.get("path") in DECISION_PATHS else logging.INFO
         if not access_logger.isEnabledFor(level):
             return
         client = scope.get("client")
