@@ -1,18 +1,21 @@
-"""A uvicorn server running on a thread for tests that need real HTTP (port 0: the OS picks a free one), and a
-stand-in for its run that starts and stops the app's lifespan without a socket."""
+"""A uvicorn server running on a thread for tests that need real HTTP (port 0: the OS picks a free one; or a
+listening socket the test made), and a stand-in for its run that starts and stops the app's lifespan without a
+socket."""
 
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 
 
 @contextlib.contextmanager
-def serving(server):
-    """Run ``server`` (a ``uvicorn.Server``, or ``build_server``'s) on a daemon thread; yield ``(url, thread)`` once
-    it listens (30 s at most); on exit ask it to stop and join the thread (30 s at most)."""
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+def serving(server, sockets=None):
+    """Run ``server`` (a ``uvicorn.Server``, or ``build_server``'s) on a daemon thread, on ``sockets`` when given
+    (listening sockets made by the test), else on the port its config names; yield ``(url, thread)`` once it
+    listens (30 s at most); on exit ask it to stop and join the thread (30 s at most)."""
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
@@ -24,6 +27,17 @@ def serving(server):
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def listening_socket(send_buffer: int) -> socket.socket:
+    """A loopback listening socket (port 0) for :func:`serving` whose connections keep at most about
+    ``send_buffer`` bytes in the kernel (set, so never autotuned): an answer the client does not read stays in the
+    server's own buffers."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    return sock
 
 
 def run_lifespan_without_a_socket(server) -> None:

@@ -324,7 +324,8 @@ def test_one_json_access_line_per_request_with_the_request_id(tiny_model, caplog
     records = _access_records(caplog)
     assert len(records) == 3
     first, second, third = records
-    assert set(first) == {"method", "path", "status", "duration_ms", "request_id", "client", "bytes_in", "bytes_out"}
+    assert set(first) == {"method", "path", "status", "duration_ms", "request_id", "client", "bytes_in", "bytes_out",
+                          "questions", "candidates", "input_tokens", "batch", "queue_ms"}  # + the decision's shape
     assert first["request_id"] == "req-7.a" == given.headers["x-request-id"]
     assert (first["method"], first["path"], first["status"]) == ("POST", "/v1/systemone", 200)
     assert first["bytes_in"] == len(body) and first["bytes_out"] == len(given.content) > 0

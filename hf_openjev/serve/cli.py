@@ -8,7 +8,9 @@ from .batcher import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WA
 from .header_timeout import DEFAULT_HEADER_TIMEOUT_S
 from .limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REQUEST_TOKENS,
                      DEFAULT_REQUEST_TIMEOUT_S, GROUP_DEADLINE_SHARE)
+from .connection_limit import DEFAULT_MAX_CONNECTIONS
 from .slices import DEFAULT_SLICE_TOKENS
+from .write_timeout import DEFAULT_WRITE_TIMEOUT_S
 
 
 def add_arguments(parser) -> None:
@@ -73,6 +75,13 @@ def add_arguments(parser) -> None:
                              "/health, /health/live (probes carry no key) and /metrics stay open")
     parser.add_argument("--metrics-auth", action="store_true",
                         help="/metrics needs a key too (default: open, like /health and /health/live)")
+    connections = parser.add_argument_group("what connections may hold")
+    connections.add_argument("--write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT_S,
+                             help="seconds a connection may go without reading any of its answer before it is "
+                                  f"closed and the unsent bytes dropped (default {DEFAULT_WRITE_TIMEOUT_S:g})")
+    connections.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                             help="connections open at once; a request on one past it gets a JSON 503 and the "
+                                  f"connection is closed (default {DEFAULT_MAX_CONNECTIONS})")
 
 
 def run(args) -> int:
@@ -100,4 +109,5 @@ def _serve(serve, args) -> int:
                  limit_concurrency=args.limit_concurrency, warm_up_shapes=args.warm_up,
                  api_key_file=args.api_key_file, metrics_auth=args.metrics_auth, devices=args.devices,
                  fp8=args.fp8, limits=limits, header_timeout_s=args.header_timeout,
-                 allow_unknown_shape=args.allow_unknown_shape)
+                 allow_unknown_shape=args.allow_unknown_shape, write_timeout_s=args.write_timeout,
+                 max_connections=args.max_connections)

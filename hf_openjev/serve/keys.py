@@ -100,8 +100,14 @@ class KeyChecker:
 
     def matches(self, token: bytes) -> bool:
         """Whether ``token`` is one of the keys: compared with every key, whatever matched before."""
+        return self.identify(token) is not None
+
+    def identify(self, token: bytes) -> int | None:
+        """Which configured key ``token`` is (its position, the key's id: never the key itself), else None;
+        compared with every key, whatever matched before."""
         presented = hashlib.sha256(token).digest()
-        found = False
-        for digest in self._digests:
-            found |= hmac.compare_digest(presented, digest)
-        return found
+        found = -1
+        for position, digest in enumerate(self._digests):
+            matched = hmac.compare_digest(presented, digest)
+            found = max(found, position * matched - (not matched))  # no branch on the comparison
+        return None if found < 0 else found

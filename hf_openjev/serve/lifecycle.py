@@ -15,9 +15,14 @@ export, warm up, :func:`~hf_openjev.serve.server.create_app`) runs on a thread. 
    still listens, so a client gets that answer rather than a refused or reset connection;
 2. :func:`finish_drain` waits for the requests in flight, up to the app's drain timeout; past it, those still
    held are answered with the same JSON 503 (their work cancelled, nothing partial);
-3. only then does uvicorn's own shutdown run: it closes the sockets and the idle connections, finds nothing in
-   progress, runs the lifespan shutdown (the batcher stops), and the process exits 0. A second signal cuts the
-   drain short (and the process ends with the signal's status, as uvicorn's does).
+3. then, still listening, it waits for the connections to close, up to uvicorn's keep-alive timeout (5 s by
+   default) and :data:`LINGER_MARGIN_S`: an idle kept-alive connection closes at that timeout as it would have
+   without the signal, or its client's next request gets step 1's 503 with ``Connection: close``; with no
+   connection open, this takes no time;
+4. only then does uvicorn's own shutdown run: it closes the listening sockets (a new connection is refused) and
+   any connection still open and idle, without an answer, finds nothing in progress, runs the lifespan shutdown
+   (the batcher stops), and the process exits 0. A second signal cuts steps 2 and 3 short (and the process ends
+   with the signal's status, as uvicorn's does).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import logging
 import threading
 import time
 
-__all__ = ["LoadingApp", "begin_drain", "build_server", "finish_drain"]
+__all__ = ["LoadingApp", "begin_drain", "build_server", "finish_drain", "wait_for_connections_to_close"]
 
 logger = logging.getLogger("hf_openjev.serve.server")
 
@@ -37,6 +42,7 @@ MSG_STARTING = "server is starting"
 
 
 ANSWER_EXPIRED_S = 5.0  # past the drain timeout, how long the requests still held have to send their 503
+LINGER_MARGIN_S = 0.5  # past uvicorn's keep-alive timeout, how long a drained server still waits for connections
 
 
 def _state(app):
@@ -216,11 +222,21 @@ class LoadingApp:
             await self._driver.stop()
 
 
+async def wait_for_connections_to_close(server_state, seconds: float) -> None:
+    """Until uvicorn holds no connection, ``seconds`` at most: an idle kept-alive one closes at its keep-alive
+    timeout, or answers its client's next request (the drain's 503 with ``Connection: close``) and closes."""
+    deadline = time.monotonic() + seconds
+    while server_state.connections and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
 def build_server(config, *, on_exit, drain=None):
     """A ``uvicorn.Server`` for ``config`` whose first SIGINT/SIGTERM calls ``on_exit()`` at once and whose
-    shutdown first awaits ``drain()`` (when given) while the sockets still listen and the connections stay open
-    (module doc); after a clean drain the signal is not raised again, so the process exits 0. A second signal
-    cuts the drain short. The handler may be called from any thread (tests call it directly)."""
+    shutdown first awaits ``drain()`` (when given) while the sockets still listen and the connections stay open,
+    then, after a signal, :func:`wait_for_connections_to_close` for up to uvicorn's keep-alive timeout (plus
+    :data:`LINGER_MARGIN_S`), so that a request on a kept-alive connection gets the drain's 503 (module doc).
+    After a clean drain the signal is not raised again, so the process exits 0. A second signal cuts the drain and
+    the wait short. The handler may be called from any thread (tests call it directly)."""
     import uvicorn
 
     class _DrainingServer(uvicorn.Server):
@@ -241,9 +257,15 @@ def build_server(config, *, on_exit, drain=None):
                     self._jev_loop.call_soon_threadsafe(self._jev_task.cancel)
             super().handle_exit(sig, frame)
 
+        async def _jev_drain(self) -> None:
+            await drain()
+            if self._jev_signals == 1:  # a signal, not a stop asked in-process: kept-alive clients get their 503
+                await wait_for_connections_to_close(self.server_state,
+                                                    self.config.timeout_keep_alive + LINGER_MARGIN_S)
+
         async def shutdown(self, sockets=None) -> None:
             if drain is not None and self._jev_signals <= 1:
-                self._jev_task = asyncio.ensure_future(drain())
+                self._jev_task = asyncio.ensure_future(self._jev_drain())
                 try:
                     await self._jev_task
                     self._captured_signals.clear()  # drained: exit 0 rather than dying by the signal

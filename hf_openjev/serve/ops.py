@@ -8,16 +8,20 @@ HTTP request:
 1. makes sure it has a request id: the client's ``X-Request-Id`` when it is sane, else a fresh one written into the
    request's headers, so that the route handlers, the response and the access log share it;
 2. refuses a request carrying both ``Content-Length`` and ``Transfer-Encoding`` (400, the connection closed:
-   proxies and servers may disagree on where it ends);
+   proxies and servers may disagree on where it ends), and answers a request on a connection past
+   ``--max-connections`` with a JSON 503 ``server is busy`` (:mod:`~hf_openjev.serve.connection_limit`);
 3. answers ``GET /health/live`` (200 while the process serves) and ``GET /metrics`` (Prometheus text format) itself;
 4. with keys configured, refuses every route but ``/health`` and ``/health/live`` (and ``/metrics`` unless
    ``metrics_auth``) without ``Authorization: Bearer <key>``: 401 ``{"error": msg, "detail": {"error_type":
    "authentication_error", "message": msg}}`` (the shape jevcompat checks), with ``WWW-Authenticate: Bearer``;
+   an accepted key's id (its position among the keys) goes into the scope (:data:`KEY_ID`): the request's lane in
+   the fair queue, however the header spells ``Bearer`` and its spaces;
 5. counts the request (``hf_openjev_requests_total{route,status}``, ``hf_openjev_request_seconds{route}``,
    ``hf_openjev_decisions_total{outcome}`` for the decision routes; a client gone before its answer as status
    499, outcome ``abandoned``) and writes one JSON line on the logger
    ``hf_openjev.serve.access``: method, path (no query string), status, duration_ms, request_id, client, bytes_in,
-   bytes_out. Headers are never logged, so neither is a key.
+   bytes_out, then what the app adds (a decision's questions, candidates, input_tokens, batch and queue_ms; an
+   error's words): the request's only log line. Headers are never logged, so neither is a key.
 
 The middleware may wrap an app that is itself wrapped by it (``serve`` wraps its loader and ``create_app`` the app
 it builds, with the same :class:`ServerOps`): the inner one lets a request it has already seen pass.
@@ -35,9 +39,11 @@ import uuid
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..errors import UsageError
+from .connection_limit import OVER_CONNECTION_LIMIT
 from .keys import KeyChecker
 
-__all__ = ["ABANDONED", "ACCESS_LOGGER", "OpsMiddleware", "ServerOps", "configure_access_log"]
+__all__ = ["ABANDONED", "ACCESS_DETAIL", "ACCESS_LOGGER", "KEY_ID", "OpsMiddleware", "ServerOps",
+           "configure_access_log"]
 
 ACCESS_LOGGER = "hf_openjev.serve.access"
 access_logger = logging.getLogger(ACCESS_LOGGER)
@@ -52,6 +58,9 @@ MSG_KEY_INVALID = "invalid API key"
 _REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 _SEEN = "hf_openjev.ops"  # scope key: this request already went through an OpsMiddleware
 ABANDONED = "hf_openjev.abandoned"  # scope key: the client left and the app answers nothing (counted as 499)
+KEY_ID = "hf_openjev.key_id"  # scope key: which configured key authenticated the request (its position)
+ACCESS_DETAIL = "hf_openjev.access_detail"  # scope key: a dict the app adds to the request's access line
+MSG_BUSY = "server is busy"  # the words of the server's own queue-full 503 (not imported: server imports this)
 MSG_AMBIGUOUS_LENGTH = "request has both Content-Length and Transfer-Encoding"
 _DISCARD_BYTES = 1024 * 1024  # a refused body is read and dropped up to this, so the client reads the 401
 _DISCARD_SECONDS = 2.0
@@ -243,6 +252,9 @@ class OpsMiddleware:
                  "ctx": {"reason": "send one of them (RFC 9112 §6.1: a request smuggling vector)"}}]})
             await exchange.respond(400, body.encode(), "application/json", {"Connection": "close"})
             return
+        if scope.get(OVER_CONNECTION_LIMIT) is not None:
+            await self._refuse_over_limit(scope[OVER_CONNECTION_LIMIT], exchange)
+            return
         if path == "/health/live" and method in ("GET", "HEAD"):
             await exchange.respond(200, b'{"status": "alive"}', "application/json")
             return
@@ -259,7 +271,9 @@ class OpsMiddleware:
     async def _authorized(self, scope, exchange: _Exchange) -> bool:
         """Whether the request carries a configured key; if not, the 401 is sent."""
         token = self.ops.keys.bearer_token(_header(scope, b"authorization"))
-        if token is not None and self.ops.keys.matches(token):
+        key_id = self.ops.keys.identify(token) if token is not None else None
+        if key_id is not None:
+            scope[KEY_ID] = key_id  # the fair queue's lane, whatever the header's spelling
             return True
         message = MSG_KEY_MISSING if token is None else MSG_KEY_INVALID
         challenge = "Bearer" if token is None else 'Bearer error="invalid_token"'
@@ -269,12 +283,25 @@ class OpsMiddleware:
         return False
 
     @staticmethod
+    async def _refuse_over_limit(limit: int, exchange: _Exchange) -> None:
+        """503 ``server is busy`` to a request on a connection past ``--max-connections``; then uvicorn closes it."""
+        reason = f"this server keeps at most {limit} connections open (--max-connections); retry later"
+        body = json.dumps({"error": MSG_BUSY, "detail": [
+            {"msg": MSG_BUSY, "type": "server_busy", "loc": [], "ctx": {"reason": reason}}]})
+        await exchange.discard_body()
+        await exchange.respond(503, body.encode(), "application/json", {"Retry-After": "1", "Connection": "close"})
+
+    @staticmethod
     def _log(scope, exchange: _Exchange, seconds: float) -> None:
-        if not access_logger.isEnabledFor(logging.INFO):
+        """The request's one log line: at WARNING for a decision's 5xx, else INFO (a load balancer's ``/health``
+        polls during loading stay quiet); what the app added (:data:`ACCESS_DETAIL`: the request's shape, its batch,
+        its error) after the common fields."""
+        level = logging.WARNING if exchange.status >= 500 and scope.get("path") in DECISION_PATHS else logging.INFO
+        if not access_logger.isEnabledFor(level):
             return
         client = scope.get("client")
         record = {"method": scope.get("method"), "path": scope.get("path"), "status": exchange.status,
                   "duration_ms": round(seconds * 1000.0, 2), "request_id": exchange.request_id,
                   "client": client[0] if client else None, "bytes_in": exchange.bytes_in,
-                  "bytes_out": exchange.bytes_out}
-        access_logger.info(json.dumps(record, ensure_ascii=False), extra={"access": record})
+                  "bytes_out": exchange.bytes_out, **scope.get(ACCESS_DETAIL, {})}
+        access_logger.log(level, json.dumps(record, ensure_ascii=False), extra={"access": record})

@@ -22,8 +22,8 @@ A request goes through, in this order (docs/contract.md §2; the first error win
    (:func:`hf_openjev.scoring.tokenize_request`), off the event loop on thread pools picked by size (small requests
    never wait behind big ones: :mod:`hf_openjev.serve.preparing`) -> 422; past ``--max-request-tokens`` input
    tokens -> 413 (tokenizing stops there);
-4. admission to the :class:`~hf_openjev.serve.batcher.Batcher` in the client's lane (its API key, else its
-   connection: :mod:`hf_openjev.serve.fair_queue`): a full queue -> 503 ``server is busy`` with ``Retry-After``;
+4. admission to the :class:`~hf_openjev.serve.batcher.Batcher` in the client's lane (the id of its API key,
+   however the ``Authorization`` header spells it; else its connection: :mod:`hf_openjev.serve.fair_queue`): a full queue -> 503 ``server is busy`` with ``Retry-After``;
    during shutdown -> 503 ``server is shutting down``;
 5. scoring, shared with concurrent requests; a failure -> 500 ``model inference failed`` (nothing partial).
 
@@ -38,7 +38,8 @@ sane, else a fresh one): it is logged, returned in ``X-Request-Id`` and ``x-type
 
 Shutdown (SIGINT/SIGTERM under ``serve``) drains first (:mod:`hf_openjev.serve.lifecycle`): new and kept-alive
 requests get 503 while the requests in flight are answered, up to the drain timeout (then a JSON 503); then uvicorn
-stops and the lifespan handler lets the batcher answer every admitted request and stops its worker thread.
+stops (its listening socket and idle kept-alive connections closed, without an answer) and the lifespan handler
+lets the batcher answer every admitted request and stops its worker thread.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import asyncio
 import contextlib
 import datetime as _dt
 import functools
+import hashlib
 import logging
 import re
 import time
@@ -66,12 +68,15 @@ from .batcher import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_W
                       QueueFull, use_device)
 from ..errors import InferenceError, RequestError
 from .bounded import ClientGone, DeadlinePassed, DrainExpired, run_bounded
+from .connection_limit import DEFAULT_MAX_CONNECTIONS
 from .header_timeout import DEFAULT_HEADER_TIMEOUT_S
 from .lifecycle import begin_drain, finish_drain
-from .limits import DEFAULT_MAX_BODY_BYTES, RequestLimits
-from .ops import ABANDONED, OpsMiddleware, ServerOps
+from .limits import DEFAULT_MAX_BODY_BYTES, RequestLimits, check_positive
+from .keys import KeyChecker
+from .ops import ABANDONED, ACCESS_DETAIL, KEY_ID, OpsMiddleware, ServerOps
 from .preparing import PreparePools, measure_tokenize_work
 from .strict_json import MSG_INVALID_JSON, dumps, loads_strict
+from .write_timeout import DEFAULT_WRITE_TIMEOUT_S
 
 __all__ = ["MAX_BODY_BYTES", "create_app", "serve"]
 
@@ -433,11 +438,16 @@ def _shutting_down(state: _ServerState) -> HTTPError:
 
 
 def _client_key(request: Request):
-    """Whose lane in the batcher's fair queue: the API key when one is sent, else the connection."""
-    authorization = request.headers.get("authorization")
-    if authorization:
-        return ("key", authorization)
-    client = request.scope.get("client")
+    """Whose lane in the batcher's fair queue: the id of the key that authenticated the request (however the
+    header was spelt); on a server without keys, the bearer token sent (its digest); else the connection."""
+    scope = request.scope
+    if scope.get(KEY_ID) is not None:
+        return ("key", scope[KEY_ID])
+    authorization = next((v for k, v in scope.get("headers") or [] if k.lower() == b"authorization"), None)
+    token = KeyChecker.bearer_token(authorization)
+    if token is not None:
+        return ("token", hashlib.sha256(token).digest())
+    client = scope.get("client")
     return ("connection", tuple(client) if client else None)
 
 
@@ -466,14 +476,14 @@ async def _answer(state: _ServerState, request: Request, body: bytes, request_id
     return payload, outcome
 
 
-def _log_request(request: Request, request_id: str, status: int, started: float, prepared, info: str) -> None:
-    shape = ""
+def _add_access_detail(request: Request, prepared, info: dict) -> None:
+    """What the request's access line (:mod:`~hf_openjev.serve.ops`, its only log line) says beyond the common
+    fields: the request's shape once prepared, then ``info`` (its batch, or its error)."""
+    detail = {}
     if prepared is not None:
-        shape = (f" questions={len(prepared.parsed.questions)} candidates={prepared.parsed.candidate_count}"
-                 f" input_tokens={prepared.input_tokens}")
-    log = logger.warning if status >= 500 else logger.info
-    log("request_id=%s %s %s -> %d in %.1f ms%s %s", request_id, request.method, request.url.path, status,
-        (time.perf_counter() - started) * 1000.0, shape, info)
+        detail = {"questions": len(prepared.parsed.questions), "candidates": prepared.parsed.candidate_count,
+                  "input_tokens": prepared.input_tokens}
+    request.scope[ACCESS_DETAIL] = {**detail, **info}
 
 
 class _Abandoned(Response):
@@ -489,51 +499,50 @@ class _Abandoned(Response):
 async def decide(state: _ServerState, request: Request) -> Response:
     """``POST /v1/systemone`` and ``/v1/inference``: one decision request, through the steps of the module
     docstring, bounded by the request's deadline, its client's connection and the drain time
-    (:mod:`hf_openjev.serve.bounded`); every failure becomes its error response, and every request is logged."""
+    (:mod:`hf_openjev.serve.bounded`); every failure becomes its error response, and the request's access line
+    (:mod:`hf_openjev.serve.ops`) gets its shape and its batch or error."""
     request_id = _request_id(request)
-    started = time.perf_counter()
     limits = state.limits
     deadline = None if limits.request_timeout_s is None else time.monotonic() + limits.request_timeout_s
     state.enter()
-    status, info, box = 500, "", {"prepared": None}
+    info, box = {}, {"prepared": None}
     try:
         arrived_draining = state.draining  # validated still (bad input stays a 4xx), then 503 and closed
         body = await _read_body_in_time(state, request)
         payload, outcome = await run_bounded(_answer(state, request, body, request_id, box, arrived_draining),
                                              deadline=deadline,
                                              receive=request.receive, expired=state.expiry())
-        status = 200
-        info = f"batch={outcome.batch_requests} queue_ms={outcome.queue_seconds * 1000:.1f}"
+        info = {"batch": outcome.batch_requests, "queue_ms": round(outcome.queue_seconds * 1000, 1)}
         return _json_response(payload, 200, _id_headers(request_id))
     except HTTPError as exc:
-        status, info = exc.status, exc.message
+        info = {"error": exc.message}
         return _json_response(error_body(exc.message, type=exc.type, loc=exc.loc, reason=exc.reason), exc.status,
                               {**_id_headers(request_id), **exc.headers})
     except InferenceError as exc:
-        status, info = 500, str(exc)
+        info = {"error": str(exc)}
         return _json_response(error_body(MSG_INFERENCE, type="inference_error", loc=[]), 500,
                               _id_headers(request_id))
     except (ClientDisconnect, ClientGone):
-        status, info = 499, "client disconnected"
+        info = {"error": "client disconnected"}
         return _Abandoned()
     except DeadlinePassed:
-        status, info = 504, MSG_DEADLINE
+        info = {"error": MSG_DEADLINE}
         reason = f"no answer within {limits.request_timeout_s:g} s (--request-timeout)"
         return _json_response(error_body(MSG_DEADLINE, type="timeout", loc=[], reason=reason), 504,
                               _id_headers(request_id))
     except DrainExpired:
-        status, info = 503, f"{MSG_SHUTTING_DOWN} (drain timeout)"
+        info = {"error": f"{MSG_SHUTTING_DOWN} (drain timeout)"}
         error = _shutting_down(state)
         return _json_response(error_body(error.message, type=error.type, loc=[]), 503,
                               {**_id_headers(request_id), **error.headers})
     except Exception as exc:
-        status, info = 500, f"{type(exc).__name__}: {exc}"
+        info = {"error": f"{type(exc).__name__}: {exc}"}
         logger.exception("request_id=%s failed", request_id)
         return _json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500,
                               _id_headers(request_id))
     finally:
         state.leave()
-        _log_request(request, request_id, status, started, box["prepared"], info)
+        _add_access_detail(request, box["prepared"], info)
 
 
 async def list_models(state: _ServerState, request: Request) -> Response:
@@ -742,15 +751,20 @@ def _log_start(model_dir, ops, fp8: str) -> None:
 
 
 def _uvicorn_config(app, *, host: str, port: int, log_level: str, drain_timeout_s: float,
-                    limit_concurrency: int | None, header_timeout_s: float):
-    """uvicorn's configuration for ``serve``: our access log instead of uvicorn's, the header deadline on its
-    HTTP protocol, a graceful shutdown past the drain (which ``build_server`` runs before uvicorn stops)."""
+                    limit_concurrency: int | None, header_timeout_s: float,
+                    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS):
+    """uvicorn's configuration for ``serve``: our access log instead of uvicorn's, the header and write deadlines
+    and the connection cap on its HTTP protocol, a graceful shutdown past the drain (which ``build_server`` runs
+    before uvicorn stops)."""
     import uvicorn
 
+    from .connection_limit import with_connection_limit
     from .header_timeout import pick_http_protocol, with_header_timeout
+    from .write_timeout import with_write_timeout
 
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
-                          http=with_header_timeout(pick_http_protocol(), header_timeout_s),
+    protocol = with_header_timeout(pick_http_protocol(), header_timeout_s)
+    protocol = with_connection_limit(with_write_timeout(protocol, write_timeout_s), max_connections)
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", http=protocol,
                           timeout_graceful_shutdown=max(1, int(drain_timeout_s)),
                           limit_concurrency=limit_concurrency, access_log=False)
 
@@ -761,7 +775,8 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
           log_level: str = "info", limit_concurrency: int | None = None, warm_up_shapes=None,
           api_key_file=None, metrics_auth: bool = False, devices=None, fp8: str = "off",
           limits: RequestLimits | None = None, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
-          allow_unknown_shape: bool = False) -> int:
+          allow_unknown_shape: bool = False, write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
+          max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
     """Load the export in ``model_dir`` and serve it with uvicorn until SIGINT/SIGTERM (graceful).
 
     uvicorn listens at once; ``GET /health`` answers 503 (``loading``, ``warming_up``) until the model is loaded,
@@ -784,7 +799,9 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8.option.FP8_HELP`).
 
     ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`); ``header_timeout_s``:
-    :mod:`~hf_openjev.serve.header_timeout`. Every option is checked first (:mod:`.option_checks`).
+    :mod:`~hf_openjev.serve.header_timeout`; ``write_timeout_s``: :mod:`~hf_openjev.serve.write_timeout`;
+    ``max_connections``: :mod:`~hf_openjev.serve.connection_limit`. Every option is checked first
+    (:mod:`.option_checks`).
     ``allow_unknown_shape``: serve a shape that is no Open-Jev model's (:mod:`hf_openjev.family`)."""
     from .keys import read_api_keys
     from .lifecycle import LoadingApp, build_server
@@ -799,6 +816,8 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     check_serve_options(host=host, port=port, dtype=dtype, max_queue=max_queue, max_batch_tokens=max_batch_tokens,
                         max_wait_ms=max_wait_ms, drain_timeout_s=drain_timeout_s, log_level=log_level,
                         limit_concurrency=limit_concurrency, header_timeout_s=header_timeout_s)
+    check_positive(write_timeout_s, "--write-timeout")
+    check_positive(max_connections, "--max-connections", integer=True)
     limits = limits or RequestLimits()
     fast = select_fp8_path(fp8, fast, fp8_flag="--fp8", reference_flag="--reference")  # before anything else
     options = FastPathOptions(fp8=fp8)
@@ -835,7 +854,8 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     loading = LoadingApp(build, on_failure=lambda: setattr(server, "should_exit", True))
     config = _uvicorn_config(OpsMiddleware(loading, ops), host=host, port=port, log_level=log_level,
                              drain_timeout_s=drain_timeout_s, limit_concurrency=limit_concurrency,
-                             header_timeout_s=header_timeout_s)
+                             header_timeout_s=header_timeout_s, write_timeout_s=write_timeout_s,
+                             max_connections=max_connections)
     server = build_server(config, on_exit=loading.begin_drain, drain=loading.finish_drain)
     _log_start(model_dir, ops, fp8)
     server.run()
