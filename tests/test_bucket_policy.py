@@ -127,7 +127,7 @@ def test_list_templates_equal_the_tensor_steps_templates_under_a_policy():
                                                 buckets=policy)
             old = record_template(ctx, plan, pack, layout, bank)
             assert new.key_tail == old.key_tail and torch.equal(new.host, old.host)
-            assert ctx.levels[-1].hi == policy.pack_rows(ctx.levels[-1].hi)  # the pack ends on a chosen row count
+            assert ctx.levels[-1].hi in policy.rows  # the pack ends on a measured row count
 
 
 @pytest.mark.parametrize("bad", [dict(rows=(), ms=()), dict(rows=(32, 16), ms=(1.0, 2.0)),
@@ -187,3 +187,53 @@ def test_score_fast_lays_packs_out_with_the_records_policy(tiny_model, monkeypat
         if not patched_before:
             revert_patches(tiny_model)
     assert seen and all(b is SYNTHETIC for b in seen)
+
+
+def test_packs_padded_under_a_policy_give_the_same_rows(tiny_checkpoint):
+    from hf_openjev import load_export
+    from hf_openjev.patches import apply_patches, revert_patches
+    from hf_openjev.patches.record import text_model_of
+
+    model = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")
+    apply_patches(model)
+    text_model = text_model_of(model)
+    rng = random.Random(3)
+    policy = BucketPolicy("noisy", tuple(range(16, 1025, 16)), tuple(rng.uniform(1, 3) + r / 100 for r in range(64)))
+    checked = 0
+    try:
+        for _ in range(6):
+            prefix = [rng.randrange(5, 200) for _ in range(rng.randint(0, 120))]
+            plan = plan_requests([[[prefix + [rng.randrange(5, 200) for _ in range(rng.randint(1, 40))]
+                                    for _ in range(rng.randint(1, 5))]]], share_tails=True, min_shared_tokens=8)
+            for pack in plan.packs:
+                plain = pc.build_pack_context(plan, pack, {}, "cpu")
+                padded = pc.build_pack_context(plan, pack, {}, "cpu", pad=True, buckets=policy)
+                assert padded.levels[-1].hi in policy.rows  # the pack ends on a measured row count
+                rows = text_model(pack=padded)[: len(padded.leaf_ids)]
+                torch.testing.assert_close(rows, text_model(pack=plain), rtol=1e-5, atol=1e-5)
+                checked += 1
+    finally:
+        revert_patches(model)
+    assert checked >= 6
+
+
+@pytest.mark.slow
+def test_the_27b_policy_keeps_the_jevbench_graph_buckets_bounded():
+    import json
+
+    from hf_openjev.patches.cuda_graphs import DEFAULT_CAPACITY, graph_ready
+
+    shapes = json.loads(repo_path("recipes/data/jevbench231-shapes.json").read_text())
+    policy, rng = table_policy("27b"), random.Random(0)
+    keys, real, padded = set(), 0, 0
+    for item in shapes["requests"]:
+        prefix = [rng.randrange(5, 1000) for _ in range(item["prefix_tokens"])]
+        plan = plan_requests([[[prefix + [rng.randrange(5, 1000) for _ in range(n)] for n in item["suffix_tokens"]]]])
+        for pack in plan.packs:
+            if graph_ready(plan, pack):
+                template = lay_out_template(plan, pack, {}, pad=True, merge_levels=True, dense_attention_tokens=2048,
+                                            buckets=policy)
+                keys.add(template.key_tail)
+                real += pack.tokens(plan)
+                padded += sum(length for _, length in template.token_runs)
+    assert 10 < len(keys) <= DEFAULT_CAPACITY // 2 and padded <= 1.2 * real
