@@ -46,33 +46,41 @@ def graphed_packs(requests, options: FastPathOptions) -> list[tuple[object, obje
     return found
 
 
-def cost_rule(packs, curve: BucketPolicy, buckets: BucketPolicy | None, *, dense_attention_tokens: int) -> dict:
-    """One rule's figures over ``packs``: padded GEMM ms on ``curve``, real and padding tokens, distinct graph keys
-    and padded row counts."""
-    ms = real = padded = 0
-    keys, rows_seen = set(), set()
+def padded_rows(packs, buckets: BucketPolicy | None, *, dense_attention_tokens: int) -> list[tuple[int, tuple]]:
+    """``(padded rows, graph key)`` of each pack, laid out as ``build_pack_context(pad=True, buckets=)`` lays it out."""
+    found = []
     for plan, pack in packs:
         template = lay_out_template(plan, pack, {}, pad=True, merge_levels=True,
                                     dense_attention_tokens=dense_attention_tokens, buckets=buckets)
-        rows = sum(length for _, length in template.token_runs)
-        ms += curve.cost_ms(rows)
-        real += pack.tokens(plan)
-        padded += rows
-        keys.add(template.key_tail)
-        rows_seen.add(rows)
-    return {"gemm_ms": round(ms, 1), "real_tokens": real, "padding_tokens": padded - real,
-            "padding_share": round((padded - real) / real, 4), "graph_keys": len(keys), "row_counts": len(rows_seen)}
+        found.append((sum(length for _, length in template.token_runs), template.key_tail))
+    return found
 
 
-def compare_rules(requests, shape: str) -> dict:
-    """``rule name -> figures`` for the old steps and the measured table of ``shape`` at each of ``WINDOWS``."""
-    options = FastPathOptions()
-    packs = graphed_packs(requests, options)
+def cost_rule(packs, laid_out, before, curve: BucketPolicy) -> dict:
+    """One rule's figures (``laid_out``: :func:`padded_rows` of ``packs``; ``before``: the token steps' rows):
+    padded GEMM ms on ``curve``, the most one pack's padding adds over its unpadded ms, the packs that cost more than
+    under the token steps, real and padding tokens, distinct graph keys and padded row counts."""
+    real = [pack.tokens(plan) for plan, pack in packs]
+    cost = [curve.cost_ms(rows) for rows, _ in laid_out]
+    padded = sum(rows for rows, _ in laid_out)
+    return {"gemm_ms": round(sum(cost), 1),
+            "max_over_unpadded_ms": round(max(c - curve.cost_ms(t) for c, t in zip(cost, real)), 2),
+            "packs_costlier_than_steps": sum(c > curve.cost_ms(rows) for c, (rows, _) in zip(cost, before)),
+            "real_tokens": sum(real), "padding_tokens": padded - sum(real),
+            "padding_share": round((padded - sum(real)) / sum(real), 4),
+            "graph_keys": len({key for _, key in laid_out}), "row_counts": len({rows for rows, _ in laid_out})}
+
+
+def compare_rules(packs, shape: str) -> dict:
+    """``rule name -> figures`` over ``packs`` (:func:`graphed_packs`) for the old steps and the measured table of
+    ``shape`` at each of ``WINDOWS``."""
+    dense = FastPathOptions().dense_attention_tokens
     curve = table_policy(shape)
     rules = {"token steps (before)": None}
     rules.update({f"measured, window {w}" + (" (default)" if w == curve.window else ""): table_policy(shape, window=w)
                   for w in WINDOWS})
-    return {name: cost_rule(packs, curve, buckets, dense_attention_tokens=options.dense_attention_tokens)
+    before = padded_rows(packs, None, dense_attention_tokens=dense)
+    return {name: cost_rule(packs, padded_rows(packs, buckets, dense_attention_tokens=dense), before, curve)
             for name, buckets in rules.items()}
 
 
@@ -82,11 +90,14 @@ def render_markdown(results: dict, command: str) -> str:
              "A costing on the measured GEMM curve (`hf_openjev/packing/gemm_costs.py`, from "
              "`recipes/results/gemm_sweep/`), not a GPU timing: each graphed pack's padded rows cost the curve's time "
              f"at the smallest measured row count >= them. {results['graphed_packs']} graphed packs of "
-             f"{results['requests']} requests (default FastPathOptions; eager packs left out).", "",
-             "| rule | padded GEMM ms | padding tokens | padding / real | graph keys | row counts |",
-             "|---|---|---|---|---|---|"]
+             f"{results['requests']} requests (default FastPathOptions; eager packs left out). Past the table's last "
+             f"row ({results['table_rows']}) packs keep the token steps and cost the last point's ms per row.", "",
+             f"Unpadded (each pack at its real tokens' ms on the curve): {results['unpadded_gemm_ms']:.1f} ms.", "",
+             "| rule | padded GEMM ms | most one pack's padding adds, ms | packs costlier than the steps | "
+             "padding tokens | padding / real | graph keys | row counts |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, r in results["rules"].items():
-        lines.append(f"| {name} | {r['gemm_ms']:.1f} | {r['padding_tokens']} | {100 * r['padding_share']:.1f}% | "
+        lines.append(f"| {name} | {r['gemm_ms']:.1f} | {r['max_over_unpadded_ms']:.2f} | {r['packs_costlier_than_steps']} | {r['padding_tokens']} | {100 * r['padding_share']:.1f}% | "
                      f"{r['graph_keys']} | {r['row_counts']} |")
     return "\n".join(lines) + "\n"
 
@@ -101,10 +112,13 @@ def main(argv=None) -> int:
     check_manifest_argument(parser, args)
     requests = [request.tokens for _, request in build_workload(args.manifest, vocab=VOCAB, seed=0,
                                                                 limit=args.limit)]
-    results = {"command": command_line(), "shape": args.shape, "requests": len(requests),
-               "graphed_packs": len(graphed_packs(requests, FastPathOptions())),
+    packs = graphed_packs(requests, FastPathOptions())
+    curve = table_policy(args.shape)
+    results = {"command": command_line(), "shape": args.shape, "requests": len(requests), "graphed_packs": len(packs),
+               "table_rows": curve.rows[-1],
+               "unpadded_gemm_ms": round(sum(curve.cost_ms(pack.tokens(plan)) for plan, pack in packs), 1),
                "note": "a costing on the measured GEMM curve, not a GPU timing",
-               "rules": compare_rules(requests, args.shape)}
+               "rules": compare_rules(packs, args.shape)}
     text = render_markdown(results, results["command"])
     print(text)
     if args.out:
