@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from hf_openjev.fast_options import FastPathOptions
+from hf_openjev.packing.bucket_policy import BucketPolicy, bucket_policy_for
 
 from .cuda_graphs import PackGraphs
 from .final_row_mlp import PackedDecoderLayer, PackedTextModel
@@ -43,6 +44,9 @@ class PatchRecord:
     # the CUDA graphs of packed forwards (cuda_graphs.PackGraphs): created by apply_patches, and only there, on a
     # CUDA model with options.cuda_graphs; None elsewhere (every pack then runs eagerly)
     graphs: PackGraphs | None = None
+    # the graph buckets of padded packs (hf_openjev.packing.bucket_policy): the measured GEMM cost table of the
+    # model's shape, set by apply_patches; None (an unknown shape, the tiny test models): the fixed token steps
+    buckets: BucketPolicy | None = None
 
 
 def _patch_classes() -> dict[type, type]:
@@ -123,7 +127,7 @@ def apply_patches(model, options: FastPathOptions | None = None) -> PatchRecord:
     prepare_model_for_fp8(text_model, options.fp8)  # refused before anything changes; empties a stale graph cache
     if record is None:
         classes = _patch_classes()
-        record = PatchRecord(options)
+        record = PatchRecord(options, buckets=bucket_policy_for(text_model.config))
         for module in text_model.modules():
             patched_class = classes.get(type(module))
             if patched_class is not None:

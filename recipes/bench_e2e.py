@@ -38,6 +38,7 @@ from benchlib.local_server import free_port
 from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import add_model_arguments, build_model, default_device
 from benchlib.timing import summarize
+from benchlib.warmth import covers_every_shape, warmth_note
 from benchlib.workload import add_manifest_argument, check_manifest_argument, manifest_identity
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,7 +185,8 @@ def add_in_process(results: dict, path: Path, *, bench: dict | None = None) -> N
                              "same_workload": bench.get("manifest_sha256") == results["manifest_sha256"]
                              and bench.get("shape") == results["shape"]}
     for arm, r in results["arms"].items():
-        if arm in bench.get("arms", {}) and not bench["arms"][arm].get("parity_only"):
+        other = bench.get("arms", {}).get(arm)
+        if other and not other.get("parity_only") and not other.get("cold") and not r.get("cold"):
             r["in_process_mean_ms"] = bench["arms"][arm]["mean_ms"]
             r["over_in_process_ms"] = r["mean_ms"] - bench["arms"][arm]["mean_ms"]
 
@@ -198,7 +200,8 @@ def write_markdown(results: dict, path: Path) -> None:
              "|---|---|---|---|---|---|---|---|"]
     for arm, r in results["arms"].items():
         over = r.get("over_in_process_ms")
-        lines.append(f"| {arm} | {r['path']} | {r['n']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "
+        name = arm + warmth_note(r.get("cold", False), r.get("warmup_requests", r["n"]), r["n"])
+        lines.append(f"| {name} | {r['path']} | {r['n']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "
                      f"{r['warmup_s']:.1f} | {'-' if over is None else f'{over:.1f}'} |")
     if results.get("in_process") and not results["in_process"]["same_workload"]:
         lines += ["", f"The in-process file {results['in_process']['file']} ran another shape or manifest: its "
@@ -213,10 +216,12 @@ def prepare_e2e(data: Path, manifest: Path, *, limit: int | None, tokenizer: Pat
 
 
 def measure_after_bench(model, arms: list[str], prepared, *, bench: dict, out: Path, warmup_requests: int | None,
-                        stem: str) -> dict:
+                        stem: str, seen_items: list[dict] = ()) -> dict:
     """``bench_jevbench.py --e2e``: the same model (its graphs already captured by the in-process arms) served over
     HTTP per arm of ``arms``, compared with the in-process ``bench`` results of this process; writes
-    ``e2e_<shape>_<arms>.json`` and ``.md`` under ``out``. ``warmup_requests`` shortens B's warm-up only."""
+    ``e2e_<shape>_<arms>.json`` and ``.md`` under ``out``. ``warmup_requests`` shortens B's warm-up only:
+    ``seen_items`` (the manifest items the in-process arm B already ran) count as warmed; a B whose warm-up and
+    ``seen_items`` miss a shape of its timed pass is labelled cold (``"cold": true``, no over-in-process figure)."""
     work, tokenizer = prepared
     info = versions()
     results = {"command": command_line(), "versions": info, "device": info["device"],
@@ -228,8 +233,11 @@ def measure_after_bench(model, arms: list[str], prepared, *, bench: dict, out: P
     name = f"e2e_{bench['shape']}_{'-'.join(arms)}"
     for arm in arms:
         # C warms up on every request (a text's packs may differ from the random ids' and need their own graphs)
-        results["arms"][arm] = r = measure_arm(model, arm, work, warmup_requests=warmup_requests if arm == "B" else None)
-        print(f"e2e arm {arm}: mean {r['mean_ms']:.1f} ms, p50 {r['p50_ms']:.1f}, p95 {r['p95_ms']:.1f}", flush=True)
+        limit = warmup_requests if arm == "B" else None
+        results["arms"][arm] = r = measure_arm(model, arm, work, warmup_requests=limit)
+        r["warmup_requests"] = len(work[:limit])
+        r["cold"] = not covers_every_shape([*seen_items, *(item for item, _ in work[:limit])], [i for i, _ in work])
+        print(f"e2e arm {arm}{warmth_note(r['cold'], r['warmup_requests'], len(work))}: mean {r['mean_ms']:.1f} ms, p50 {r['p50_ms']:.1f}, p95 {r['p95_ms']:.1f}", flush=True)
         (out / f"{name}.json").write_text(json.dumps(results, indent=1))
     add_in_process(results, out / f"{stem}.json", bench=bench)
     (out / f"{name}.json").write_text(json.dumps(results, indent=1))

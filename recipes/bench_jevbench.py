@@ -51,6 +51,7 @@ from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, build_model, default_device, weights_gb
 from benchlib.shapes import SHAPES, VOCAB  # noqa: F401  (SHAPES: the --shape choices, for callers of this script)
 from benchlib.timing import peak_gb, reset_peak, run_pass, summarize, time_single
+from benchlib.warmth import covers_every_shape, warmth_note
 from benchlib.workload import (ESTIMATED_MANIFEST, MANIFEST, add_manifest_argument, build_workload, check_manifest,
                                manifest_identity)
 
@@ -82,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--passes", type=int, default=2, help="measured passes for C (A runs one)")
     parser.add_argument("--b-passes", type=int, default=2, help="measured passes for B")
     parser.add_argument("--b-warmup-requests", type=int, default=None, metavar="N",
-                        help="B's warm-up pass on the first N requests only (default: all; B captures no graphs)")
+                        help="B's warm-up pass on the first N requests only (default: all; B captures no graphs). "
+                             "A warm-up that misses a shape of the timed pass labels B cold: no C/B ratio")
     parser.add_argument("--e2e", default="", metavar="ARMS",
                         help="after the in-process arms, the same model over HTTP (recipes/bench_e2e.py) for these "
                              "arms, e.g. C,B: the requests as text from data/jevbench, the real tokenizer")
@@ -199,10 +201,12 @@ def run_arm(run: BenchRun, arm: str, model, work, *, results: dict, responses: d
     start = time.perf_counter()
     batch_size = 1 if arm in ("A1", "B1") else 32
     timed = arm not in run.parity_only
+    limit = args.b_warmup_requests if arm == "B" else None
     if arm not in ("A", "A1", "B1") and timed:
-        limit = args.b_warmup_requests if arm == "B" else None
         run_pass(model, work[:limit], fast=fast)  # warm-up: autotuning, compilation (C: graph capture)
     warmup_s = time.perf_counter() - start
+    # B is cold when its warm-up missed a shape its timed pass runs (fla tunes its kernels there): no ratio from it
+    cold = arm == "B" and timed and not covers_every_shape([item for item, _ in work[:limit]], [i for i, _ in work])
     before = graph_stats(model) if arm == "C" else None
     passes = [run_pass(model, work, fast=fast, batch_size=batch_size)
               for _ in range({"A": 1, "A1": 1, "B": args.b_passes, "B1": 1, "E": 1}.get(arm, args.passes))]
@@ -213,8 +217,10 @@ def run_arm(run: BenchRun, arm: str, model, work, *, results: dict, responses: d
         add_fidelity(fidelity, configuration_name(arm, args), responses[arm])
     results["arms"][arm] = {**summarize(times), "warmup_s": warmup_s, "passes": len(passes),
                             "peak_memory_gb": peak_gb(), "table": table(work, per_request),
-                            "per_request_ms": per_request, "parity_only": not timed}
-    print(f"arm {arm}{'' if timed else ' (parity only, times include autotuning)'}: "
+                            "per_request_ms": per_request, "parity_only": not timed, "cold": cold,
+                            "warmup_requests": len(work[:limit]) if timed and arm not in ("A", "A1", "B1") else 0}
+    label = warmth_note(cold, len(work[:limit]), len(work)) if timed else " (parity only, times include autotuning)"
+    print(f"arm {arm}{label}: "
           + ", ".join(f"{k}={v:.1f}" for k, v in results["arms"][arm].items() if isinstance(v, float)), flush=True)
     if before is not None:
         stats = graph_stats(model)
@@ -240,7 +246,8 @@ def run_after_arms(run: BenchRun, model, work, *, results: dict, responses: dict
     args = run.args
     bind_fla(True)
     for arm in ("A", "B"):
-        if "C" in results["arms"] and arm in results["arms"] and not results["arms"][arm]["parity_only"]:
+        reference = results["arms"].get(arm)
+        if "C" in results["arms"] and reference and not reference["parity_only"] and not reference.get("cold"):
             results[f"speedup_C_over_{arm}"] = results["arms"][arm]["mean_ms"] / results["arms"]["C"]["mean_ms"]
     if "C" in run.arms:  # the sweep and the closed loop run arm C as measured (graphs on with --cuda-graphs)
         apply_patches(model, run.c_options)
@@ -304,8 +311,10 @@ def main(argv=None) -> int:
     save()
     write_markdown(results, out / f"{bench_stem(args)}.md")
     if e2e is not None:
+        seen = [item for item, _ in work] if "B" in results["arms"] else []  # B ran every shape of work here
         bench_e2e.measure_after_bench(model, args.e2e, e2e, bench=results, out=out,
-                                      warmup_requests=args.e2e_warmup_requests, stem=bench_stem(args))
+                                      warmup_requests=args.e2e_warmup_requests, stem=bench_stem(args),
+                                      seen_items=seen)
     return 0
 
 

@@ -16,9 +16,11 @@
 #                                        # recipes/data/oracle_SHAPE.json: fidelity_SHAPE.{json,md,png}; join the runs
 #                                        # of one shape with recipes/merge_fidelity.py
 #   bash recipes/gpu_campaign.sh session SHAPE [BENCH OPTIONS]  # 27b, 9b or 2b on the exact workload: B and C
-#                                        # in one process (B's warm-up on 24 requests), singles of 107 and 3,400
-#                                        # tokens, then the same model over HTTP, C then B (recipes/bench_e2e.py;
-#                                        # the real tokenizer: .tokcache/ carried, or converted there)
+#                                        # in one process (B warmed on every request, so on every shape, before it
+#                                        # is timed), singles of 107 and 3,400 tokens, then the same model over
+#                                        # HTTP, C then B (recipes/bench_e2e.py; B's 8 warm-up requests suffice
+#                                        # there: the in-process B ran every shape; the real tokenizer: .tokcache/
+#                                        # carried, or converted there)
 #   bash recipes/gpu_campaign.sh family-fidelity SHAPE  # 9b or 2b: the bench's random weights written as an export
 #                                        # (recipes/random_export.py), then `hf-openjev fidelity` on it against
 #                                        # recipes/data/oracle_SHAPE.json (the estimated workload): B and the default
@@ -103,7 +105,7 @@ case "$stage" in
     shape=${1:?session SHAPE: 27b, 9b or 2b}
     shift
     timeout $((590 - (SECONDS - start))) $bench --shape "$shape" --arms B,C --passes 1 --b-passes 1 \
-      --b-warmup-requests 24 --concurrency "" --single 107,3400 --long-candidate 0 --e2e C,B \
+      --concurrency "" --single 107,3400 --long-candidate 0 --e2e C,B \
       --e2e-warmup-requests 8 "$@" --out "$out/$shape" 2>&1 | quiet | grep -vE "^\s*$" | tail -n 40 ;;
   family-fidelity)
     family_fidelity "${1:?family-fidelity SHAPE: 9b or 2b}" ;;

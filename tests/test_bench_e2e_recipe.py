@@ -75,6 +75,28 @@ def test_both_arms_answer_every_request_over_http_and_report_beside_the_native_s
     assert "arm B: mean" in capsys.readouterr().out
 
 
+def test_an_http_b_is_cold_unless_its_warm_up_or_the_in_process_b_ran_every_shape(tasks_dir, tokenizer_dir,
+                                                                                  tmp_path):
+    torch.set_num_threads(1)
+    recipe = load_recipe("bench_e2e")
+    from benchlib.random_model import build_model
+    from benchlib.workload import MANIFEST
+
+    model = build_model("tiny", seed=0, device="cpu", dtype=torch.float32)
+    prepared = (recipe.load_requests(tasks_dir, MANIFEST, limit=3), recipe.load_tokenizer(tokenizer_dir))
+    items = [item for item, _ in prepared[0]]
+    bench = {"shape": "tiny", "seed": 0, "dtype": "float32", "manifest": "jevbench231-shapes.json",
+             "manifest_sha256": "x", "arms": {"B": {"mean_ms": 1.0, "parity_only": False, "cold": False}}}
+    cold = recipe.measure_after_bench(model, ["B"], prepared, bench=bench, out=tmp_path, warmup_requests=1,
+                                      stem="bench_tiny_float32")
+    assert cold["arms"]["B"]["cold"] is True and cold["arms"]["B"]["warmup_requests"] == 1
+    assert "over_in_process_ms" not in cold["arms"]["B"]  # no comparison taken from a cold arm
+    assert "| B (cold: warmed on 1 of 3 requests" in (tmp_path / "e2e_tiny_B.md").read_text()
+    warm = recipe.measure_after_bench(model, ["B"], prepared, bench=bench, out=tmp_path, warmup_requests=1,
+                                      stem="bench_tiny_float32", seen_items=items)
+    assert warm["arms"]["B"]["cold"] is False and "over_in_process_ms" in warm["arms"]["B"]
+
+
 def test_the_client_holds_one_connection_and_stops_at_an_error(tmp_path):
     """benchlib/http_client.py against a stub server: every request on one keep-alive connection, in order."""
     import threading

@@ -28,6 +28,8 @@ def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     assert "patch options: {'gdn_fp32': True}" in (tmp_path / "bench_tiny_float32.md").read_text()
     assert results["parity_C_vs_E"]["max_abs_dp"] == 0.0
     assert results["arms"]["C"]["n"] == 6 and results["arms"]["A"]["n"] == 6
+    assert results["arms"]["B"]["cold"] is False and results["arms"]["B"]["warmup_requests"] == 6  # every shape
+    assert "speedup_C_over_B" in results
     parity = results["parity_C_vs_A"]
     assert parity["n"] == 6 and parity["max_abs_dp"] < 1e-4 and parity["decision_flips"] == 0  # fp32 on the CPU
     assert set(results["closed_loop"]) == {"1", "3"}
@@ -73,6 +75,30 @@ def test_a_parity_only_arm_skips_its_warm_up_and_reports_no_speed(tmp_path, caps
     assert "closed-loop" not in markdown  # no levels asked for, no empty table
     printed = capsys.readouterr().out
     assert printed.index("single 9-token candidate") < printed.index("arm B")  # singles run before later arms
+
+
+def test_a_b_warmed_on_fewer_shapes_than_it_is_timed_on_is_cold_and_takes_no_ratio(tmp_path, capsys):
+    torch.set_num_threads(1)
+    bench = load_recipe("bench_jevbench")
+    rc = bench.main(["--shape", "tiny", "--limit", "3", "--arms", "C,B", "--passes", "1", "--b-passes", "1",
+                     "--b-warmup-requests", "1", "--long-candidate", "0", "--single", "", "--concurrency", "",
+                     "--dtype", "float32", "--out", str(tmp_path)])
+    assert rc == 0
+    results = json.loads((tmp_path / "bench_tiny_float32.json").read_text())
+    b = results["arms"]["B"]
+    assert b["cold"] is True and b["warmup_requests"] == 1 and not b["parity_only"]
+    assert results["arms"]["C"]["cold"] is False
+    assert "speedup_C_over_B" not in results and "speedup_C_over_B" not in (tmp_path / "bench_tiny_float32.md").read_text()
+    assert "| B (cold: warmed on 1 of 3 requests" in (tmp_path / "bench_tiny_float32.md").read_text()
+    assert "arm B (cold: warmed on 1 of 3 requests" in capsys.readouterr().out
+
+
+def test_warm_means_every_timed_shape_was_seen():
+    from benchlib.warmth import covers_every_shape
+
+    a, b = {"prefix_tokens": 3, "suffix_tokens": [4, 5]}, {"prefix_tokens": 3, "suffix_tokens": [5, 4]}
+    assert covers_every_shape([a, b], [b, a, b]) and covers_every_shape([dict(a)], [a])
+    assert not covers_every_shape([a], [a, b]) and not covers_every_shape([], [a])
 
 
 @pytest.mark.parametrize("parity_only", ["C", "B"])

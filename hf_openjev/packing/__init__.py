@@ -6,5 +6,7 @@
 - :mod:`.layout_cache`: a pack's layout cached per shape (lengths and tree), so a repeated shape only writes its ids;
 - :mod:`.host_layout`: a new shape's layout in one pass of plain lists, written straight into its input buffer;
 - :mod:`.input_buffer`: every input of a pack in one byte buffer, moved to the device in one copy;
-- :mod:`.graph_buckets`: the padded shapes CUDA graphs are captured for.
+- :mod:`.graph_buckets`: the padded shapes CUDA graphs are captured for;
+- :mod:`.bucket_policy`: a pack's rows padded to the cheapest measured row count of its model's shape
+  (:mod:`.gemm_costs`, the measured table ``recipes/bucket_table.py`` writes).
 """

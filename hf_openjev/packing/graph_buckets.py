@@ -47,16 +47,23 @@ def chunks(lengths) -> int:
     return sum(-(-length // CHUNK) for length in lengths)
 
 
-def pad_level(lengths: list[int]) -> list[int]:
+def pad_level(lengths: list[int], buckets=None, *, rows_before: int = 0) -> list[int]:
     """Dummy sequence lengths that pad a level with these real sequence lengths to its bucket.
 
     Empty when the level already fills a bucket: a power-of-two number of sequences and a bucket's token count. The
     commonest case is one shared prefix, which the planner cuts at a multiple of 64: a dummy there would cost a
     whole token step of every layer's GEMMs (JevBench, then with 64/128-token steps: 8.1% -> 5.2% padding).
+
+    ``buckets`` (a :class:`~.bucket_policy.BucketPolicy`, for a pack's last level; None: the fixed token steps):
+    the level's token bucket is what brings the pack's rows, ``rows_before`` of earlier levels included, to the
+    policy's cheapest measured row count (``BucketPolicy.pack_rows``).
     """
+    def bucket(tokens: int) -> int:
+        return bucket_tokens(tokens) if buckets is None else buckets.pack_rows(rows_before + tokens) - rows_before
+
     n, tokens = len(lengths), sum(lengths)
-    if bucket_sequences(n) == n and bucket_tokens(tokens) == tokens:
+    if bucket_sequences(n) == n and bucket(tokens) == tokens:
         return []
     count = bucket_sequences(n + 1) - n  # >= 1 dummy, so any padding has somewhere to go
-    padded_tokens = bucket_tokens(tokens + count)
+    padded_tokens = bucket(tokens + count)
     return dummy_lengths(padded_tokens - tokens, count)

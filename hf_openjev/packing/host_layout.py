@@ -87,7 +87,7 @@ def add_route_lists(inputs: InputLists, prefixes: list[list[int]], rows_before: 
 
 
 def lay_out_level_lists(plan, ids: list[int], layout: Layout, external, inputs: InputLists, chained: set[int], *,
-                        pad: bool, dense_attention_tokens: int) -> tuple[LevelSpec, dict[str, int]]:
+                        pad: bool, dense_attention_tokens: int, buckets=None) -> tuple[LevelSpec, dict[str, int]]:
     """``pack_context.lay_out_level`` on lists: the level's rows appended to ``layout`` (``chain_rows`` only of the
     ``chained`` segments: parents and exports); ``(its LevelSpec with no tensors, {tensor field: slot})``."""
     segments = plan.segments
@@ -105,7 +105,7 @@ def lay_out_level_lists(plan, ids: list[int], layout: Layout, external, inputs: 
             layout.chain_rows[seg_id] = prefixes[-1] + list(range(external.rows + start,
                                                                   external.rows + len(layout.token_ids)))
     if pad:
-        for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
+        for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))], buckets, rows_before=lo):
             layout.token_ids.extend([0] * length)
             layout.positions.extend(range(length))
             cu.append(len(layout.token_ids) - lo)
@@ -164,7 +164,7 @@ def key_tail_of(inputs: InputLists, levels, calls) -> tuple:
 
 
 def lay_out_template(plan, pack, store, *, pad: bool, merge_levels: bool,
-                     dense_attention_tokens: int) -> PackTemplate:
+                     dense_attention_tokens: int, buckets=None) -> PackTemplate:
     """The :class:`PackTemplate` of ``pack`` (a pack of ``plan``; ``store``: earlier packs' exports) that
     ``record_template(*lay_out_pack(...))`` makes, from lists (see the module docstring)."""
     anchors = find_anchors(plan, pack)  # refuses a tail continued from another pack before any work
@@ -175,9 +175,11 @@ def lay_out_template(plan, pack, store, *, pad: bool, merge_levels: bool,
         inputs.add(INT64, values)
     chained = {plan.segments[seg_id].parent for seg_id in pack.segments}.union(pack.export)
     levels = []
-    for ids in layout.level_ids:
+    for index, ids in enumerate(layout.level_ids):
+        last = index == len(layout.level_ids) - 1
         levels.append(lay_out_level_lists(plan, ids, layout, external, inputs, chained, pad=pad,
-                                          dense_attention_tokens=dense_attention_tokens))
+                                          dense_attention_tokens=dense_attention_tokens,
+                                          buckets=buckets if last else None))
         layout.levels.append(levels[-1][0])
     bank = StateBank(external.ids)
     level_fields = [fields for _, fields in levels]

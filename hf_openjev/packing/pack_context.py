@@ -158,10 +158,11 @@ def route_prefixes(prefixes: list[list[int]], rows_before: int, *, pad: bool) ->
 
 
 def lay_out_level(plan, ids: list[int], layout: Layout, external: ExternalBlocks, *, pad: bool,
-                  dense_attention_tokens: int) -> LevelSpec:
+                  dense_attention_tokens: int, buckets=None) -> LevelSpec:
     """Append one level's segments ``ids`` to ``layout`` (tokens, positions continuing each segment's chain, its
     rows), then, when ``pad``, dummy sequences up to the level's shape bucket (token 0 from position 0, no
-    prefix); return the level's :class:`LevelSpec`: its rows ``[lo, hi)``, varlen metadata over its sequences
+    prefix; ``buckets``: the pack's BucketPolicy when this is its last level, :func:`.graph_buckets.pad_level`);
+    return the level's :class:`LevelSpec`: its rows ``[lo, hi)``, varlen metadata over its sequences
     and, when some sequence continues a prefix, how each reads its prefix keys (:func:`route_prefixes`)."""
     segments = plan.segments
     lo = len(layout.token_ids)
@@ -177,7 +178,7 @@ def lay_out_level(plan, ids: list[int], layout: Layout, external: ExternalBlocks
         own = list(range(external.rows + layout.start_of[seg_id], external.rows + len(layout.token_ids)))
         layout.chain_rows[seg_id] = prefixes[-1] + own
     if pad:
-        for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))]):
+        for length in pad_level([cu[i + 1] - cu[i] for i in range(len(ids))], buckets, rows_before=lo):
             layout.token_ids.extend([0] * length)
             layout.positions.extend(range(length))
             cu.append(len(layout.token_ids) - lo)
@@ -196,13 +197,14 @@ def lay_out_level(plan, ids: list[int], layout: Layout, external: ExternalBlocks
 
 
 def lay_out_levels(plan, level_ids: list[list[int]], external: ExternalBlocks, *, pad: bool,
-                   dense_attention_tokens: int) -> Layout:
+                   dense_attention_tokens: int, buckets=None) -> Layout:
     """The pack's :class:`Layout`: every level of ``level_ids`` (:func:`group_levels`) in order
-    (:func:`lay_out_level`)."""
+    (:func:`lay_out_level`; ``buckets`` pads the last one)."""
     layout = Layout(level_ids)
-    for ids in level_ids:
+    for index, ids in enumerate(level_ids):
         layout.levels.append(lay_out_level(plan, ids, layout, external, pad=pad,
-                                           dense_attention_tokens=dense_attention_tokens))
+                                           dense_attention_tokens=dense_attention_tokens,
+                                           buckets=buckets if index == len(level_ids) - 1 else None))
     return layout
 
 
@@ -265,13 +267,13 @@ def attach_exports(ctx: PackContext, plan, pack, layout: Layout, bank: StateBank
 
 
 def lay_out_pack(plan, pack, store: dict[int, SegmentState], options: FastPathOptions, *, pad: bool,
-                 merge_levels: bool) -> tuple[PackContext, Layout, StateBank]:
+                 merge_levels: bool, buckets=None) -> tuple[PackContext, Layout, StateBank]:
     """The steps of :func:`build_pack_context` up to the inputs, all on the host: ``(context with host tensors and
     its graph key when pad, its Layout, its StateBank)``; received states and exports not attached."""
     anchors = find_anchors(plan, pack)  # refuses a tail continued from another pack before any tensor is built
     external = index_external(pack, store)
     layout = lay_out_levels(plan, group_levels(plan, pack), external, pad=pad,
-                            dense_attention_tokens=options.dense_attention_tokens)
+                            dense_attention_tokens=options.dense_attention_tokens, buckets=buckets)
     bank = StateBank(external.ids)
     gdn_calls = [build_gdn_call(plan, group, layout, anchors, bank, pad=pad)
                  for group in group_gdn_levels(layout.level_ids, anchors, merge=merge_levels)]
@@ -292,12 +294,13 @@ def _check_padding(pack, pad: bool) -> None:
 
 def build_pack_context_uncached(plan, pack, store: dict[int, SegmentState], device,
                                 options: FastPathOptions | None = None, *, pad: bool = False,
-                                merge_levels: bool = True) -> PackContext:
+                                merge_levels: bool = True, buckets=None) -> PackContext:
     """:func:`build_pack_context` without the shape cache: every step runs (the reference the cache is tested
     against)."""
     options = options if options is not None else FastPathOptions()
     _check_padding(pack, pad)
-    ctx, layout, bank = lay_out_pack(plan, pack, store, options, pad=pad, merge_levels=merge_levels)
+    ctx, layout, bank = lay_out_pack(plan, pack, store, options, pad=pad, merge_levels=merge_levels,
+                                     buckets=buckets)
     move_inputs(ctx, device)
     attach_external_states(ctx, store, index_external(pack, store))
     attach_exports(ctx, plan, pack, layout, bank, device)
@@ -305,7 +308,7 @@ def build_pack_context_uncached(plan, pack, store: dict[int, SegmentState], devi
 
 
 def build_pack_context(plan, pack, store: dict[int, SegmentState], device, options: FastPathOptions | None = None,
-                       *, pad: bool = False, merge_levels: bool = True) -> PackContext:
+                       *, pad: bool = False, merge_levels: bool = True, buckets=None) -> PackContext:
     """Lay out ``pack`` (a planner Pack of ``plan``) and route states; ``store`` holds earlier packs' exports.
 
     ``options`` (default: the defaults) go to the context (the forward reads them) and decide ``dense`` levels: a
@@ -316,7 +319,9 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, optio
     shape bucket (:mod:`.graph_buckets`) and sets ``graph_key``: contexts with equal keys have equal tensor
     shapes, so one captured CUDA graph replays them all. Dummy tokens start from zero states (or, in a call with a
     ``source``, from its first final state), read no prefix and are never scored or read by another sequence, so
-    the real sequences' results do not change.
+    the real sequences' results do not change. ``buckets`` (a :class:`~.bucket_policy.BucketPolicy`, the
+    model's: ``bucket_policy_for(config)``) pads the last level so that the pack's rows are its cheapest measured
+    row count; None keeps the fixed token steps.
 
     ``merge_levels=False`` gives every level its own Gated DeltaNet call (one sequence's arithmetic does not depend
     on the other sequences of its call, so the rows are the same; tests compare the two).
@@ -327,11 +332,11 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, optio
     options = options if options is not None else FastPathOptions()
     _check_padding(pack, pad)
     key = shape_key(plan, pack, store, pad=pad, merge_levels=merge_levels,
-                    dense_attention_tokens=options.dense_attention_tokens)
+                    dense_attention_tokens=options.dense_attention_tokens, buckets=buckets)
     template = TEMPLATES.get(key)
     if template is None:  # a new shape: laid out in one pass of lists
         template = lay_out_template(plan, pack, store, pad=pad, merge_levels=merge_levels,
-                                    dense_attention_tokens=options.dense_attention_tokens)
+                                    dense_attention_tokens=options.dense_attention_tokens, buckets=buckets)
         TEMPLATES.put(key, template)
     ctx = fill_template(template, plan, pack, device, options, PackContext)
     if pack.external:

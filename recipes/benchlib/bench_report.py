@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchlib.groups import native_comparison_lines
+from benchlib.warmth import warmth_note
 
 
 def bench_stem(args) -> str:
@@ -40,7 +41,8 @@ def write_markdown(results: dict, path: Path) -> None:
             lines.append(f"| {arm} | {r['n']} | parity only: no warm-up, times include autotuning | | | | "
                          f"{r['passes']} | {r['peak_memory_gb']:.1f} |")
             continue
-        lines.append(f"| {arm} | {r['n']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "
+        name = arm + warmth_note(r.get("cold", False), r.get("warmup_requests", 0), r["n"])
+        lines.append(f"| {name} | {r['n']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "
                      f"{r['warmup_s']:.1f} | {r['passes']} | {r['peak_memory_gb']:.1f} |")
     for key in ("speedup_C_over_A", "speedup_C_over_B"):
         if key in results:

@@ -1,0 +1,134 @@
+"""Graph buckets by the old token steps against buckets chosen by measured GEMM cost, on the JevBench workload (CPU).
+
+    python recipes/bucket_report.py --out results/buckets          # the 27B shape: buckets.json and buckets.md
+    python recipes/bucket_report.py --shape 9b --out results/buckets
+
+Each request of the benchmark's workload (``--manifest``, the same token ids as ``bench_jevbench.py``) is planned
+as the fast path plans it (``plan_requests`` with the default ``FastPathOptions``, the request alone), and each
+pack the fast path would replay as a CUDA graph (``graph_ready``) is laid out padded, as ``build_pack_context``
+lays it out, under each rule: the fixed token steps (``bucket_policy=None``, the rule before) and the shape's
+measured table (``hf_openjev/packing/gemm_costs.py``) at a few windows. Per rule: the padded GEMM milliseconds of
+the graphed packs on the measured curve (``BucketPolicy.cost_ms``: the time at the smallest measured row count >=
+the pack's rows), the padding tokens, and the distinct graph keys (graphs a warm-up captures) and row counts. This
+is a costing on the measured curve, not a GPU timing; eager packs (over 4,096 tokens, or handing states on) are
+left out, being the same under every rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from benchlib.provenance import command_line
+from benchlib.shapes import VOCAB
+from benchlib.workload import add_manifest_argument, build_workload, check_manifest_argument
+
+from hf_openjev.fast_options import FastPathOptions
+from hf_openjev.packing.bucket_policy import BucketPolicy, table_policy
+from hf_openjev.packing.gemm_costs import GEMM_COSTS
+from hf_openjev.packing.host_layout import lay_out_template
+from hf_openjev.packing.planner import plan_requests
+from hf_openjev.patches.cuda_graphs import graph_ready
+
+WINDOWS = (64, 128, 256)
+
+
+def graphed_packs(requests, options: FastPathOptions) -> list[tuple[object, object]]:
+    """``(plan, pack)`` of every pack the fast path replays as a graph, request by request."""
+    found = []
+    for tokens in requests:
+        plan = plan_requests([tokens], shared_prefix=options.shared_prefix,
+                             min_shared_tokens=options.min_shared_tokens, max_sequences=options.max_sequences,
+                             max_tokens=options.max_tokens, share_tails=options.share_tails)
+        found += [(plan, pack) for pack in plan.packs if graph_ready(plan, pack)]
+    return found
+
+
+def padded_rows(packs, buckets: BucketPolicy | None, *, dense_attention_tokens: int) -> list[tuple[int, tuple]]:
+    """``(padded rows, graph key)`` of each pack, laid out as ``build_pack_context(pad=True, buckets=)`` lays it out."""
+    found = []
+    for plan, pack in packs:
+        template = lay_out_template(plan, pack, {}, pad=True, merge_levels=True,
+                                    dense_attention_tokens=dense_attention_tokens, buckets=buckets)
+        found.append((sum(length for _, length in template.token_runs), template.key_tail))
+    return found
+
+
+def cost_rule(packs, laid_out, before, curve: BucketPolicy) -> dict:
+    """One rule's figures (``laid_out``: :func:`padded_rows` of ``packs``; ``before``: the token steps' rows):
+    padded GEMM ms on ``curve``, the most one pack's padding adds over its unpadded ms, the packs that cost more than
+    under the token steps, real and padding tokens, distinct graph keys and padded row counts."""
+    real = [pack.tokens(plan) for plan, pack in packs]
+    cost = [curve.cost_ms(rows) for rows, _ in laid_out]
+    padded = sum(rows for rows, _ in laid_out)
+    return {"gemm_ms": round(sum(cost), 1),
+            "max_over_unpadded_ms": round(max(c - curve.cost_ms(t) for c, t in zip(cost, real)), 2),
+            "packs_costlier_than_steps": sum(c > curve.cost_ms(rows) for c, (rows, _) in zip(cost, before)),
+            "real_tokens": sum(real), "padding_tokens": padded - sum(real),
+            "padding_share": round((padded - sum(real)) / sum(real), 4),
+            "graph_keys": len({key for _, key in laid_out}), "row_counts": len({rows for rows, _ in laid_out})}
+
+
+def compare_rules(packs, shape: str) -> dict:
+    """``rule name -> figures`` over ``packs`` (:func:`graphed_packs`) for the old steps and the measured table of
+    ``shape`` at each of ``WINDOWS``."""
+    dense = FastPathOptions().dense_attention_tokens
+    curve = table_policy(shape)
+    rules = {"token steps (before)": None}
+    rules.update({f"measured, window {w}" + (" (default)" if w == curve.window else ""): table_policy(shape, window=w)
+                  for w in WINDOWS})
+    before = padded_rows(packs, None, dense_attention_tokens=dense)
+    return {name: cost_rule(packs, padded_rows(packs, buckets, dense_attention_tokens=dense), before, curve)
+            for name, buckets in rules.items()}
+
+
+def render_markdown(results: dict, command: str) -> str:
+    lines = [f"# Graph buckets on the JevBench workload, {results['shape']} shape: token steps vs measured cost", "",
+             f"Command: `{command}`", "",
+             "A costing on the measured GEMM curve (`hf_openjev/packing/gemm_costs.py`, from "
+             "`recipes/results/gemm_sweep/`), not a GPU timing: each graphed pack's padded rows cost the curve's time "
+             f"at the smallest measured row count >= them. {results['graphed_packs']} graphed packs of "
+             f"{results['requests']} requests (default FastPathOptions; eager packs left out). Past the table's last "
+             f"row ({results['table_rows']}) packs keep the token steps and cost the last point's ms per row.", "",
+             f"Unpadded (each pack at its real tokens' ms on the curve): {results['unpadded_gemm_ms']:.1f} ms.", "",
+             "| rule | padded GEMM ms | most one pack's padding adds, ms | packs costlier than the steps | "
+             "padding tokens | padding / real | graph keys | row counts |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in results["rules"].items():
+        lines.append(f"| {name} | {r['gemm_ms']:.1f} | {r['max_over_unpadded_ms']:.2f} | {r['packs_costlier_than_steps']} | {r['padding_tokens']} | {100 * r['padding_share']:.1f}% | "
+                     f"{r['graph_keys']} | {r['row_counts']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="27b", choices=sorted(GEMM_COSTS), help="a shape with a measured table")
+    parser.add_argument("--limit", type=int, default=None, help="first N requests only (smoke runs)")
+    parser.add_argument("--out", default=None, help="folder for buckets[_<shape>].json and .md")
+    add_manifest_argument(parser)
+    args = parser.parse_args(argv)
+    check_manifest_argument(parser, args)
+    requests = [request.tokens for _, request in build_workload(args.manifest, vocab=VOCAB, seed=0,
+                                                                limit=args.limit)]
+    packs = graphed_packs(requests, FastPathOptions())
+    curve = table_policy(args.shape)
+    results = {"command": command_line(), "shape": args.shape, "requests": len(requests), "graphed_packs": len(packs),
+               "table_rows": curve.rows[-1],
+               "unpadded_gemm_ms": round(sum(curve.cost_ms(pack.tokens(plan)) for plan, pack in packs), 1),
+               "note": "a costing on the measured GEMM curve, not a GPU timing",
+               "rules": compare_rules(packs, args.shape)}
+    text = render_markdown(results, results["command"])
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = "buckets" if args.shape == "27b" else f"buckets_{args.shape}"
+        (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+        (out / f"{stem}.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

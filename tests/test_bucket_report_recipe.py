@@ -1,0 +1,23 @@
+"""recipes/bucket_report.py: the old token steps and the measured-cost buckets costed on the JevBench workload."""
+
+from __future__ import annotations
+
+import json
+
+from repo_data import load_recipe
+
+
+def test_the_report_costs_every_rule_on_the_measured_curve(tmp_path):
+    recipe = load_recipe("bucket_report")
+    assert recipe.main(["--limit", "8", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "buckets.json").read_text())
+    rules = results["rules"]
+    assert list(rules)[0] == "token steps (before)" and "measured, window 128 (default)" in rules
+    assert results["graphed_packs"] > 0 and "not a GPU timing" in results["note"] and results["unpadded_gemm_ms"] > 0
+    real = {r["real_tokens"] for r in rules.values()}
+    assert len(real) == 1  # the same packs under every rule
+    for r in rules.values():
+        assert r["gemm_ms"] > 0 and r["padding_tokens"] >= 0 and "max_over_unpadded_ms" in r and 1 <= r["row_counts"] <= r["graph_keys"]
+    assert rules["measured, window 128 (default)"]["packs_costlier_than_steps"] == 0
+    markdown = (tmp_path / "buckets.md").read_text()
+    assert "not a GPU timing" in markdown and "| token steps (before) |" in markdown
