@@ -12,6 +12,8 @@ import pytest
 
 from hf_openjev import cli
 from hf_openjev.checkpoint.manifest import MANIFEST_NAME
+from hf_openjev import demo
+from hf_openjev.demo import demo_build_dir
 
 
 def _stamp(root: Path) -> dict:
@@ -50,7 +52,9 @@ def test_demo_prints_responses_and_reuses_the_cache(tmp_path, capsys):
     for kind in ("choice", "score", "noul"):
         assert f'"type": "{kind}"' in out
     assert '"model": "open-jev/tiny-random"' in out
-    assert (cache / "export" / MANIFEST_NAME).is_file()
+    built = [d for d in cache.iterdir()]  # the demo builds in a folder of its own (tiny-demo, or tiny-demo-toy)
+    assert [d.name for d in built] in (["tiny-demo"], ["tiny-demo-toy"])
+    assert (built[0] / "export" / MANIFEST_NAME).is_file()
     stamp = _stamp(cache)
 
     assert cli.main(["demo", "--cache-dir", str(cache), "--device", "cpu"]) == 0
@@ -60,10 +64,12 @@ def test_demo_prints_responses_and_reuses_the_cache(tmp_path, capsys):
     assert [line for line in again.splitlines() if "inference_seconds" not in line] == strip
 
 
-def test_demo_reports_a_broken_cache_as_an_error(tmp_path, capsys, tiny_checkpoint):
+def test_demo_reports_a_broken_cache_as_an_error(tmp_path, capsys, tiny_checkpoint, monkeypatch):
+    monkeypatch.setattr(demo, "pick_demo_tokenizer", lambda: "toy")  # the fixture's tokenizer: no upgrade rebuild
     cache = tmp_path / "cache"
-    shutil.copytree(tiny_checkpoint.root, cache)
-    manifest = cache / "export" / MANIFEST_NAME
+    build = demo_build_dir(cache, "toy")  # the demo's own folder under --cache-dir
+    shutil.copytree(tiny_checkpoint.root, build)
+    manifest = build / "export" / MANIFEST_NAME
     data = json.loads(manifest.read_text())
     data["format"] = "something-else/9"
     manifest.write_text(json.dumps(data))
