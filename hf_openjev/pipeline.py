@@ -189,11 +189,26 @@ def _pipeline_device(device) -> torch.device:
     return torch.device(device)
 
 
+class _TaskEntry(dict):
+    """The registry's entry for ``jev-decision``: it has no default model, and asking for one (``pipeline(TASK)``
+    without ``model=``) is a one-line UsageError instead of Transformers' bare ``KeyError: 'default'``."""
+
+    def __missing__(self, key):
+        if key == "default":
+            from .errors import UsageError
+
+            raise UsageError(f'{TASK} has no default model: pass model=, a merged export directory or a '
+                             f'hf_openjev.JevModel (pipeline("{TASK}", model="path/to/export"))')
+        raise KeyError(key)
+
+
 def register_pipeline() -> None:
     """Register ``jev-decision`` with Transformers (idempotent: re-registering replaces the same entry)."""
-    if TASK in PIPELINE_REGISTRY.supported_tasks and PIPELINE_REGISTRY.supported_tasks[TASK]["impl"] is JevDecisionPipeline:
+    entry = PIPELINE_REGISTRY.supported_tasks.get(TASK)
+    if isinstance(entry, _TaskEntry) and entry["impl"] is JevDecisionPipeline:
         return
     PIPELINE_REGISTRY.register_pipeline(TASK, pipeline_class=JevDecisionPipeline, pt_model=JevModel, type="text")
+    PIPELINE_REGISTRY.supported_tasks[TASK] = _TaskEntry(PIPELINE_REGISTRY.supported_tasks[TASK])
 
 
 register_pipeline()  # importing this module loads Transformers' pipelines: the task is registered with it
