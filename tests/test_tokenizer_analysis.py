@@ -47,7 +47,7 @@ def test_the_fingerprint_tells_tokenizers_apart(tmp_path):
     tok = _fresh_copy(build_tiny_tokenizer())
     other = _fresh_copy(build_tiny_tokenizer())
     other.normalizer = normalizers.Lowercase()
-    assert tokenizer_fingerprint(tok.to_str()) != tokenizer_fingerprint(other.to_str())
+    assert tokenizer_fingerprint(tok) != tokenizer_fingerprint(other)
     assert analyse_tokenizer(tok, cache_dir=tmp_path).floor_maxima is not None
     refused = analyse_tokenizer(other, cache_dir=tmp_path)
     assert refused.floor_maxima is None and "normalizer Lowercase" in refused.unclean
@@ -58,7 +58,7 @@ def test_the_fingerprint_tells_tokenizers_apart(tmp_path):
                                      '{"format": 1, "unclean": null, "floor_maxima": [0, "x"], "floor_nfc": false}'])
 def test_a_torn_or_stale_file_is_recomputed_and_rewritten(tmp_path, content):
     tok = _fresh_copy(build_tiny_tokenizer())
-    path = analysis_path(tokenizer_fingerprint(tok.to_str()), tmp_path)
+    path = analysis_path(tokenizer_fingerprint(tok), tmp_path)
     path.parent.mkdir(parents=True)
     path.write_text(content)
     analysis = analyse_tokenizer(tok, cache_dir=tmp_path)
@@ -77,3 +77,19 @@ def test_a_tokenizer_that_cannot_be_serialized_is_analysed_without_the_disk(tmp_
     analysis = analyse_tokenizer(object(), cache_dir=tmp_path)
     assert analysis.floor_maxima is None and analysis.unclean.startswith("not a fast tokenizer")
     assert not (tmp_path / "tokenizer-analysis").exists()
+
+
+def test_a_loaded_export_tokenizer_is_fingerprinted_by_its_file_and_what_was_added_since(tmp_path, monkeypatch):
+    from hf_openjev.checkpoint.files import load_tokenizer
+
+    build_tiny_tokenizer().save_pretrained(str(tmp_path / "export"))
+    first, second = load_tokenizer(tmp_path / "export"), load_tokenizer(tmp_path / "export")
+    assert tokenizer_fingerprint(first) == tokenizer_fingerprint(second)
+    assert analyse_tokenizer(first, cache_dir=tmp_path / "cache").unclean is None
+    _refuse_analysis(monkeypatch)
+    assert analyse_tokenizer(second, cache_dir=tmp_path / "cache").unclean is None  # read from the disk
+    monkeypatch.undo()
+    third = load_tokenizer(tmp_path / "export")
+    third.add_tokens(["two words"])  # changes the cuts' verdict: another fingerprint, analysed afresh
+    assert tokenizer_fingerprint(third) != tokenizer_fingerprint(first)
+    assert "contains a space" in analyse_tokenizer(third, cache_dir=tmp_path / "cache").unclean
