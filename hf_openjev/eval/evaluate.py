@@ -1,8 +1,8 @@
 """``hf-openjev eval``'s run: score JevBench-style tasks through the decision pipeline, resumably, on one process
 or several, and write the results, summary, report and diagram.
 
-    evaluate(*, model, data, out_dir, batch_size=16, fast=None, device=None, dtype="auto",
-             resume=True, progress=True, fp8="off") -> dict      # the summary, also written to <out_dir>/summary.json
+    evaluate(*, model, data, out_dir, batch_size=16, fast=None, device=None, dtype="auto", resume=True,
+             progress=True, fp8="off", batch_tokens=16384, limit=None) -> dict  # the summary, also in summary.json
 
 ``model`` is a merged export directory or a loaded :class:`~hf_openjev.model.JevModel`; ``data`` one path or a
 list (``.jsonl``, ``.json``, ``.parquet`` files or directories; each input's tier is its file stem or directory
@@ -10,9 +10,10 @@ name). Reading the inputs and turning a task into a request (docs/contract.md §
 :mod:`hf_openjev.eval.tasks`; bad inputs raise :class:`EvalInputError` before the model loads, and a task that is
 malformed or that the contract rejects is reported (file, line, error), counted in the summary and skipped.
 
-Each batch of ``batch_size`` tasks is tokenized (:func:`~hf_openjev.scoring.prepare_request`) and scored in one
-:func:`~hf_openjev.scoring.score_prepared` call; a task's **latency** is its batch's wall time (tokenization,
-forward, answers) divided by the batch's valid tasks. ``<out_dir>/results.jsonl`` gets one record per task,
+Tasks are tokenized (:func:`~hf_openjev.scoring.prepare_request`) as their batch fills, and a batch of at most
+``batch_size`` tasks that make the backbone run at most ``batch_tokens`` tokens (a bigger task alone; each reference
+forward at most ``batch_tokens`` padded tokens) is scored in one :func:`~hf_openjev.scoring.score_prepared` call; a
+task's **latency** is its batch's wall time (its tasks' tokenization, forward, answers) divided by its tasks. ``<out_dir>/results.jsonl`` gets one record per task,
 fsync'ed per batch, so an interrupted run loses only the batch in flight; with ``resume`` a re-run skips the tasks
 already recorded with the same labels and expected answer, and refuses an ``out_dir`` whose ``run.json`` holds
 another model's fingerprint (:func:`model_fingerprint`: the manifest and the ``fp8`` mode). ``fp8`` (opt-in, an
