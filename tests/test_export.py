@@ -683,15 +683,6 @@ def test_cli_exports_and_prints_the_verification_figures(src, tmp_path, monkeypa
     no_leftovers(tmp_path / "cli", {"export"})
 
 
-def test_cli_no_progress_hides_the_probe_loading_bars(src, tmp_path, monkeypatch, capsys):
-    out = tmp_path / "quiet" / "export"
-    args = ["export", "--base", str(src.base), "--package", str(src.package), "--out", str(out), "--no-progress"]
-    assert _cli(monkeypatch, args) == 0
-    captured = capsys.readouterr()
-    assert "probe" in captured.out  # the probe loaded both models...
-    assert "Loading weights" not in captured.err and "it/s]" not in captured.err, captured.err  # ...silently
-
-
 def test_cli_bad_input_exits_2_and_leaves_nothing(fresh, monkeypatch, capsys):
     (fresh.ckpt / "head.pt").unlink()
     out = fresh.root / "out"

@@ -56,8 +56,7 @@ def add_arguments(parser) -> None:
                         help="largest backbone (parameters) the automatic score probe runs on")
     parser.add_argument("--max-shard-size", type=parse_size, default=MAX_SHARD_BYTES, metavar="SIZE",
                         help="largest output shard, e.g. 2GB (default and maximum 5GB)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bars (the probe's weight-loading bars included)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.add_argument("--allow-base-mismatch", action="store_true",
                         help="export even when the package names another base model (repo id, revision or weight "
                              "fingerprint) than --base; the report then warns that the answers may mean nothing")
@@ -96,14 +95,13 @@ def log(message: str) -> None:
 
 
 def run(args) -> int:
-    from ..progress_bars import progress_bars
     from .merge import merge_lora
 
     options = dict(max_length=args.max_length, overwrite=args.overwrite, verify=args.verify, probe=args.probe,
                    probe_max_params=args.probe_max_params, progress=args.progress,
                    max_shard_bytes=args.max_shard_size, log=log, allow_base_mismatch=args.allow_base_mismatch,
                    allow_unknown_shape=args.allow_unknown_shape)
-    with sigterm_unwinds(), progress_bars(args.progress):  # --no-progress: the probe's loading bars too
+    with sigterm_unwinds():
         if args.fp8 is None:
             lines = merge_lora(args.base, args.package, args.out, **options).lines()
         else:

@@ -20,18 +20,16 @@ def add_arguments(parser) -> None:
                      help="all (default: MLP, attention and Gated DeltaNet projections) or no-gdn (the Gated "
                           "DeltaNet's stay bf16)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it already exists")
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bars (weight-loading bars included)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
 def run(args) -> int:
     from hf_openjev.fp8.scheme import FP8_MODES
 
     from ..fp8.quantize import quantize_export
-    from ..progress_bars import progress_bars
     from .cli import log, sigterm_unwinds
 
-    with sigterm_unwinds(), progress_bars(args.progress):
+    with sigterm_unwinds():
         report = quantize_export(args.model, args.out, targets=FP8_MODES[args.fp8], overwrite=args.overwrite,
                                  progress=args.progress, log=log)
     for line in report.lines():
