@@ -363,16 +363,27 @@ def score_shard(model, tasks: list[Task], prepared: dict, *, out_path: Path, bat
                         batch_tokens=batch_tokens)
 
 
-def _check_run_options(batch_tokens, limit) -> None:
-    """``batch_tokens`` and ``limit`` (None or a positive integer): a one-line UsageError, before anything loads."""
+def _check_run_options(batch_size, batch_tokens, limit) -> None:
+    """``batch_size``, ``batch_tokens`` and ``limit`` (None or a positive integer): a one-line UsageError, before
+    anything loads."""
     from ..errors import UsageError
 
+    check_batch_size(batch_size)
     try:
         check_batch_tokens(batch_tokens, "batch_tokens (--batch-tokens)")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise UsageError(f"limit (--limit) must be a positive integer (the first N tasks), got {limit!r}")
+
+
+def _refuse_fp8_for_a_loaded_model(model, fp8: str) -> None:
+    from ..errors import UsageError
+
+    if fp8 != "off" and isinstance(model, JevModel):
+        raise UsageError(f"fp8={fp8!r} is set up when evaluate loads an export directory; for a loaded model, set it "
+                         "up first (hf_openjev.patches.apply_patches(model, FastPathOptions(fp8=...))) and leave "
+                         "fp8 'off', or pass the export directory")
 
 
 def _load(model_path: Path, *, progress: bool, **kwargs) -> JevModel:
@@ -394,23 +405,17 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     every rank calls this and returns the same summary; rank 0 writes it. An export whose shape is no Open-Jev model's is
     refused before any task is read (:mod:`hf_openjev.family`) unless ``allow_unknown_shape``.
 
-    ``batch_tokens``: the tokens one batch makes the backbone run (and the padded size of one reference forward);
-    ``limit``: score only the first ``limit`` valid tasks of the inputs, in input order (metrics cover those).
-    ``progress=False`` shows no bar at all, the weights' loading bar included.
+    ``batch_tokens``: the tokens one batch makes the backbone run (and one reference forward's padded size);
+    ``limit``: the first ``limit`` valid tasks only, in input order. ``progress=False``: no bar, not even loading's.
     """
-    from ..errors import UsageError
     from ..fp8.option import select_fp8_path
 
-    check_batch_size(batch_size)
-    _check_run_options(batch_tokens, limit)
+    _check_run_options(batch_size, batch_tokens, limit)
     dtype_name = check_dtype_name(dtype)
     check_out_dir(out_dir)  # a file, or an unwritable parent: refused before any task is read or model loaded
     check_device(device)  # a CUDA device without CUDA: UsageError before any task is read
     fast = select_fp8_path(fp8, fast)  # FP8 selects the fast path; with fast=False: UsageError
-    if fp8 != "off" and isinstance(model, JevModel):
-        raise UsageError(f"fp8={fp8!r} is set up when evaluate loads an export directory; for a loaded model, set it "
-                         "up first (hf_openjev.patches.apply_patches(model, FastPathOptions(fp8=...))) and leave "
-                         "fp8 'off', or pass the export directory")
+    _refuse_fp8_for_a_loaded_model(model, fp8)
     started = time.perf_counter()
     sources = resolve_inputs(data)
     out_dir = Path(out_dir)
