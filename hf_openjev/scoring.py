@@ -89,7 +89,8 @@ def _token_floor_for(model):
 def prove_tokenizer_shortcuts(model) -> None:
     """Run (and cache) the proofs behind :func:`tokenize_request`'s shortcuts for over-long texts (the clean cuts
     and the byte floor) now rather than on the first request, which would otherwise wait for them: a few seconds
-    with the real Qwen3.5 tokenizer (recipes/RESULTS.md). A stand-in's ``encode`` has none: nothing to do."""
+    with the real Qwen3.5 tokenizer the first time (recipes/RESULTS.md), then read from the disk cache
+    (:mod:`hf_openjev.tokenizer_analysis`). A stand-in's ``encode`` has none: nothing to do."""
     if _own_tokenizer(model):
         _clean_cut_for(model)
         _token_floor_for(model)
