@@ -51,6 +51,11 @@ class UsageError(ValueError):
     """An option this machine cannot honour: a CUDA device where there is none, a port already in use."""
 
 
+class UnknownDtypeError(LookupError):
+    """A dtype name that is none of the accepted ones, from ``JevModel.from_pretrained``: not a ``ValueError``, which
+    Transformers' ``pipeline`` would take for a load failure and answer by loading again in float32."""
+
+
 class InferenceError(RuntimeError):
     """A failure inside inference (docs/contract.md §2: status 500 ``model inference failed``)."""
 

@@ -105,7 +105,15 @@ class JevModel(nn.Module):
     def from_pretrained(cls, path, *, dtype="auto", device=None, device_map=None, fp8="off",
                         allow_unknown_shape: bool = False, **_pipeline_kwargs) -> "JevModel":
         """Entry used by ``transformers.pipeline("jev-decision", model=<export dir>)`` (``fp8`` and
-        ``allow_unknown_shape`` through its ``model_kwargs``: see :func:`load_export`)."""
+        ``allow_unknown_shape`` through its ``model_kwargs``: see :func:`load_export`). A bad ``dtype`` name raises
+        :class:`~hf_openjev.errors.UnknownDtypeError` at once (a ``ValueError`` would make the pipeline retry in
+        float32)."""
+        from .errors import UnknownDtypeError
+
+        try:
+            resolve_dtype(dtype)  # first: a bad name is refused before anything is read
+        except ValueError as exc:
+            raise UnknownDtypeError(str(exc)) from None
         target = device if device is not None else device_map
         return load_export(path, dtype=dtype, device=target, fp8=fp8, allow_unknown_shape=allow_unknown_shape)
 
@@ -138,6 +146,7 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str =
     """
     from .fp8.prepare import check_fp8_target
 
+    dtype = resolve_dtype(dtype)  # a bad name: one line, before anything is read
     check_device(device)
     fp8 = check_fp8_target(fp8, device)
     export_dir = Path(export_dir)
@@ -153,7 +162,7 @@ def load_export(export_dir: str | Path, *, dtype="auto", device=None, fp8: str =
                         where=str(export_dir))
     tokenizer = load_tokenizer(export_dir)
     build_on = device if fp8 == "off" else "cpu"  # FP8: the bf16 weights stay on the host
-    backbone = _load_export_backbone(export_dir, text_config, manifest, dtype=resolve_dtype(dtype), device=build_on)
+    backbone = _load_export_backbone(export_dir, text_config, manifest, dtype=dtype, device=build_on)
     head = make_head(manifest.head_weight, manifest.head_bias, build_on)
     model = JevModel(backbone, head, tokenizer, manifest, method="merged")
     if fp8 != "off":

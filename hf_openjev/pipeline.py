@@ -18,6 +18,7 @@ from transformers.pipelines import PIPELINE_REGISTRY
 from .dtypes import resolve_dtype
 from .fast_options import FastPathOptions, check_int
 from .model import JevModel, load_export
+from .token_batches import DEFAULT_BATCH_TOKENS, split_by_tokens
 from .scoring import build_answer, prepare_path, prepare_request, prepare_requests, score_prepared, use_fast_path
 
 TASK = "jev-decision"
@@ -123,15 +124,18 @@ class JevDecisionPipeline(Pipeline):
 
     def _answer_list(self, inputs: list, per_batch: int, fast=None, reference_batch_size=32, options=None) -> list:
         """Every request validated first (the first invalid one named by its index), then scored: on the fast path
-        ``per_batch`` requests per :func:`~hf_openjev.scoring.score_prepared` call (one plan), on the reference
-        path one request per call (its own padded forwards, whatever its company)."""
+        at most ``per_batch`` requests and :data:`~hf_openjev.token_batches.DEFAULT_BATCH_TOKENS` tokens (a bigger
+        request alone) per :func:`~hf_openjev.scoring.score_prepared` call (one plan), on the reference path one
+        request per call (its own padded forwards, bounded by tokens, whatever its company)."""
+        from .eval.sharding import task_cost
+
         prepared = prepare_requests(self.model, inputs)
         if not use_fast_path(self.model, fast):
             per_batch = 1
         answers = []
         with torch.no_grad():
-            for start in range(0, len(prepared), per_batch):
-                chunk = prepared[start:start + per_batch]
+            for chunk in split_by_tokens(prepared, lambda p: task_cost(p, "fast"), max_items=per_batch,
+                                         max_tokens=DEFAULT_BATCH_TOKENS):
                 result = score_prepared(self.model, chunk, fast=fast, batch_size=reference_batch_size,
                                         options=options or self._fast_options)
                 answers.extend(build_answer(self.model, p, s, seconds=result.seconds, prefix_cache=c,
@@ -189,11 +193,26 @@ def _pipeline_device(device) -> torch.device:
     return torch.device(device)
 
 
+class _TaskEntry(dict):
+    """The registry's entry for ``jev-decision``: it has no default model, and asking for one (``pipeline(TASK)``
+    without ``model=``) is a one-line UsageError instead of Transformers' bare ``KeyError: 'default'``."""
+
+    def __missing__(self, key):
+        if key == "default":
+            from .errors import UsageError
+
+            raise UsageError(f'{TASK} has no default model: pass model=, a merged export directory or a '
+                             f'hf_openjev.JevModel (pipeline("{TASK}", model="path/to/export"))')
+        raise KeyError(key)
+
+
 def register_pipeline() -> None:
     """Register ``jev-decision`` with Transformers (idempotent: re-registering replaces the same entry)."""
-    if TASK in PIPELINE_REGISTRY.supported_tasks and PIPELINE_REGISTRY.supported_tasks[TASK]["impl"] is JevDecisionPipeline:
+    entry = PIPELINE_REGISTRY.supported_tasks.get(TASK)
+    if isinstance(entry, _TaskEntry) and entry["impl"] is JevDecisionPipeline:
         return
     PIPELINE_REGISTRY.register_pipeline(TASK, pipeline_class=JevDecisionPipeline, pt_model=JevModel, type="text")
+    PIPELINE_REGISTRY.supported_tasks[TASK] = _TaskEntry(PIPELINE_REGISTRY.supported_tasks[TASK])
 
 
 register_pipeline()  # importing this module loads Transformers' pipelines: the task is registered with it

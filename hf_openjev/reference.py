@@ -6,22 +6,28 @@ from collections.abc import Sequence
 
 import torch
 
+from .token_batches import DEFAULT_BATCH_TOKENS, check_batch_tokens, split_padded
+
 DEFAULT_BATCH_SIZE = 32
 
 
 @torch.no_grad()
-def score_reference(model, sequences: Sequence[Sequence[int]], *, batch_size: int = DEFAULT_BATCH_SIZE) -> list[float]:
+def score_reference(model, sequences: Sequence[Sequence[int]], *, batch_size: int = DEFAULT_BATCH_SIZE,
+                    max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[float]:
     """Score each token sequence independently: final-norm hidden state at its last real token -> fp32 head.
 
-    Sequences run in right-padded batches of up to ``batch_size``; the pad id is 0 and masked out, and a
-    right-padded sequence never sees its padding, so each score equals that of the sequence alone.
+    Sequences run in order, in right-padded batches of up to ``batch_size`` rows whose padded size (rows x the
+    longest, ``[B, W]``) is at most ``max_batch_tokens`` (a longer sequence runs alone:
+    :func:`hf_openjev.token_batches.split_padded`); the pad id is 0 and masked out, and a right-padded sequence
+    never sees its padding, so each score equals that of the sequence alone.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    check_batch_tokens(max_batch_tokens, "max_batch_tokens")
     device = model.device
     scores: list[float] = []
-    for start in range(0, len(sequences), batch_size):
-        batch = sequences[start:start + batch_size]
+    for rows in split_padded([len(s) for s in sequences], max_rows=batch_size, max_tokens=max_batch_tokens):
+        batch = [sequences[i] for i in rows]
         lengths = torch.tensor([len(s) for s in batch], device=device)
         width = int(lengths.max())
         ids = torch.zeros(len(batch), width, dtype=torch.long, device=device)

@@ -117,7 +117,8 @@ def _token_floor_for(model):
 def prove_tokenizer_shortcuts(model) -> None:
     """Run (and cache) the proofs behind :func:`tokenize_request`'s shortcuts for over-long texts (the clean cuts
     and the byte floor) now rather than on the first request, which would otherwise wait for them: a few seconds
-    with the real Qwen3.5 tokenizer (recipes/RESULTS.md). A stand-in's ``encode`` has none: nothing to do."""
+    with the real Qwen3.5 tokenizer the first time (recipes/RESULTS.md), then read from the disk cache
+    (:mod:`hf_openjev.tokenizer_analysis`). A stand-in's ``encode`` has none: nothing to do."""
     if _own_tokenizer(model):
         _clean_cut_for(model)
         _token_floor_for(model)
@@ -160,13 +161,17 @@ def prepare_path(model, fast: bool | None = None, options=None) -> str:
 
 
 def score_prepared(model, prepared: Sequence[PreparedRequest], *, fast: bool | None = None,
-                   batch_size: int = 32, options=None) -> ScoreResult:
+                   batch_size: int = 32, options=None, batch_tokens: int | None = None) -> ScoreResult:
     """Score every candidate of every prepared request; failures become ``InferenceError``.
 
     ``fast``: see :func:`use_fast_path`; the fast path needs a model set up by
     :func:`~hf_openjev.patches.apply_patches` (else a RuntimeError naming it, before any work) and runs with
     ``options`` (a :class:`~hf_openjev.fast_options.FastPathOptions`; default: the ones the model was patched
-    with). ``batch_size``: candidates per reference forward. The reference path ignores ``options``."""
+    with). ``batch_size``: candidates per reference forward; ``batch_tokens``: the padded size of one reference
+    forward (default :data:`hf_openjev.token_batches.DEFAULT_BATCH_TOKENS`). The reference path ignores
+    ``options``, the fast path ``batch_size`` and ``batch_tokens`` (its callers bound what they give it)."""
+    from .token_batches import DEFAULT_BATCH_TOKENS
+
     from .reference import score_reference
 
     path = "fast" if use_fast_path(model, fast) else "reference"
@@ -181,7 +186,8 @@ def score_prepared(model, prepared: Sequence[PreparedRequest], *, fast: bool | N
             flat, caches = score_fast(model, [p.tokens for p in prepared], options)
         else:
             sequences = [seq for p in prepared for seq in p.sequences]
-            flat = score_reference(model, sequences, batch_size=batch_size)
+            flat = score_reference(model, sequences, batch_size=batch_size,
+                                   max_batch_tokens=batch_tokens or DEFAULT_BATCH_TOKENS)
             caches = [{"enabled": False, "mode": "none", "shared_tokens": 0} for _ in prepared]
         if not all(math.isfinite(s) for s in flat):
             raise InferenceError("the model produced a non-finite score")

@@ -18,13 +18,12 @@ before counting).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import unicodedata
 import weakref
 from collections.abc import Callable
 
-__all__ = ["BYTE_CLASSES", "count_byte_classes", "prove_token_floor"]
+__all__ = ["BYTE_CLASSES", "count_byte_classes", "make_token_floor", "prove_token_floor", "token_floor_maxima"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +113,16 @@ def _class_maxima(spec) -> tuple[int, ...] | None:
     return tuple(maxima)
 
 
-def _make_floor(maxima: tuple[int, ...], nfc: bool) -> Callable[[str], int]:
+def token_floor_maxima(spec: dict) -> tuple[int, ...] | None:
+    """Per byte class, the most bytes of it one token holds, for a tokenizer given as its ``tokenizer.json``
+    content (parsed); None when the module's conditions do not hold. With ``nfc = spec["normalizer"] is not None``,
+    :func:`make_token_floor` turns it into the floor."""
+    if not _normalizer_ok(spec.get("normalizer")):
+        return None
+    return _class_maxima(spec)
+
+
+def make_token_floor(maxima: tuple[int, ...], nfc: bool) -> Callable[[str], int]:
     def token_floor(text: str) -> int:
         """At least this many tokens in ``text`` (see :mod:`hf_openjev.token_floor`)."""
         if nfc:
@@ -128,21 +136,16 @@ def _make_floor(maxima: tuple[int, ...], nfc: bool) -> Callable[[str], int]:
 def prove_token_floor(tokenizer) -> Callable[[str], int] | None:
     """``floor(text)``: a lower bound of ``len(tokenizer.encode(text, add_special_tokens=False))``, when the
     module's conditions hold for ``tokenizer`` (a Transformers fast tokenizer or a ``tokenizers.Tokenizer``), else
-    None. Cached per tokenizer."""
+    None. Cached per tokenizer, and on disk by the tokenizer's fingerprint
+    (:func:`hf_openjev.tokenizer_analysis.analyse_tokenizer`)."""
+    from .tokenizer_analysis import analyse_tokenizer
+
     try:
         return _finders[tokenizer]
     except (KeyError, TypeError):
         pass
-    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    floor = None
-    try:
-        spec = json.loads(backend.to_str())
-    except Exception:  # noqa: BLE001 - a slow tokenizer, a stand-in
-        spec = None
-    if spec is not None and _normalizer_ok(spec.get("normalizer")):
-        maxima = _class_maxima(spec)
-        if maxima is not None:
-            floor = _make_floor(maxima, nfc=spec.get("normalizer") is not None)
+    analysis = analyse_tokenizer(tokenizer)
+    floor = None if analysis.floor_maxima is None else make_token_floor(analysis.floor_maxima, analysis.floor_nfc)
     if floor is None:
         logger.info("no byte-level token floor for this tokenizer: over-long texts without clean cuts are tokenized "
                     "in full")

@@ -387,3 +387,44 @@ def test_resuming_with_another_model_is_refused(uniform_export, tiny_export, tmp
         evaluate(model=tiny_export, data=[data], out_dir=tmp_path / "out", **CPU)
     summary = evaluate(model=tiny_export, data=[data], out_dir=tmp_path / "out", resume=False, **CPU)
     assert summary["counts"]["scored_this_run"] == 2
+
+
+# -- batches bounded by tokens, --limit ------------------------------------------------------------------------------
+
+def test_a_batch_is_bounded_by_tokens_and_scores_as_before(tiny_export, easy_run, tmp_path, monkeypatch):
+    from hf_openjev.eval.sharding import task_cost
+
+    calls = []
+    real = ev.score_prepared
+
+    def recording(model, prepared, **kwargs):
+        calls.append(([task_cost(p, "reference") for p in prepared], kwargs.get("batch_tokens")))
+        return real(model, prepared, **kwargs)
+
+    monkeypatch.setattr(ev, "score_prepared", recording)
+    bound = 1500
+    evaluate(model=tiny_export, data=[EASY], out_dir=tmp_path / "o", batch_size=16, batch_tokens=bound, **CPU)
+    assert len(calls) > 3  # 16 tasks a batch by count alone
+    assert all(sum(costs) <= bound or len(costs) == 1 for costs, _ in calls), calls
+    assert all(passed == bound for _, passed in calls)  # the reference forwards get the same bound
+    bounded = {r["id"]: r["probabilities"] for r in read_results(tmp_path / "o")}
+    unbounded = {r["id"]: r["probabilities"] for r in read_results(easy_run[0])}
+    assert bounded.keys() == unbounded.keys()
+    for key, probs in bounded.items():
+        assert all(abs(p - q) < 1e-5 for p, q in zip(probs.values(), unbounded[key].values())), key
+
+
+def test_limit_scores_the_first_tasks_only(tiny_export, tmp_path):
+    summary = evaluate(model=tiny_export, data=[EASY], out_dir=tmp_path / "o", limit=3, **CPU)
+    assert summary["counts"]["scored"] == 3
+    assert [r["id"] for r in read_results(tmp_path / "o")] == [str(row["id"]) for row in easy_rows()[:3]]
+
+
+@pytest.mark.parametrize("option, value, message", [("limit", 0, "limit (--limit) must be a positive integer"),
+                                                     ("batch_tokens", 0, "batch_tokens (--batch-tokens) must be")])
+def test_limit_and_batch_tokens_are_checked_before_anything_is_read(tmp_path, option, value, message):
+    from hf_openjev.errors import UsageError
+
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        evaluate(model=tmp_path / "missing", data=[tmp_path / "missing.jsonl"], out_dir=tmp_path / "o",
+                 **{option: value}, **CPU)

@@ -341,3 +341,61 @@ def jev_cpu(tiny_model):
 
     assert hf_openjev  # registers the task
     return tp.pipeline("jev-decision", model=tiny_model, device="cpu")
+
+
+# -- eval --limit, --no-progress, the pipeline's missing model and bad dtype -----------------------------------------
+
+def test_eval_limit_is_checked_with_the_eval_usage_before_loading(tmp_path, no_loading, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _cli(["eval", "--model", tmp_path / "missing", "--data", tmp_path / "missing.jsonl", "--limit", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: hf-openjev eval " in err
+    assert err.strip().splitlines()[-1] == "hf-openjev eval: error: argument --limit: must be at least 1, got 0"
+
+
+def test_eval_no_progress_hides_every_bar_the_loading_one_included(tiny_checkpoint, tmp_path, capsys):
+    data = _write(tmp_path / "easy.jsonl", _rows(3))
+    rc = _cli(["eval", "--model", tiny_checkpoint.export, "--data", data, "--out", tmp_path / "o", "--device", "cpu",
+               "--dtype", "float32", "--no-progress", "--limit", "2"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("2 tasks scored")
+    assert "Loading weights" not in captured.err and "it/s]" not in captured.err, captured.err
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()  # restored for whatever runs next
+
+
+def test_eval_no_progress_without_limit_hides_the_loading_bar(tiny_checkpoint, tmp_path, capsys):
+    data = _write(tmp_path / "easy.jsonl", _rows(1))
+    rc = _cli(["eval", "--model", tiny_checkpoint.export, "--data", data, "--out", tmp_path / "o", "--device", "cpu",
+               "--dtype", "float32", "--no-progress"])
+    assert rc == 0
+    assert "Loading weights" not in capsys.readouterr().err
+
+
+def test_pipeline_without_a_model_says_to_pass_one():
+    from transformers import pipeline
+
+    with pytest.raises(UsageError) as info:
+        pipeline("jev-decision")
+    message = str(info.value)
+    assert "\n" not in message and "model=" in message
+
+
+def test_pipeline_bad_dtype_is_refused_before_anything_loads(tiny_checkpoint, monkeypatch, caplog):
+    from transformers import pipeline
+
+    from hf_openjev.errors import UnknownDtypeError
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the export was read before the dtype was checked")
+
+    monkeypatch.setattr("hf_openjev.model.load_export", refuse)
+    monkeypatch.setattr("hf_openjev.model.load_tokenizer", refuse)
+    with pytest.raises(UnknownDtypeError) as info:
+        pipeline("jev-decision", model=str(tiny_checkpoint.export), device="cpu", dtype="bf16")
+    message = str(info.value)
+    assert "\n" not in message and "'bfloat16', 'float16', 'float32' or 'auto'" in message
+    assert "Falling back" not in caplog.text

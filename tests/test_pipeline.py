@@ -491,3 +491,17 @@ def test_on_the_reference_path_batch_size_alone_keeps_its_answers(jev, tiny_mode
     assert calls == [(1, 4), (1, 4)] and shapes == [4, 4, 2, 1]  # each request its own forwards of 4
     with pytest.raises(ValueError, match="batch_size"):
         jev(requests, batch_size=0)
+
+
+def test_a_fast_path_plan_is_bounded_by_tokens_too(fast_jev, monkeypatch):
+    import hf_openjev.pipeline as pipeline_module
+    from hf_openjev.eval.sharding import task_cost
+    from hf_openjev.scoring import prepare_request
+
+    requests = [REQUEST, GOOD, {"state": "other", "questions": REQUEST["questions"]}]
+    costs = [task_cost(prepare_request(fast_jev.model, r), "fast") for r in requests]
+    monkeypatch.setattr(pipeline_module, "DEFAULT_BATCH_TOKENS", costs[0] + costs[1] - 1)
+    calls = _scoring_calls(monkeypatch)
+    fast_jev(requests, batch_size=16)
+    sizes = [n for n, _ in calls]
+    assert sizes[0] == 1 and sum(sizes) == 3 and len(sizes) >= 2  # 16 requests a plan by count alone: [3]

@@ -103,3 +103,40 @@ def test_empty_input_and_bad_batch_size(tiny_model, sequences):
     assert score_reference(tiny_model, []) == []
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
         score_reference(tiny_model, sequences, batch_size=0)
+
+
+def _forward_shapes(model):
+    """Record the ``[B, W]`` shape of every backbone forward; returns (shapes, the hook's handle)."""
+    shapes = []
+    handle = model.backbone.register_forward_hook(
+        lambda _m, _a, kwargs, _o: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    return shapes, handle
+
+
+def test_a_forward_holds_at_most_max_batch_tokens_padded(tiny_model, sequences, alone):
+    shapes, handle = _forward_shapes(tiny_model)
+    try:
+        bounded = score_reference(tiny_model, sequences, max_batch_tokens=200)
+    finally:
+        handle.remove()
+    assert len(shapes) > 1 and sum(b for b, _ in shapes) == len(sequences)
+    assert all(b * w <= 200 or b == 1 for b, w in shapes), shapes  # the 129-token one: alone, whatever its company
+    _close(bounded, alone, 1e-5)
+
+
+def test_the_default_bound_splits_what_batch_size_alone_would_pad_together(tiny_model):
+    from hf_openjev.token_batches import DEFAULT_BATCH_TOKENS
+
+    width = DEFAULT_BATCH_TOKENS // 8 + 1  # 8 of them pad past the default bound; 32 fit the default batch size
+    seqs = _random_sequences(len(tiny_model.tokenizer), [width] * 9, seed=1)
+    shapes, handle = _forward_shapes(tiny_model)
+    try:
+        score_reference(tiny_model, seqs)
+    finally:
+        handle.remove()
+    assert shapes == [(7, width), (2, width)]
+
+
+def test_a_bad_max_batch_tokens(tiny_model, sequences):
+    with pytest.raises(ValueError, match="max_batch_tokens must be a positive integer"):
+        score_reference(tiny_model, sequences, max_batch_tokens=0)

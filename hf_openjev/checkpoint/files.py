@@ -95,4 +95,7 @@ def load_tokenizer(path: Path):
         raise CheckpointError(f"cannot load the tokenizer from {path}: {exc}") from exc
     if len(tokenizer) <= 1:
         raise CheckpointError(f"the tokenizer in {path} is empty")
+    from ..tokenizer_analysis import note_tokenizer_file
+
+    note_tokenizer_file(tokenizer, path / "tokenizer.json")  # its analysis's cache key, without serializing it
     return tokenizer

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from ..fp8.option import FP8_CHOICES, FP8_HELP, select_fp8_path
 from ..family import UNKNOWN_SHAPE_HELP
+from ..token_batches import DEFAULT_BATCH_TOKENS
 
 
 def positive_int(text: str) -> int:
-    """``--batch-size``'s type: an integer of at least 1 (argparse prints the one-line error otherwise)."""
+    """``--batch-size``, ``--batch-tokens`` and ``--limit``'s type: an integer of at least 1 (argparse prints the one-line error otherwise)."""
     try:
         value = int(text)
     except ValueError:
@@ -29,7 +30,13 @@ def add_arguments(parser) -> None:
                         help="output directory: results.jsonl, summary.json, report.md, reliability.png "
                              "(default: ./jevbench-eval)")
     parser.add_argument("--batch-size", type=positive_int, default=16, metavar="N",
-                        help="tasks per forward batch (default 16)")
+                        help="at most N tasks per forward batch (default 16)")
+    parser.add_argument("--batch-tokens", type=positive_int, default=DEFAULT_BATCH_TOKENS, metavar="N",
+                        help="at most N tokens per forward batch: the tokens a batch's tasks make the backbone run, "
+                             "and the padded size of one reference forward; a bigger task runs alone "
+                             f"(default {DEFAULT_BATCH_TOKENS})")
+    parser.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                        help="score only the first N valid tasks of the inputs, in input order")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                         help="backbone dtype (default: auto = bfloat16)")
@@ -40,7 +47,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--allow-unknown-shape", action="store_true", help=UNKNOWN_SHAPE_HELP)
     parser.add_argument("--no-resume", dest="resume", action="store_false",
                         help="start afresh instead of skipping tasks already in OUT/results.jsonl")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bars (the weights' loading bar included)")
 
 
 def _nothing_scored(summary: dict, out: Path) -> str:
@@ -67,7 +75,8 @@ def run(args) -> int:
         fast = select_fp8_path(args.fp8, args.fast, fp8_flag="--fp8", reference_flag="--no-fast")
         summary = evaluate(model=args.model, data=args.data, out_dir=args.out, batch_size=args.batch_size,
                            fast=fast, device=args.device, dtype=args.dtype, resume=args.resume,
-                           progress=args.progress, fp8=args.fp8, allow_unknown_shape=args.allow_unknown_shape)
+                           progress=args.progress, fp8=args.fp8, allow_unknown_shape=args.allow_unknown_shape,
+                           batch_tokens=args.batch_tokens, limit=args.limit)
     except (EvalInputError, UsageError) as exc:
         if main:
             print(f"hf-openjev eval: error: {exc}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """``hf-openjev eval``'s run: score JevBench-style tasks through the decision pipeline, resumably, on one process
 or several, and write the results, summary, report and diagram.
 
-    evaluate(*, model, data, out_dir, batch_size=16, fast=None, device=None, dtype="auto",
-             resume=True, progress=True, fp8="off") -> dict      # the summary, also written to <out_dir>/summary.json
+    evaluate(*, model, data, out_dir, batch_size=16, fast=None, device=None, dtype="auto", resume=True,
+             progress=True, fp8="off", batch_tokens=16384, limit=None) -> dict  # the summary, also in summary.json
 
 ``model`` is a merged export directory or a loaded :class:`~hf_openjev.model.JevModel`; ``data`` one path or a
 list (``.jsonl``, ``.json``, ``.parquet`` files or directories; each input's tier is its file stem or directory
@@ -10,9 +10,10 @@ name). Reading the inputs and turning a task into a request (docs/contract.md §
 :mod:`hf_openjev.eval.tasks`; bad inputs raise :class:`EvalInputError` before the model loads, and a task that is
 malformed or that the contract rejects is reported (file, line, error), counted in the summary and skipped.
 
-Each batch of ``batch_size`` tasks is tokenized (:func:`~hf_openjev.scoring.prepare_request`) and scored in one
-:func:`~hf_openjev.scoring.score_prepared` call; a task's **latency** is its batch's wall time (tokenization,
-forward, answers) divided by the batch's valid tasks. ``<out_dir>/results.jsonl`` gets one record per task,
+Tasks are tokenized (:func:`~hf_openjev.scoring.prepare_request`) as their batch fills, and a batch of at most
+``batch_size`` tasks that make the backbone run at most ``batch_tokens`` tokens (a bigger task alone; each reference
+forward at most ``batch_tokens`` padded tokens) is scored in one :func:`~hf_openjev.scoring.score_prepared` call; a
+task's **latency** is its batch's wall time (its tasks' tokenization, forward, answers) divided by its tasks. ``<out_dir>/results.jsonl`` gets one record per task,
 fsync'ed per batch, so an interrupted run loses only the batch in flight; with ``resume`` a re-run skips the tasks
 already recorded with the same labels and expected answer, and refuses an ``out_dir`` whose ``run.json`` holds
 another model's fingerprint (:func:`model_fingerprint`: the manifest and the ``fp8`` mode). ``fp8`` (opt-in, an
@@ -46,6 +47,7 @@ from ..model import JevModel, load_export
 from ..devices import check_device
 from .run_checks import check_batch_size, check_dtype_name, check_out_dir, drop_torn_records
 from ..scoring import PreparedRequest, build_answer, prepare_path, prepare_request, score_prepared
+from ..token_batches import DEFAULT_BATCH_TOKENS, check_batch_tokens, split_by_tokens
 
 RUN_NAME = "run.json"
 
@@ -189,61 +191,71 @@ class _TaskProgress:
         self.handle.remove()
 
 
+def _prepared_stream(model, tasks: list[Task], *, prepared_by_key: dict, invalid: list[dict], warn, bar):
+    """``(task, PreparedRequest, seconds its tokenization took)`` for each valid task of ``tasks``, in order,
+    tokenized as it is reached (or taken from ``prepared_by_key``); a rejected task is reported (``invalid``,
+    ``warn``) and ticks ``bar``."""
+    for task in tasks:
+        if task.key in prepared_by_key:
+            request, seconds = prepared_by_key[task.key]
+            yield task, request, seconds
+            continue
+        t0 = time.perf_counter()
+        try:
+            request = prepare_request(model, task.request)
+        except RequestError as exc:
+            reason = f"request rejected: {exc}"  # the contract's message (the detail)
+            invalid.append({"file": task.file, "line": task.line, "tier": task.tier, "id": task.id,
+                            "stage": "request", "error": reason})
+            warn(f"{task.file}:{task.line}: invalid task: {reason}")
+            bar.update(1)
+            continue
+        yield task, request, time.perf_counter() - t0
+
+
 def _run_batches(model, pending: list[Task], *, out_path: Path, batch_size: int, fast, progress: bool,
                  invalid: list[dict], warn, done: int = 0, total: int | None = None,
-                 prepared_by_key: dict | None = None, desc: str = "hf-openjev eval") -> int:
+                 prepared_by_key: dict | None = None, desc: str = "hf-openjev eval",
+                 batch_tokens: int = DEFAULT_BATCH_TOKENS) -> int:
     """Score ``pending`` batch by batch; the bar counts all ``total`` tasks and starts at the ``done`` ones.
 
-    ``prepared_by_key``: (tier, id) -> (PreparedRequest, seconds it took) of tasks tokenized beforehand (the
-    sharded run); their tokenization time counts in their batch's latency as if it had happened in the batch."""
+    A batch holds at most ``batch_size`` tasks that make the backbone run at most ``batch_tokens`` tokens together
+    (:func:`~hf_openjev.eval.sharding.task_cost` on the path that runs; a bigger task alone), and each reference
+    forward at most ``batch_tokens`` padded tokens. A task's latency is its batch's scoring time divided among
+    its tasks plus their tokenization times, averaged. ``prepared_by_key``: (tier, id) -> (PreparedRequest,
+    seconds it took) of tasks tokenized beforehand (the sharded run)."""
     from tqdm.auto import tqdm
 
     method = prepare_path(model, fast)  # "fast" or "reference"; the fast path patches the model here, once
-    prepared_by_key = prepared_by_key or {}
     scored = 0
     bar = tqdm(total=total if total is not None else len(pending), initial=done, desc=desc,
                unit="task", disable=not progress, file=sys.stderr)
     ticker = _TaskProgress(bar, model.backbone) if progress and method == "reference" else None
     if progress:  # keep the bar intact when a task is reported
         warn = lambda message: bar.write(f"hf-openjev eval: {message}", file=sys.stderr)  # noqa: E731
+    stream = _prepared_stream(model, pending, prepared_by_key=prepared_by_key or {}, invalid=invalid, warn=warn,
+                              bar=bar)
     try:
         with open(out_path, "a", encoding="utf-8") as fh:
-            for start in range(0, len(pending), batch_size):
-                batch = pending[start:start + batch_size]
+            for batch in split_by_tokens(stream, lambda item: task_cost(item[1], method), max_items=batch_size,
+                                         max_tokens=batch_tokens):
                 t0 = time.perf_counter()
-                ok, prepared = [], []
-                for task in batch:
-                    if task.key in prepared_by_key:
-                        request, seconds = prepared_by_key[task.key]
-                        prepared.append(request)
-                        ok.append(task)
-                        t0 -= seconds
-                        continue
-                    try:
-                        prepared.append(prepare_request(model, task.request))
-                        ok.append(task)
-                    except RequestError as exc:
-                        reason = f"request rejected: {exc}"  # the contract's message (the detail)
-                        invalid.append({"file": task.file, "line": task.line, "tier": task.tier, "id": task.id,
-                                        "stage": "request", "error": reason})
-                        warn(f"{task.file}:{task.line}: invalid task: {reason}")
-                if prepared:
-                    if ticker is not None:
-                        ticker.start([p.parsed.candidate_count for p in prepared])
-                    result = score_prepared(model, prepared, fast=fast)
-                    responses = [build_answer(model, p, s, seconds=result.seconds, prefix_cache=c,
-                                              method=result.path)
-                                 for p, s, c in zip(prepared, result.scores, result.prefix_cache)]
-                    latency = (time.perf_counter() - t0) / len(prepared)
-                    lines = []
-                    for task, p, response in zip(ok, prepared, responses):
-                        record = _record(task, response["answers"][task.qid], latency, p.parsed.candidate_count)
-                        lines.append(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
-                    fh.write("".join(lines))
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                    scored += len(prepared)
-                bar.update(len(batch) - (ticker.ticked if ticker is not None and prepared else 0))
+                tasks, prepared, seconds = (list(column) for column in zip(*batch))
+                if ticker is not None:
+                    ticker.start([p.parsed.candidate_count for p in prepared])
+                result = score_prepared(model, prepared, fast=fast, batch_tokens=batch_tokens)
+                responses = [build_answer(model, p, s, seconds=result.seconds, prefix_cache=c, method=result.path)
+                             for p, s, c in zip(prepared, result.scores, result.prefix_cache)]
+                latency = (time.perf_counter() - t0 + sum(seconds)) / len(prepared)
+                lines = []
+                for task, p, response in zip(tasks, prepared, responses):
+                    record = _record(task, response["answers"][task.qid], latency, p.parsed.candidate_count)
+                    lines.append(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+                fh.write("".join(lines))
+                fh.flush()
+                os.fsync(fh.fileno())
+                scored += len(prepared)
+                bar.update(len(batch) - (ticker.ticked if ticker is not None else 0))
     except KeyboardInterrupt:
         bar.close()
         warn(f"interrupted: {scored} task(s) scored in this run are kept in {out_path}; re-run to continue")
@@ -311,7 +323,7 @@ def select_shard(tasks: list[Task], prepared: dict, processes: Processes, *, pat
 
 def _score_sharded(model, pending: list[Task], *, model_path, processes: Processes, out_dir: Path, device,
                    dtype, batch_size: int, fast, progress: bool, invalid: list[dict], fp8: str = "off",
-                   allow_unknown_shape: bool = False) -> None:
+                   allow_unknown_shape: bool = False, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
     """One rank of a run over several processes: tokenize every pending task (same result on every rank; the
     rejected ones are reported by rank 0 only), take this rank's token-balanced shard, load the model only when
     the shard is not empty and append its records to ``results.rank<k>.jsonl``. No collective call."""
@@ -334,43 +346,76 @@ def _score_sharded(model, pending: list[Task], *, model_path, processes: Process
     if not mine:
         return
     if model_path is not None:
-        model = load_export(model_path, dtype=dtype, device=device, fp8=fp8, allow_unknown_shape=allow_unknown_shape)
+        model = _load(model_path, dtype=dtype, device=device, fp8=fp8, allow_unknown_shape=allow_unknown_shape,
+                      progress=progress and main)
     score_shard(model, mine, prepared, out_path=own, batch_size=batch_size, fast=fast, progress=progress and main,
-                desc=f"hf-openjev eval (rank 0 of {processes.world})")
+                desc=f"hf-openjev eval (rank 0 of {processes.world})", batch_tokens=batch_tokens)
 
 
 def score_shard(model, tasks: list[Task], prepared: dict, *, out_path: Path, batch_size: int = 16, fast=None,
-                progress: bool = False, desc: str = "hf-openjev eval") -> int:
-    """Score ``tasks`` (each one's (PreparedRequest, tokenize seconds) in ``prepared``, by (tier, id)) ``batch_size``
-    at a time, appending one record per task to ``out_path`` (fsync'ed per batch); returns the number scored.
+                progress: bool = False, desc: str = "hf-openjev eval", batch_tokens: int = DEFAULT_BATCH_TOKENS) -> int:
+    """Score ``tasks`` (each one's (PreparedRequest, tokenize seconds) in ``prepared``, by (tier, id)) in batches of
+    at most ``batch_size`` tasks and ``batch_tokens`` tokens, appending one record per task to ``out_path`` (fsync'ed per batch); returns the number scored.
     The scoring loop of a run over several processes (``evaluate``'s own loop, without tokenization)."""
     own = {t.key: prepared[t.key] for t in tasks}
     return _run_batches(model, tasks, out_path=Path(out_path), batch_size=batch_size, fast=fast, progress=progress,
-                        invalid=[], warn=_warn, total=len(tasks), prepared_by_key=own, desc=desc)
+                        invalid=[], warn=_warn, total=len(tasks), prepared_by_key=own, desc=desc,
+                        batch_tokens=batch_tokens)
+
+
+def _check_run_options(batch_size, batch_tokens, limit) -> None:
+    """``batch_size``, ``batch_tokens`` and ``limit`` (None or a positive integer): a one-line UsageError, before
+    anything loads."""
+    from ..errors import UsageError
+
+    check_batch_size(batch_size)
+    try:
+        check_batch_tokens(batch_tokens, "batch_tokens (--batch-tokens)")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise UsageError(f"limit (--limit) must be a positive integer (the first N tasks), got {limit!r}")
+
+
+def _refuse_fp8_for_a_loaded_model(model, fp8: str) -> None:
+    from ..errors import UsageError
+
+    if fp8 != "off" and isinstance(model, JevModel):
+        raise UsageError(f"fp8={fp8!r} is set up when evaluate loads an export directory; for a loaded model, set it "
+                         "up first (hf_openjev.patches.apply_patches(model, FastPathOptions(fp8=...))) and leave "
+                         "fp8 'off', or pass the export directory")
+
+
+def _load(model_path: Path, *, progress: bool, **kwargs) -> JevModel:
+    """:func:`~hf_openjev.model.load_export`, without Transformers' weight-loading bar when ``progress`` is off."""
+    from ..progress_bars import progress_bars
+
+    with progress_bars(progress):
+        return load_export(model_path, **kwargs)
 
 
 def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = None, device=None,
              dtype="auto", resume: bool = True, progress: bool = True, fp8: str = "off",
-             allow_unknown_shape: bool = False) -> dict:
+             allow_unknown_shape: bool = False, batch_tokens: int = DEFAULT_BATCH_TOKENS,
+             limit: int | None = None) -> dict:
     """Evaluate ``model`` on the tasks in ``data``; write the outputs to ``out_dir``; return the summary.
 
     See the module docstring for resume, outputs, ``fp8`` and several processes, :mod:`hf_openjev.eval.tasks` for
     inputs, and :mod:`hf_openjev.eval.metrics` for metrics. Under a launcher (``accelerate launch``, ``torchrun``)
     every rank calls this and returns the same summary; rank 0 writes it. An export whose shape is no Open-Jev model's is
     refused before any task is read (:mod:`hf_openjev.family`) unless ``allow_unknown_shape``.
+
+    ``batch_tokens``: the tokens one batch makes the backbone run (and one reference forward's padded size);
+    ``limit``: the first ``limit`` valid tasks only, in input order. ``progress=False``: no bar, not even loading's.
     """
-    from ..errors import UsageError
     from ..fp8.option import select_fp8_path
 
-    check_batch_size(batch_size)
+    _check_run_options(batch_size, batch_tokens, limit)
     dtype_name = check_dtype_name(dtype)
     check_out_dir(out_dir)  # a file, or an unwritable parent: refused before any task is read or model loaded
     check_device(device)  # a CUDA device without CUDA: UsageError before any task is read
     fast = select_fp8_path(fp8, fast)  # FP8 selects the fast path; with fast=False: UsageError
-    if fp8 != "off" and isinstance(model, JevModel):
-        raise UsageError(f"fp8={fp8!r} is set up when evaluate loads an export directory; for a loaded model, set it "
-                         "up first (hf_openjev.patches.apply_patches(model, FastPathOptions(fp8=...))) and leave "
-                         "fp8 'off', or pass the export directory")
+    _refuse_fp8_for_a_loaded_model(model, fp8)
     started = time.perf_counter()
     sources = resolve_inputs(data)
     out_dir = Path(out_dir)
@@ -388,6 +433,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     processes = current_processes()
     main = processes.is_main
     tasks, invalid = load_tasks(sources, progress=progress and main, warn=None if main else (lambda _m: None))
+    tasks = tasks if limit is None else tasks[:limit]
     done = _prepare_out_dir(out_dir, fingerprint, resume, processes)
     pending = [t for t in tasks if not _is_done(t, done.get(t.key))]
     if main and len(pending) < len(tasks):
@@ -397,18 +443,19 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     if pending and processes.world > 1:
         _score_sharded(model, pending, model_path=model_path, processes=processes, out_dir=out_dir,
                        device=rank_device(device, processes), dtype=dtype, batch_size=batch_size, fast=fast,
-                       progress=progress, invalid=invalid, fp8=fp8, allow_unknown_shape=allow_unknown_shape)
+                       progress=progress, invalid=invalid, fp8=fp8, allow_unknown_shape=allow_unknown_shape,
+                       batch_tokens=batch_tokens)
     elif pending:
         if model_path is not None:
             import torch
 
             if device is None:
                 device = "cuda" if torch.cuda.is_available() else "cpu"
-            model = load_export(model_path, dtype=dtype, device=device, fp8=fp8,
-                                allow_unknown_shape=allow_unknown_shape)
+            model = _load(model_path, dtype=dtype, device=device, fp8=fp8, allow_unknown_shape=allow_unknown_shape,
+                          progress=progress)
         scored = _run_batches(model, pending, out_path=out_dir / RESULTS_NAME, batch_size=batch_size, fast=fast,
                               progress=progress, invalid=invalid, warn=_warn, done=len(tasks) - len(pending),
-                              total=len(tasks))
+                              total=len(tasks), batch_tokens=batch_tokens)
     processes.wait()  # every rank gets here, whatever its shard (empty included)
     if not main:
         processes.wait()  # rank 0 has merged the results and written the summary

@@ -145,18 +145,16 @@ def _quiet_transformers():
     """Silence Transformers' load reports, warnings and progress bars while the probe loads two models."""
     from transformers.utils import logging as hf_logging
 
+    from ..progress_bars import progress_bars
+
     verbosity = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
     try:
-        with warnings.catch_warnings():
+        with progress_bars(False), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def _compare(responses_a, responses_b) -> tuple[float, int]:

@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Callable
 
 __all__ = ["GPT2_PATTERN", "KNOWN_PATTERNS", "LLAMA3_PATTERN", "QWEN2_PATTERN", "QWEN35_PATTERN", "explain_unclean",
-           "find_clean_cut", "prove_clean_cuts"]
+           "explain_unclean_spec", "find_clean_cut", "prove_clean_cuts"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,11 @@ def explain_unclean(tokenizer) -> str | None:
         spec = json.loads(backend.to_str())
     except Exception as exc:  # noqa: BLE001 - a slow tokenizer, a stand-in
         return f"not a fast tokenizer ({type(exc).__name__})"
+    return explain_unclean_spec(spec)
+
+
+def explain_unclean_spec(spec: dict) -> str | None:
+    """:func:`explain_unclean` of a tokenizer given as its ``tokenizer.json`` content (parsed)."""
     model = spec.get("model") or {}
     if model.get("dropout"):
         return "BPE dropout (random tokenization)"
@@ -124,12 +129,15 @@ def explain_unclean(tokenizer) -> str | None:
 
 def prove_clean_cuts(tokenizer) -> Callable[[str, int], int | None] | None:
     """:func:`find_clean_cut` when its cuts are clean for ``tokenizer`` (see the module docstring), else None
-    (logged once per tokenizer: over-long candidates are then tokenized in full). Cached per tokenizer."""
+    (logged once per tokenizer: over-long candidates are then tokenized in full). Cached per tokenizer, and on disk
+    by the tokenizer's fingerprint (:func:`hf_openjev.tokenizer_analysis.analyse_tokenizer`)."""
+    from ..tokenizer_analysis import analyse_tokenizer
+
     try:
         return _finders[tokenizer]
     except (KeyError, TypeError):
         pass
-    problem = explain_unclean(tokenizer)
+    problem = analyse_tokenizer(tokenizer).unclean
     finder = None if problem else find_clean_cut
     if problem:
         logger.info("over-long candidates are tokenized in full: %s", problem)

@@ -1,0 +1,170 @@
+"""The one-off analysis of a tokenizer behind :func:`hf_openjev.scoring.tokenize_request`'s shortcuts for over-long
+texts, cached on disk by the tokenizer's fingerprint so that a new process does not redo it on its first request.
+
+Two facts are derived from a fast tokenizer's ``tokenizer.json`` content: whether its clean cuts are proven
+(:func:`hf_openjev.packing.prefix_cuts.explain_unclean_spec`) and the per-byte-class maxima of its byte floor
+(:func:`hf_openjev.token_floor.token_floor_maxima`, which walks the whole vocabulary: seconds for Qwen3.5's).
+
+The fingerprint (:func:`tokenizer_fingerprint`, with :data:`FORMAT`) of a tokenizer loaded from a ``tokenizer.json``
+that :func:`note_tokenizer_file` was told of (:func:`hf_openjev.checkpoint.files.load_tokenizer` does) is the file's
+SHA-256, taken at load, plus the loaded tokenizer's small parts (normalizer, pre-tokenizer, added tokens, model type,
+dropout, size), so that tokens added after loading count; any other tokenizer's is the SHA-256 of its whole
+serialization (a fraction of a second to seconds for a large vocabulary). The result lives in ``<cache root>/tokenizer-analysis/<fingerprint>.json`` (root:
+``$HF_OPENJEV_CACHE`` or ``~/.cache/hf_openjev``, as the Qwen tokenizer's conversion). A missing, unreadable or
+stale file is recomputed and rewritten (temporary file + rename, so concurrent processes are safe); a cache that
+cannot be written is skipped with a log line. A tokenizer that cannot be serialized (a slow one, a stand-in) is
+analysed without the disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["FORMAT", "TokenizerAnalysis", "analyse_tokenizer", "analysis_path", "note_tokenizer_file",
+           "tokenizer_fingerprint"]
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1  # bump when what the analysis derives changes (patterns, conditions), so that old files are ignored
+_SUBDIR = "tokenizer-analysis"
+_analyses: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_file_digests: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class TokenizerAnalysis:
+    """``unclean``: why clean cuts are not proven (None: they are); ``floor_maxima``: the byte floor's per-class
+    maxima (None: no floor); ``floor_nfc``: whether the floor normalizes to NFC first."""
+
+    unclean: str | None
+    floor_maxima: tuple[int, ...] | None
+    floor_nfc: bool = False
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "unclean": self.unclean, "floor_nfc": self.floor_nfc,
+                "floor_maxima": None if self.floor_maxima is None else list(self.floor_maxima)}
+
+    @classmethod
+    def from_json(cls, data) -> "TokenizerAnalysis":
+        """The analysis a cache file holds; ValueError for a file of another format or shape."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError("another format")
+        unclean, maxima, nfc = data.get("unclean"), data.get("floor_maxima"), data.get("floor_nfc")
+        if not (unclean is None or isinstance(unclean, str)) or not isinstance(nfc, bool):
+            raise ValueError("bad fields")
+        if maxima is not None and not (isinstance(maxima, list) and all(
+                isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in maxima)):
+            raise ValueError("bad maxima")
+        return cls(unclean, None if maxima is None else tuple(maxima), nfc)
+
+
+def note_tokenizer_file(tokenizer, path: str | Path) -> None:
+    """Remember that ``tokenizer`` was loaded from the ``tokenizer.json`` at ``path`` (its digest, read now), so that
+    :func:`tokenizer_fingerprint` need not serialize it. Replace nothing of its model after this (its vocabulary is
+    taken to be the file's)."""
+    try:
+        _file_digests[tokenizer] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except (OSError, TypeError):  # unreadable, or not weak-referenceable: fingerprinted by serializing
+        pass
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """The cache key of ``tokenizer``'s analysis (see the module docstring); raises what serializing a tokenizer that
+    cannot be serialized raises."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    digest = hashlib.sha256(f"hf_openjev tokenizer analysis v{FORMAT}\n".encode())
+    file_digest = _file_digests.get(tokenizer) if _weak_referenceable(tokenizer) else None
+    if file_digest is None:
+        digest.update(backend.to_str().encode("utf-8", "surrogatepass"))
+    else:
+        digest.update(f"file {file_digest}\n{_small_parts(backend)}".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def _weak_referenceable(obj) -> bool:
+    try:
+        weakref.ref(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _small_parts(backend) -> str:
+    """What the analysis reads of a loaded tokenizer besides its file's vocabulary, as one string."""
+    def state(component):
+        return None if component is None else component.__getstate__().decode("utf-8")
+
+    added = [[i, t.content, t.special, t.single_word, t.lstrip, t.rstrip, t.normalized]
+             for i, t in sorted(backend.get_added_tokens_decoder().items())]
+    return json.dumps({"normalizer": state(backend.normalizer), "pre_tokenizer": state(backend.pre_tokenizer),
+                       "model": type(backend.model).__name__, "dropout": getattr(backend.model, "dropout", None),
+                       "size": backend.get_vocab_size(with_added_tokens=True), "added": added}, sort_keys=True)
+
+
+def analysis_path(fingerprint: str, cache_dir: str | Path | None = None) -> Path:
+    """Where the analysis of the tokenizer of ``fingerprint`` is cached (``cache_dir``: the cache root)."""
+    from .checkpoint.tiny import default_cache_dir
+
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    return root / _SUBDIR / f"{fingerprint}.json"
+
+
+def analyse_tokenizer(tokenizer, *, cache_dir: str | Path | None = None) -> TokenizerAnalysis:
+    """The :class:`TokenizerAnalysis` of ``tokenizer`` (a Transformers fast tokenizer or a ``tokenizers.Tokenizer``):
+    from this process's memory, else from the disk cache, else computed and written there."""
+    try:
+        return _analyses[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    try:
+        fingerprint = tokenizer_fingerprint(tokenizer)
+    except Exception as exc:  # noqa: BLE001 - a slow tokenizer, a stand-in: nothing to analyse or cache
+        analysis = TokenizerAnalysis(f"not a fast tokenizer ({type(exc).__name__})", None)
+    else:
+        analysis = _cached_analysis(tokenizer, analysis_path(fingerprint, cache_dir))
+    try:
+        _analyses[tokenizer] = analysis
+    except TypeError:  # not weak-referenceable
+        pass
+    return analysis
+
+
+def _cached_analysis(tokenizer, path: Path) -> TokenizerAnalysis:
+    try:
+        return TokenizerAnalysis.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):  # missing, unreadable, torn or stale: recompute
+        pass
+    analysis = _compute(json.loads(getattr(tokenizer, "backend_tokenizer", tokenizer).to_str()))
+    _write(path, analysis)
+    return analysis
+
+
+def _compute(spec: dict) -> TokenizerAnalysis:
+    from .packing.prefix_cuts import explain_unclean_spec
+    from .token_floor import token_floor_maxima
+
+    return TokenizerAnalysis(explain_unclean_spec(spec), token_floor_maxima(spec),
+                             floor_nfc=spec.get("normalizer") is not None)
+
+
+def _write(path: Path, analysis: TokenizerAnalysis) -> None:
+    """Write ``analysis`` to ``path`` through a temporary file and a rename; a failure is logged, not raised."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem[:16]}-", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(analysis.to_json(), fh)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        logger.info("the tokenizer analysis is not cached (%s): the next process redoes it", exc)
