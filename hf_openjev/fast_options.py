@@ -84,6 +84,9 @@ class FastPathOptions:
     # a pack level of one sequence at least this long, with no prefix, runs its attention as one dense causal call
     # (cuDNN on CUDA); 0: never
     dense_attention_tokens: int = DENSE_ATTENTION_TOKENS
+    # graphed packs padded to the cheapest measured row count of the model's shape (packing/bucket_policy.py; shapes
+    # without a table keep the steps); False: the fixed 32-token steps of packing/graph_buckets.py
+    measured_buckets: bool = True
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

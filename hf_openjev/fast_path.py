@@ -41,6 +41,7 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
                          max_tokens=options.max_tokens, share_tails=options.share_tails)
     text_model = text_model_of(model)
     graphs = record.graphs if options.cuda_graphs else None
+    buckets = record.buckets if options.measured_buckets else None  # None: the fixed token steps
     remaining_children: dict[int, int] = {}
     for pack in plan.packs:
         for seg in pack.external:
@@ -50,7 +51,7 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
     leaf_index: dict[int, int] = {}  # scored segment id -> its index in the packs' scores, concatenated
     for pack in plan.packs:
         graphed = graphs is not None and graph_ready(plan, pack)
-        ctx = build_pack_context(plan, pack, store, model.device, options, pad=graphed, buckets=record.buckets)
+        ctx = build_pack_context(plan, pack, store, model.device, options, pad=graphed, buckets=buckets)
         if graphed:
             rows = graphs.run(ctx)[: len(ctx.leaf_ids)]  # a static buffer: the head reads it right away
         else:

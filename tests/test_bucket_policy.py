@@ -165,7 +165,9 @@ def test_apply_patches_keeps_the_table_of_the_models_shape():
     assert apply_patches(model, FastPathOptions(cuda_graphs=False)).buckets.name == "2b"
 
 
-def test_score_fast_lays_packs_out_with_the_records_policy(tiny_model, monkeypatch):
+@pytest.mark.parametrize("measured", [True, False])
+def test_score_fast_lays_packs_out_with_the_records_policy(tiny_model, monkeypatch, measured):
+    """The record's policy reaches every pack's layout; ``measured_buckets=False`` gives the fixed steps (None)."""
     from hf_openjev import fast_path
     from hf_openjev.patches import apply_patches, patch_record, revert_patches
 
@@ -181,12 +183,13 @@ def test_score_fast_lays_packs_out_with_the_records_policy(tiny_model, monkeypat
     monkeypatch.setattr(fast_path, "build_pack_context", spying)
     monkeypatch.setattr(record, "buckets", SYNTHETIC)
     try:
-        fast_path.score_fast(tiny_model, [[[[5, 6, 7], [5, 6, 8, 9]]]])
+        fast_path.score_fast(tiny_model, [[[[5, 6, 7], [5, 6, 8, 9]]]],
+                             options=FastPathOptions(measured_buckets=measured))
     finally:
         monkeypatch.undo()
         if not patched_before:
             revert_patches(tiny_model)
-    assert seen and all(b is SYNTHETIC for b in seen)
+    assert seen and all(b is (SYNTHETIC if measured else None) for b in seen)
 
 
 def test_packs_padded_under_a_policy_give_the_same_rows(tiny_checkpoint):
