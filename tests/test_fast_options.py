@@ -14,12 +14,12 @@ from hf_openjev.packing import planner
 
 INTS = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0}  # name: minimum
 BOOLS = ["packed_candidates", "shared_prefix", "final_row_mlp", "stacked_projections", "cuda_graphs",
-         "compile_elementwise", "fused_elementwise", "gdn_fp32", "share_tails"]
+         "compile_elementwise", "fused_elementwise", "gdn_fp32", "share_tails", "measured_buckets"]
 
 
 def test_every_option_and_its_default():
     options = FastPathOptions()
-    assert set(FastPathOptions.names()) == set(INTS) | set(BOOLS) | {"fp8"} and len(FastPathOptions.names()) == 14
+    assert set(FastPathOptions.names()) == set(INTS) | set(BOOLS) | {"fp8"} and len(FastPathOptions.names()) == 15
     assert options.fp8 == "off"  # FP8 is opt-in
     assert (options.min_shared_tokens, options.max_sequences, options.max_tokens, options.share_tails) == (
         planner.DEFAULT_MIN_SHARED_TOKENS, planner.DEFAULT_MAX_SEQUENCES, planner.DEFAULT_MAX_TOKENS,
@@ -27,7 +27,7 @@ def test_every_option_and_its_default():
     assert options.dense_attention_tokens == DENSE_ATTENTION_TOKENS == 2048
     assert [name for name in BOOLS if getattr(options, name)] == [
         "packed_candidates", "shared_prefix", "final_row_mlp", "stacked_projections", "cuda_graphs",
-        "fused_elementwise", "share_tails"]
+        "fused_elementwise", "share_tails", "measured_buckets"]
     # exact prefix sharing from 16 tokens: the fastest configuration that passes the fidelity gate (issue 21)
     assert (options.share_tails, options.min_shared_tokens) == (True, 16)
 
