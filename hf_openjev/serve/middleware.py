@@ -5,8 +5,9 @@ structured access logs.
 the global one, so two apps in one process keep separate counts). :class:`OpsMiddleware`, around the app, for each
 HTTP request:
 
-1. makes sure it has a request id: the client's ``X-Request-Id`` when it is sane, else a fresh one written into the
-   request's headers, so that the route handlers, the response and the access log share it;
+1. makes sure it has a request id: the client's ``X-Request-Id`` when it is sane, else a fresh one
+   (:func:`~hf_openjev.serve.edge.sane_request_id`, the server's one rule) written into the request's headers, so
+   that the route handlers, the response and the access log share it;
 2. refuses a request carrying both ``Content-Length`` and ``Transfer-Encoding`` (400, the connection closed:
    proxies and servers may disagree on where it ends), and answers a request on a connection past
    ``--max-connections`` with a JSON 503 ``server is busy`` (:mod:`~hf_openjev.serve.connection_limit`);
@@ -188,7 +189,8 @@ class _Exchange:
         await self.send({"type": "http.response.body", "body": body})
 
     async def discard_body(self) -> None:
-        """Read and drop what the client still sends (bounded), so that it gets to read a refusal."""
+        """Read and drop what the client still sends (:func:`~hf_openjev.serve.edge.drain_body`, bounded by
+        :data:`_DISCARD_BYTES` and :data:`_DISCARD_SECONDS`), so that it gets to read a refusal."""
         await drain_body(self._body_chunks(), seen=self.bytes_in, limit_bytes=_DISCARD_BYTES,
                          seconds=_DISCARD_SECONDS)
 
