@@ -4,7 +4,7 @@
 
 Measured the way the native server measures its published figures: the requests as text (built from
 ``data/jevbench/{easy,original,hard}.jsonl`` by ``hf_openjev.eval.tasks``, as ``hf-openjev eval`` builds them),
-served by the package's own server app (``hf_openjev.serve.server.create_app``: arm C the fast path, arm B the
+served by the package's own server app (``hf_openjev.serve.app.create_app``: arm C the fast path, arm B the
 reference path, as ``serve --reference``) on 127.0.0.1 with uvicorn, the bench's seeded random weights
 (``benchlib.random_model.build_model``, handed to the app in-process) and the real Qwen3.5 tokenizer
 (``hf_openjev.qwen_tokenizer.load_qwen_tokenizer``; ``--tokenizer DIR`` loads another one instead). One client in
@@ -127,7 +127,7 @@ def serve_arm(model, arm: str):
 
     from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.patches import patch_record, revert_patches
-    from hf_openjev.serve.server import create_app
+    from hf_openjev.serve.app import create_app
 
     if arm == "B" and patch_record(model) is not None:
         revert_patches(model)  # B is the stock model, as serve --reference loads it

@@ -1,4 +1,4 @@
-"""The batcher's admission (issue 28, finding 1): round-robin across clients (hf_openjev.serve.fair_queue), and
+"""The batcher's admission (issue 28, finding 1): round-robin across clients (hf_openjev.serve.batching_policy), and
 requests cancelled while they wait (client gone, deadline passed) leave the queue unscored."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 from types import SimpleNamespace
 
 from hf_openjev.serve.batcher import Batcher, QueueFull
-from hf_openjev.serve.fair_queue import FairQueue
+from hf_openjev.serve.batching_policy import FairQueue
 
 from test_batcher import Scorer, request
 

@@ -31,7 +31,7 @@ def test_build_parser_knows_every_subcommand():
 
 def test_only_the_chosen_command_module_is_imported():
     code = ("import sys; from hf_openjev import cli; cli.build_parser('demo'); "
-            "print(sorted(m for m in ('hf_openjev.serve.server', 'hf_openjev.eval.evaluate', 'hf_openjev.export.cli') "
+            "print(sorted(m for m in ('hf_openjev.serve.startup', 'hf_openjev.eval.evaluate', 'hf_openjev.export.cli') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -227,7 +227,7 @@ def test_eval_refuses_an_unknown_shape_before_reading_tasks(unmarked, monkeypatc
 
 
 def test_serve_refuses_an_unknown_shape_before_loading_unless_allowed(unmarked, monkeypatch, capsys):
-    from hf_openjev.serve import server
+    from hf_openjev.serve import startup
 
     forbid_loading(monkeypatch, "family check")
     with socket.socket() as sock:
@@ -237,7 +237,7 @@ def test_serve_refuses_an_unknown_shape_before_loading_unless_allowed(unmarked, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("hf-openjev serve: error: ") and UNKNOWN in err and "\n" not in err
     seen = {}
-    monkeypatch.setattr(server, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
+    monkeypatch.setattr(startup, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
     assert cli.main(["serve", "--model", str(unmarked.export), "--allow-unknown-shape"]) == 0
     assert seen["allow_unknown_shape"] is True
 

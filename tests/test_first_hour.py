@@ -310,7 +310,7 @@ def test_an_unknown_model_names_the_served_ones():
 
 
 def test_the_server_adds_the_detail_without_changing_the_message(tiny_model):
-    from hf_openjev.serve.server import create_app
+    from hf_openjev.serve.app import create_app
 
     with TestClient(create_app(tiny_model)) as client:
         bad = {"state": "s", "questions": {"urgency": {"type": "score", "instructions": "how urgent?"}}}

@@ -177,10 +177,10 @@ def test_a_pipeline_for_the_fast_path_quantizes_a_cpu_model_before_moving_it(opt
 # --- hf-openjev serve --fp8 -------------------------------------------------------------------------------------------
 
 def test_serve_fp8_flag_reaches_serve(monkeypatch, capsys):
-    from hf_openjev.serve import server
+    from hf_openjev.serve import startup
 
     seen = {}
-    monkeypatch.setattr(server, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
+    monkeypatch.setattr(startup, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
     assert serve_cli.run(serve_parser().parse_args(["--model", "/x", "--fp8", "no-gdn", "--devices", "cpu,cpu"])) == 0
     assert seen["fp8"] == "no-gdn" and seen["devices"] == "cpu,cpu" and seen["fast"] is None
     serve_cli.run(serve_parser().parse_args(["--model", "/x"]))

@@ -4,7 +4,8 @@
 - the core (``hf_openjev/`` with its fp8, checkpoint and packing subpackages) imports none of the command
   subpackages (export, eval, serve); only the command line (``cli.py``) and the demo, itself a command, may;
 - nothing imports ``ops`` or ``patches`` as top-level modules: always ``hf_openjev.ops`` / ``hf_openjev.patches``;
-- ``import hf_openjev`` and ``hf-openjev --help`` import neither torch nor Transformers.
+- ``import hf_openjev`` and ``hf-openjev --help`` import neither torch nor Transformers;
+- no function or method is over 80 lines (CONTRIBUTING "Where things go"), and no file of ``serve/`` over 600.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {"hf_openjev": "hf_openjev", "ops": "hf_openjev.ops", "patches": "hf_openjev.patches"}
 COMMANDS = ("hf_openjev.export", "hf_openjev.eval", "hf_openjev.serve", "hf_openjev.fidelity_check")
 COMMAND_LEVEL_CORE = {"hf_openjev.cli", "hf_openjev.demo"}  # command modules that live in the core folder
+MAX_FUNCTION_LINES = 80
+MAX_FILE_LINES = 600
+# Functions over the cap today, "path:qualified name" (relative to the repository root); the list may only shrink.
+LONG_FUNCTIONS: frozenset[str] = frozenset()
 
 
 def module_files() -> dict[str, Path]:
@@ -116,6 +121,49 @@ def test_no_top_level_ops_or_patches_imports():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("ops", "patches")]
     assert not bad, bad
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """``{qualified name: lines}`` of the functions and methods in ``path`` over ``limit`` lines (from ``def`` to
+    their last line, docstring included, decorators not)."""
+    found = {}
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef) and child.end_lineno - child.lineno + 1 > limit:
+                    found[name] = child.end_lineno - child.lineno + 1
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "")
+    return found
+
+
+def test_no_function_over_the_line_cap():
+    over = {f"{path.relative_to(ROOT).as_posix()}:{name}": lines for path in module_files().values()
+            for name, lines in long_functions(path).items()}
+    new = {name: lines for name, lines in over.items() if name not in LONG_FUNCTIONS}
+    assert not new, f"functions over {MAX_FUNCTION_LINES} lines (split them): {new}"
+    gone = sorted(LONG_FUNCTIONS - set(over))
+    assert not gone, f"now under the cap: take them off LONG_FUNCTIONS: {gone}"
+
+
+def test_no_serve_file_over_the_line_cap():
+    over = {path.name: n for path in sorted((ROOT / "hf_openjev" / "serve").glob("*.py"))
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES}
+    assert not over, f"serve/ files over {MAX_FILE_LINES} lines (split them by layer): {over}"
+
+
+def test_the_line_cap_checker_sees_nested_functions_and_methods(tmp_path):
+    source = tmp_path / "long.py"
+    body = "\n".join(f"        x{i} = {i}" for i in range(80))
+    source.write_text(f"class A:\n    def method(self):\n{body}\n\n"
+                      f"def outer():\n    def inner():\n{body}\n    return inner\n\n"
+                      "def short():\n    return 1\n")
+    assert long_functions(source) == {"A.method": 81, "outer": 83, "outer.inner": 81}
 
 
 def test_the_checker_sees_circles_and_command_imports():

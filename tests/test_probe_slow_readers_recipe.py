@@ -7,7 +7,8 @@ import json
 import pytest
 
 from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
-from hf_openjev.serve.server import _uvicorn_config, create_app
+from hf_openjev.serve.app import create_app
+from hf_openjev.serve.startup import _uvicorn_config
 
 from live_server import listening_socket, serving
 from repo_data import load_recipe

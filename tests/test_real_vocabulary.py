@@ -74,7 +74,7 @@ def test_an_over_long_candidate_is_rejected_through_a_clean_prefix(qwen_tiny_mod
 
 
 def test_the_server_tokenizes_with_the_real_tokenizer(qwen_tiny_model):
-    from hf_openjev.serve.server import create_app
+    from hf_openjev.serve.app import create_app
 
     cases = golden_ids()
     with TestClient(create_app(qwen_tiny_model)) as client:

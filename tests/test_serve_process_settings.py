@@ -29,13 +29,13 @@ def test_serve_on_the_cpu_sets_the_threads_before_loading(tiny_checkpoint, monke
 
     import uvicorn
 
-    from hf_openjev.serve import server
+    from hf_openjev.serve import startup
     from live_server import run_lifespan_without_a_socket
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(uvicorn.Server, "run", run_lifespan_without_a_socket)
     with caplog.at_level(logging.INFO, logger="hf_openjev.serve.server"):
-        assert server.serve(tiny_checkpoint.export, device="cpu") == 0
+        assert startup.serve(tiny_checkpoint.export, device="cpu") == 0
     expected = max(1, (os.cpu_count() or 1) - 1)
     assert torch.get_num_threads() == expected  # the autouse fixture puts it back after the test
     assert f"scoring on the CPU with {expected} torch thread(s)" in caplog.text
@@ -46,13 +46,13 @@ def test_serve_freezes_what_it_loaded_before_it_answers(tiny_checkpoint, monkeyp
 
     import uvicorn
 
-    from hf_openjev.serve import server
+    from hf_openjev.serve import startup
     from live_server import run_lifespan_without_a_socket
 
     assert gc.get_freeze_count() == 0
     monkeypatch.setattr(uvicorn.Server, "run", run_lifespan_without_a_socket)
     with caplog.at_level(logging.INFO, logger="hf_openjev.serve.server"):
-        assert server.serve(tiny_checkpoint.export, device="cpu") == 0
+        assert startup.serve(tiny_checkpoint.export, device="cpu") == 0
     assert gc.get_freeze_count() > 10_000  # the tiny model, its tokenizer, the app (the autouse fixture unfreezes)
     assert "startup objects frozen out of the garbage collector's full passes" in caplog.text
 

@@ -21,7 +21,7 @@ from hf_openjev.errors import UsageError
 from hf_openjev.scoring import score_prepared
 from hf_openjev.serve import cli as serve_cli
 from hf_openjev.serve.replicas import load_replicas, parse_devices, warm_up_replicas
-from hf_openjev.serve.server import create_app
+from hf_openjev.serve.app import create_app
 from serve_cli_args import forbid_loading, serve_parser
 from test_server import COMPANY_TOL, assert_same_answers, make_request
 
@@ -156,10 +156,10 @@ def test_warm_up_runs_on_every_replica(tiny_checkpoint):
 # ------------------------------------------------------------------------------------------------ the flag
 
 def test_devices_flag_reaches_serve_and_excludes_device(monkeypatch, capsys):
-    from hf_openjev.serve import server
+    from hf_openjev.serve import startup
 
     seen = {}
-    monkeypatch.setattr(server, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
+    monkeypatch.setattr(startup, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
     assert serve_cli.run(serve_parser().parse_args(["--model", "/x", "--devices", "cpu,cpu"])) == 0
     assert seen["devices"] == "cpu,cpu" and seen["device"] is None
     serve_cli.run(serve_parser().parse_args(["--model", "/x"]))
@@ -196,10 +196,10 @@ def test_parse_devices_rules(monkeypatch, tiny_checkpoint):
         parse_devices("cuda:1,cpu")
     with pytest.raises(UsageError, match="this machine has 4 CUDA GPU"):
         parse_devices("cuda:0,cuda:4")
-    from hf_openjev.serve import server
+    from hf_openjev.serve import startup
 
     with pytest.raises(UsageError, match="--device or --devices, not both"):
-        server.serve(tiny_checkpoint.export, device="cpu", devices="cpu,cpu")
+        startup.serve(tiny_checkpoint.export, device="cpu", devices="cpu,cpu")
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The HTTP server (hf_openjev.serve.server): in-process, then a real uvicorn server on 127.0.0.1 with concurrent clients,
+"""The HTTP server (hf_openjev.serve.app, .edge, .startup): in-process, then a real uvicorn server on 127.0.0.1 with concurrent clients,
 bad inputs, overload and shutdown; the official typesafe-sdk client and a jevcompat subset against it.
 
 The model is the tiny random export, loaded once per module on CPU in float32.
@@ -22,7 +22,8 @@ from starlette.testclient import TestClient
 
 from hf_openjev.model import load_export
 from hf_openjev.scoring import answer_requests, score_prepared
-from hf_openjev.serve.server import MAX_BODY_BYTES, create_app
+from hf_openjev.serve.app import create_app
+from hf_openjev.serve.edge import MAX_BODY_BYTES
 from hf_openjev.export.tiny import build_tiny_checkpoint
 
 from live_server import serving
@@ -168,7 +169,7 @@ def test_content_type_variants_and_encodings(client, reference):
 
 def test_zstd_bodies_as_the_typesafe_sdk_sends_them(client, reference):
     """typesafe-sdk compresses bodies of 1 KiB and more with zstd when it can (Python 3.14, or backports.zstd)."""
-    from hf_openjev.serve.server import _zstd_decompressor
+    from hf_openjev.serve.edge import _zstd_decompressor
 
     body = json.dumps(make_request(0)).encode()
     headers = {**JSON, "content-encoding": "zstd"}
@@ -537,12 +538,12 @@ def test_serve_arguments_reach_serve(monkeypatch):
     import argparse
 
     from hf_openjev.serve import cli as serve_cli
-    from hf_openjev.serve import server
+    from hf_openjev.serve import startup
 
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
     seen = {}
-    monkeypatch.setattr(server, "serve", lambda model_dir, **kw: seen.update(model_dir=model_dir, **kw) or 0)
+    monkeypatch.setattr(startup, "serve", lambda model_dir, **kw: seen.update(model_dir=model_dir, **kw) or 0)
     args = parser.parse_args(["--model", "/x", "--port", "9001", "--max-queue", "3", "--max-wait-ms", "2.5",
                               "--max-batch-tokens", "100", "--reference", "--dtype", "float32"])
     assert serve_cli.run(args) == 0

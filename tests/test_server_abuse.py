@@ -23,8 +23,9 @@ from hf_openjev.scoring import score_prepared
 from hf_openjev.serve import cli as serve_cli
 from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
 from hf_openjev.serve.limits import RequestLimits
-from hf_openjev.serve.ops import ACCESS_LOGGER
-from hf_openjev.serve.server import _uvicorn_config, create_app
+from hf_openjev.serve.middleware import ACCESS_LOGGER
+from hf_openjev.serve.app import create_app
+from hf_openjev.serve.startup import _uvicorn_config
 
 from live_server import serving
 from repo_data import load_recipe
@@ -363,7 +364,7 @@ def test_open_routes_are_what_the_readme_says(tiny_model):
     ("--slice-tokens", "0"), ("--group-deadline", "-1")])
 def test_bad_serve_options_are_refused_before_binding_or_loading(monkeypatch, tmp_path, capsys, option, value):
     forbid_loading(monkeypatch, f"{option} check")
-    monkeypatch.setattr("hf_openjev.serve.server.check_port_free",
+    monkeypatch.setattr("hf_openjev.serve.startup.check_port_free",
                         lambda *a: (_ for _ in ()).throw(AssertionError("port checked before the options")))
     args = serve_parser().parse_args(["--model", str(tmp_path / "no-export"), option, value])
     assert serve_cli.run(args) == 2

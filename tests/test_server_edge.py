@@ -20,8 +20,9 @@ import pytest
 from hf_openjev.scoring import score_prepared
 from hf_openjev.serve import cli as serve_cli
 from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
-from hf_openjev.serve.ops import ACCESS_LOGGER
-from hf_openjev.serve.server import _uvicorn_config, create_app
+from hf_openjev.serve.middleware import ACCESS_LOGGER
+from hf_openjev.serve.app import create_app
+from hf_openjev.serve.startup import _uvicorn_config
 
 from live_server import listening_socket, serving
 from serve_cli_args import forbid_loading, serve_parser
@@ -289,10 +290,10 @@ def test_after_sigterm_an_idle_kept_alive_connection_gets_the_503_then_the_serve
 # ------------------------------------------------------------------------------ the options
 
 def test_write_timeout_and_max_connections_reach_serve(monkeypatch):
-    from hf_openjev.serve import server
+    from hf_openjev.serve import startup
 
     seen = {}
-    monkeypatch.setattr(server, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
+    monkeypatch.setattr(startup, "serve", lambda model_dir, **kw: seen.update(kw) or 0)
     parser = serve_parser()
     assert serve_cli.run(parser.parse_args(["--model", "/x", "--write-timeout", "2.5", "--max-connections", "7"])) == 0
     assert (seen["write_timeout_s"], seen["max_connections"]) == (2.5, 7)
@@ -304,7 +305,7 @@ def test_write_timeout_and_max_connections_reach_serve(monkeypatch):
                                            ("--max-connections", "0"), ("--max-connections", "-3")])
 def test_bad_edge_options_are_refused_before_binding_or_loading(monkeypatch, tmp_path, capsys, option, value):
     forbid_loading(monkeypatch, f"{option} check")
-    monkeypatch.setattr("hf_openjev.serve.server.check_port_free",
+    monkeypatch.setattr("hf_openjev.serve.startup.check_port_free",
                         lambda *a: (_ for _ in ()).throw(AssertionError("port checked before the options")))
     args = serve_parser().parse_args(["--model", str(tmp_path / "no-export"), option, value])
     assert serve_cli.run(args) == 2

@@ -1,4 +1,4 @@
-"""What an operator expects of the server (hf_openjev.serve.ops, .keys, .lifecycle): readiness, Prometheus metrics,
+"""What an operator expects of the server (hf_openjev.serve.middleware, .keys, .lifecycle): readiness, Prometheus metrics,
 drain on SIGTERM, JSON access logs with the request id, API keys (jevcompat's auth checks included).
 
 The model is the session's tiny random export (fp32, CPU), scored on the reference path.
@@ -22,8 +22,8 @@ from hf_openjev.errors import CheckpointError, InputFileError, UsageError
 from hf_openjev.scoring import score_prepared
 from hf_openjev.serve.keys import API_KEYS_ENV, KeyChecker, read_api_keys
 from hf_openjev.serve.lifecycle import LoadingApp, begin_drain, build_server
-from hf_openjev.serve.ops import ACCESS_LOGGER, OpsMiddleware, ServerOps
-from hf_openjev.serve.server import create_app
+from hf_openjev.serve.middleware import ACCESS_LOGGER, OpsMiddleware, ServerOps
+from hf_openjev.serve.app import create_app
 
 from live_server import serving
 

@@ -95,7 +95,7 @@ def test_serve_warm_up_file_is_checked_before_the_model_loads(tmp_path, monkeypa
 def test_serve_warms_up_on_the_fast_path_only(tiny_checkpoint, tmp_path, monkeypatch, caplog):
     import uvicorn
 
-    from hf_openjev.serve import server
+    from hf_openjev.serve import startup
 
     shapes = _write(tmp_path, {"requests": [{"prefix_tokens": 4, "suffix_tokens": [3, 5]}]})
     calls = []
@@ -103,9 +103,9 @@ def test_serve_warms_up_on_the_fast_path_only(tiny_checkpoint, tmp_path, monkeyp
                         {"requests": len(s), "skipped_too_long": 0, "seconds": 0.0, "graphs": None})  # it when called
     monkeypatch.setattr(uvicorn.Server, "run", run_lifespan_without_a_socket)
     with caplog.at_level("INFO", logger="hf_openjev.serve.server"):
-        assert server.serve(tiny_checkpoint.export, device="cpu", fast=True, warm_up_shapes=shapes) == 0
+        assert startup.serve(tiny_checkpoint.export, device="cpu", fast=True, warm_up_shapes=shapes) == 0
         assert calls == [[(4, [3, 5])]] and "warm-up: 1 requests" in caplog.text
-        assert server.serve(tiny_checkpoint.export, device="cpu", fast=None, warm_up_shapes=shapes) == 0
+        assert startup.serve(tiny_checkpoint.export, device="cpu", fast=None, warm_up_shapes=shapes) == 0
     assert len(calls) == 1 and "warm-up skipped: the reference path" in caplog.text  # CPU default: reference
 
 
@@ -114,12 +114,12 @@ def test_serve_proves_the_tokenizer_shortcuts_while_loading_not_on_the_first_req
     import uvicorn
 
     from hf_openjev import scoring
-    from hf_openjev.serve import server
+    from hf_openjev.serve import startup
 
     proved = []
     monkeypatch.setattr(scoring, "prove_tokenizer_shortcuts", lambda model: proved.append(model.tokenizer))
     monkeypatch.setattr(uvicorn.Server, "run", run_lifespan_without_a_socket)
-    assert server.serve(tiny_checkpoint.export, device="cpu") == 0
+    assert startup.serve(tiny_checkpoint.export, device="cpu") == 0
     assert len(proved) == 1 and proved[0] is not None
 
 

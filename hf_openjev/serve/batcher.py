@@ -3,7 +3,7 @@
 The server validates and tokenizes each request first (:func:`hf_openjev.scoring.prepare_request`), then hands
 the :class:`~hf_openjev.scoring.PreparedRequest` to :meth:`Batcher.submit`. One worker thread (torch is not
 safe for concurrent forwards on one model) takes the waiting requests round-robin across clients
-(:mod:`~hf_openjev.serve.fair_queue`: one client's backlog never holds another's request back), as many as fit a
+(:mod:`~hf_openjev.serve.batching_policy`: one client's backlog never holds another's request back), as many as fit a
 token budget (``max_batch_tokens``, counted as unpadded input tokens; a request bigger than the budget runs alone),
 waiting at most ``max_wait_ms`` after the oldest one arrived for company (and only while ``company_hint()`` says more
 requests are on their way, when the server gives one: a lone request does not wait), scores the group with ONE call of
@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import InferenceError
-from .fair_queue import FairQueue
+from .batching_policy import FairQueue, GroupPolicy
 from .slices import default_slice_tokens, join_scores, split_request
 from .replica_health import (DEFAULT_FAILURE_RATE, DEFAULT_FAILURE_WINDOW, HealthPolicy, ReplicaHealth,
                              check_finite_scores)
@@ -87,7 +87,7 @@ class _Item:
     tokens: int  # unpadded input tokens of its next part (the group budget counts them)
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    client: object = None  # whose lane (hf_openjev.serve.fair_queue): an API key or a connection
+    client: object = None  # whose lane (hf_openjev.serve.batching_policy): an API key or a connection
     enqueued: float = field(default_factory=time.monotonic)
     failed_on: set = field(default_factory=set)  # names of the replicas this request's group failed on
     parts: list = field(default_factory=list)  # its slices (hf_openjev.serve.slices): [prepared] when one
@@ -227,12 +227,10 @@ class Batcher:
         self._slicing = {"shares_prefixes": fast_path, "align": 1 if fast_path else REFERENCE_BATCH}
         self.retry_on_another = bool(retry_on_another)
         self.max_queue = int(max_queue)
-        self.max_batch_tokens = int(max_batch_tokens)
-        self.max_wait_s = float(max_wait_ms) / 1000.0
         self.fast = fast
         self.retire_after_failures = retire_after_failures
         self._score_fn = score_fn or _default_score_fn
-        self._company_hint = company_hint
+        self._policy = GroupPolicy(max_batch_tokens, float(max_wait_ms) / 1000.0, company_hint)
         self._name = name
         self._queue = FairQueue()
         self.withdrawn = 0  # requests whose client left before a worker took them: never scored
@@ -243,6 +241,16 @@ class Batcher:
         self._threads: list[threading.Thread] = []
 
     # -- state -----------------------------------------------------------------------------------------------
+    @property
+    def max_batch_tokens(self) -> int:
+        """Unpadded input tokens per group (:class:`~hf_openjev.serve.batching_policy.GroupPolicy`)."""
+        return self._policy.max_batch_tokens
+
+    @property
+    def max_wait_s(self) -> float:
+        """Seconds the oldest waiting request may wait for company."""
+        return self._policy.max_wait_s
+
     @property
     def waiting(self) -> int:
         """Requests admitted and not yet taken by a worker."""
@@ -325,7 +333,7 @@ class Batcher:
 
     # -- admission -------------------------------------------------------------------------------------------
     async def submit(self, prepared, *, client=None) -> BatchOutcome:
-        """Queue one prepared request in ``client``'s lane (:mod:`~hf_openjev.serve.fair_queue`) and wait for its
+        """Queue one prepared request in ``client``'s lane (:mod:`~hf_openjev.serve.batching_policy`) and wait for its
         scores.
 
         Raises :class:`QueueFull` or :class:`BatcherClosed` at once when it cannot be admitted, and
@@ -373,34 +381,23 @@ class Batcher:
         """Whether ``replica`` takes groups: not retired, and not stuck in a group past its deadline."""
         return not replica.retired and not (replica.current is not None and replica.current.abandoned)
 
-    def _company_coming(self) -> bool:
-        """Whether waiting can pay off: without a hint, always; with one, only while requests are on their way."""
-        if self._company_hint is None:
-            return True
-        try:
-            return self._company_hint() > 0
-        except Exception:  # noqa: BLE001
-            return True
-
     def _take_group(self, replica: _Replica) -> _Attempt | None:
-        """The next group for ``replica`` (under the lock, so two workers never take the same request); None once
-        closed and drained, or once ``replica`` is retired."""
+        """The next group for ``replica`` (under the lock, so two workers never take the same request), when the
+        policy (:class:`~hf_openjev.serve.batching_policy.GroupPolicy`) says to take it; None once closed and
+        drained, or once ``replica`` is retired."""
         with self._cond:
             while True:
                 if replica.retired:
                     return None
-                group, full = self._queue.plan(self.max_batch_tokens, self._eligibility(replica))
+                group, wait_s = self._policy.next_group(self._queue, self._eligibility(replica), closed=self._closed)
                 if not group:  # another worker may have taken what this one waited on
                     if self._closed and not self._queue:
                         return None
                     self._cond.wait(0.5 if self._queue else None)
                     continue
-                if full or self._closed or not self._company_coming():
+                if wait_s <= 0:
                     break
-                remaining = min(item.enqueued for item in group) + self.max_wait_s - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
+                self._cond.wait(wait_s)
             self._queue.take(group)
             self._in_flight += len(group)
             deadline = None if self.group_deadline_s is None else time.monotonic() + self.group_deadline_s

@@ -1,4 +1,4 @@
-"""``hf-openjev serve``: the command line over :func:`hf_openjev.serve.server.serve`."""
+"""``hf-openjev serve``: the command line over :func:`hf_openjev.serve.startup.serve`."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def run(args) -> int:
     import sys
 
     from ..errors import InputFileError, UsageError
-    from .server import serve
+    from .startup import serve
 
     try:
         return _serve(serve, args)

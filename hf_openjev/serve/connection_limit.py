@@ -3,7 +3,7 @@
 Every open connection costs a file descriptor and, while its client does not read, the answer it was sent
 (:mod:`~hf_openjev.serve.write_timeout`). :func:`with_connection_limit` subclasses uvicorn's HTTP protocol (as the
 header timeout does): a connection that opens while ``limit`` others are open is marked in its requests' scope
-(:data:`OVER_CONNECTION_LIMIT`), and :class:`~hf_openjev.serve.ops.OpsMiddleware` answers each such request with a
+(:data:`OVER_CONNECTION_LIMIT`), and :class:`~hf_openjev.serve.middleware.OpsMiddleware` answers each such request with a
 JSON 503 ``server is busy`` (``Retry-After``, ``Connection: close``: counted and logged like any request), after
 which uvicorn closes it. The connections already open are served as before; idle kept-alive ones count until
 uvicorn's keep-alive timeout (or the header timeout) closes them.

@@ -1,7 +1,7 @@
 """A server's life as a load balancer sees it: listening while the model loads, ready, draining.
 
 :class:`LoadingApp` is the ASGI app ``hf-openjev serve`` runs: uvicorn listens at once, while ``build`` (load the
-export, warm up, :func:`~hf_openjev.serve.server.create_app`) runs on a thread. Meanwhile ``GET /health`` answers
+export, warm up, :func:`~hf_openjev.serve.app.create_app`) runs on a thread. Meanwhile ``GET /health`` answers
 503 ``{"status": "loading"}`` (then ``"warming_up"``) and every other request 503 ``server is starting`` with
 ``Retry-After``; once the built app's lifespan has started, every request goes to it (its ``/health``: 200
 ``{"status": "ok"}``). If ``build`` fails, ``on_failure`` is called (``serve`` stops uvicorn) and

@@ -1,12 +1,20 @@
-"""The batcher's admission queue: one FIFO lane per client, groups formed round-robin across the lanes.
+"""The batcher's policy, in one place: whose requests a group takes (the fair queue) and when it is taken (the wait
+for company). :class:`~hf_openjev.serve.batcher.Batcher` keeps the threads, the replicas and the deadlines, and asks
+:class:`GroupPolicy` for each group under its lock.
 
-A client (an API key, else a connection: the server decides) that sends many heavy requests fills only its own
-lane. A group takes the head of every lane in turn (round 0: each lane's oldest request, round 1: each lane's
-second, ...) while the token budget lasts, and the lanes served move to the back, so the next group starts with a
-client that was not served: a small request waits behind at most one group per other client, never behind
-another client's whole backlog. Lanes are ordered by when they were last served (never first; a lane that emptied
-keeps its client's turn for a while, so a client sending one request at a time gains nothing from it). Within a
-lane, requests keep their arrival order.
+Who: one FIFO lane per client, groups formed round-robin across the lanes (:class:`FairQueue`). A client (an API
+key, else a connection: the server decides) that sends many heavy requests fills only its own lane. A group takes
+the head of every lane in turn (round 0: each lane's oldest request, round 1: each lane's second, ...) while the
+token budget lasts, and the lanes served move to the back, so the next group starts with a client that was not
+served: a small request waits behind at most one group per other client, never behind another client's whole
+backlog. Lanes are ordered by when they were last served (never first; a lane that emptied keeps its client's turn
+for a while, so a client sending one request at a time gains nothing from it). Within a lane, requests keep their
+arrival order.
+
+When (:class:`GroupPolicy`): a group is taken at once when it fills the token budget (``max_batch_tokens``,
+unpadded input tokens; its first request always, however big), when the batcher is closing, or when no company is
+coming (``company_hint()``, when given, counts the requests on their way: a lone request does not wait); else it
+waits for company at most ``max_wait_s`` after its oldest request arrived.
 
 Not thread-safe by itself: the batcher calls it under its lock.
 """
@@ -15,9 +23,10 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
-__all__ = ["FairQueue"]
+__all__ = ["FairQueue", "GroupPolicy"]
 
 
 class FairQueue:
@@ -129,3 +138,33 @@ class FairQueue:
             self._close_lane(client)
         self._size = 0
         return items
+
+
+class GroupPolicy:
+    """When the next group is taken: ``max_batch_tokens`` per group, at most ``max_wait_s`` of waiting for company
+    after its oldest request arrived, and only while ``company_hint()`` (None: always) says requests are coming."""
+
+    def __init__(self, max_batch_tokens: int, max_wait_s: float, company_hint: Callable[[], int] | None = None):
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.max_wait_s = float(max_wait_s)
+        self._company_hint = company_hint
+
+    def company_coming(self) -> bool:
+        """Whether waiting can pay off: without a hint, always; with one, only while requests are on their way (a
+        hint that fails counts as yes)."""
+        if self._company_hint is None:
+            return True
+        try:
+            return self._company_hint() > 0
+        except Exception:  # noqa: BLE001 - a broken hint costs at most max_wait_s, never the group
+            return True
+
+    def next_group(self, queue: FairQueue, eligible=None, *, closed: bool = False,
+                   now: float | None = None) -> tuple[list, float]:
+        """The group ``queue`` would give now (:meth:`FairQueue.plan` under the budget, ``eligible`` items only) and
+        the seconds to wait for company before taking it (0: take it now; an empty group: nothing to take)."""
+        group, full = queue.plan(self.max_batch_tokens, eligible)
+        if not group or full or closed or not self.company_coming():
+            return group, 0.0
+        now = time.monotonic() if now is None else now
+        return group, max(0.0, min(item.enqueued for item in group) + self.max_wait_s - now)

@@ -5,8 +5,9 @@ structured access logs.
 the global one, so two apps in one process keep separate counts). :class:`OpsMiddleware`, around the app, for each
 HTTP request:
 
-1. makes sure it has a request id: the client's ``X-Request-Id`` when it is sane, else a fresh one written into the
-   request's headers, so that the route handlers, the response and the access log share it;
+1. makes sure it has a request id: the client's ``X-Request-Id`` when it is sane, else a fresh one
+   (:func:`~hf_openjev.serve.edge.sane_request_id`, the server's one rule) written into the request's headers, so
+   that the route handlers, the response and the access log share it;
 2. refuses a request carrying both ``Content-Length`` and ``Transfer-Encoding`` (400, the connection closed:
    proxies and servers may disagree on where it ends), and answers a request on a connection past
    ``--max-connections`` with a JSON 503 ``server is busy`` (:mod:`~hf_openjev.serve.connection_limit`);
@@ -29,17 +30,15 @@ it builds, with the same :class:`ServerOps`): the inner one lets a request it ha
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import re
 import time
-import uuid
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..errors import UsageError
 from .connection_limit import OVER_CONNECTION_LIMIT
+from .edge import MSG_BUSY, drain_body, error_body, sane_request_id
 from .keys import KeyChecker
 
 __all__ = ["ABANDONED", "ACCESS_DETAIL", "ACCESS_LOGGER", "KEY_ID", "OpsMiddleware", "ServerOps",
@@ -54,13 +53,10 @@ METRICS_PATH = "/metrics"
 ROUTES = (*DECISION_PATHS, "/v1/models", *OPEN_PATHS, METRICS_PATH)  # other paths are counted as route="other"
 MSG_KEY_MISSING = "missing API key: send Authorization: Bearer <key>"
 MSG_KEY_INVALID = "invalid API key"
-# The same rule as the server's own (hf_openjev.serve.server._REQUEST_ID_RE); not imported: server imports this.
-_REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
-_SEEN = "hf_openjev.ops"  # scope key: this request already went through an OpsMiddleware
+_SEEN = "hf_openjev.middleware"  # scope key: this request already went through an OpsMiddleware
 ABANDONED = "hf_openjev.abandoned"  # scope key: the client left and the app answers nothing (counted as 499)
 KEY_ID = "hf_openjev.key_id"  # scope key: which configured key authenticated the request (its position)
 ACCESS_DETAIL = "hf_openjev.access_detail"  # scope key: a dict the app adds to the request's access line
-MSG_BUSY = "server is busy"  # the words of the server's own queue-full 503 (not imported: server imports this)
 MSG_AMBIGUOUS_LENGTH = "request has both Content-Length and Transfer-Encoding"
 _DISCARD_BYTES = 1024 * 1024  # a refused body is read and dropped up to this, so the client reads the 401
 _DISCARD_SECONDS = 2.0
@@ -193,26 +189,29 @@ class _Exchange:
         await self.send({"type": "http.response.body", "body": body})
 
     async def discard_body(self) -> None:
-        """Read and drop what the client still sends (bounded), so that it gets to read a refusal."""
-        async def drain() -> None:
-            while self.bytes_in <= _DISCARD_BYTES:
-                message = await self.receive()
-                if message.get("type") != "http.request" or not message.get("more_body", False):
-                    return
+        """Read and drop what the client still sends (:func:`~hf_openjev.serve.edge.drain_body`, bounded by
+        :data:`_DISCARD_BYTES` and :data:`_DISCARD_SECONDS`), so that it gets to read a refusal."""
+        await drain_body(self._body_chunks(), seen=self.bytes_in, limit_bytes=_DISCARD_BYTES,
+                         seconds=_DISCARD_SECONDS)
 
-        try:
-            await asyncio.wait_for(drain(), timeout=_DISCARD_SECONDS)
-        except (asyncio.TimeoutError, OSError, RuntimeError):
-            pass
+    async def _body_chunks(self):
+        """The chunks of the body still to come, until its last one (or a disconnect)."""
+        while True:
+            message = await self.receive()
+            if message.get("type") != "http.request":
+                return
+            yield message.get("body", b"")
+            if not message.get("more_body", False):
+                return
 
 
 def _with_request_id(scope) -> tuple[dict, str]:
     """The scope with a sane ``X-Request-Id`` header (the client's, else a fresh one) and that id."""
     headers = list(scope.get("headers") or [])
     given = next((v for k, v in headers if k.lower() == b"x-request-id"), None)
-    if given is not None and _REQUEST_ID_RE.fullmatch(given):
-        return {**scope, _SEEN: True}, given.decode("ascii")
-    request_id = uuid.uuid4().hex
+    request_id = sane_request_id(given)
+    if given is not None and given == request_id.encode("ascii"):
+        return {**scope, _SEEN: True}, request_id
     headers = [(k, v) for k, v in headers if k.lower() != b"x-request-id"] + [(b"x-request-id", request_id.encode())]
     return {**scope, "headers": headers, _SEEN: True}, request_id
 
@@ -247,9 +246,8 @@ class OpsMiddleware:
     async def _dispatch(self, scope, exchange: _Exchange) -> None:
         path, method = scope["path"], scope["method"]
         if _header(scope, b"content-length") is not None and _header(scope, b"transfer-encoding") is not None:
-            body = json.dumps({"error": MSG_AMBIGUOUS_LENGTH, "detail": [
-                {"msg": MSG_AMBIGUOUS_LENGTH, "type": "bad_request", "loc": ["header", "transfer-encoding"],
-                 "ctx": {"reason": "send one of them (RFC 9112 §6.1: a request smuggling vector)"}}]})
+            body = json.dumps(error_body(MSG_AMBIGUOUS_LENGTH, type="bad_request", loc=["header", "transfer-encoding"],
+                                         reason="send one of them (RFC 9112 §6.1: a request smuggling vector)"))
             await exchange.respond(400, body.encode(), "application/json", {"Connection": "close"})
             return
         if scope.get(OVER_CONNECTION_LIMIT) is not None:
@@ -286,8 +284,7 @@ class OpsMiddleware:
     async def _refuse_over_limit(limit: int, exchange: _Exchange) -> None:
         """503 ``server is busy`` to a request on a connection past ``--max-connections``; then uvicorn closes it."""
         reason = f"this server keeps at most {limit} connections open (--max-connections); retry later"
-        body = json.dumps({"error": MSG_BUSY, "detail": [
-            {"msg": MSG_BUSY, "type": "server_busy", "loc": [], "ctx": {"reason": reason}}]})
+        body = json.dumps(error_body(MSG_BUSY, type="server_busy", loc=[], reason=reason))
         await exchange.discard_body()
         await exchange.respond(503, body.encode(), "application/json", {"Retry-After": "1", "Connection": "close"})
 

@@ -1,4 +1,10 @@
-"""``hf-openjev serve``: a Jev-compatible HTTP server (Starlette on uvicorn) over a merged export.
+"""The server's app: its state, its routes and the decide path (a Jev-compatible Starlette app over a loaded export).
+
+The server's layers: :mod:`~hf_openjev.serve.edge` (the HTTP vocabulary: error bodies, request ids, reading a body),
+this module (:func:`create_app`: state, routes, the decide path: tokenize, submit to the batcher, build the answer),
+:mod:`~hf_openjev.serve.middleware` (keys, metrics, access log, request ids, around the app),
+:mod:`~hf_openjev.serve.startup` (``hf-openjev serve``: checks, loading, warm-up, uvicorn) and
+:mod:`~hf_openjev.serve.batcher` with its policy (:mod:`~hf_openjev.serve.batching_policy`).
 
 Routes (docs/contract.md §7):
 
@@ -9,12 +15,12 @@ Routes (docs/contract.md §7):
 * ``GET /health``: readiness, for load balancers: 200 ``{"status": "ok", ...}`` once the lifespan has started the
   batcher (``"degraded"``, still 200, while a replica is hung, retired or failed a recent group); 503 ``{"status": "starting"}`` before, ``{"status": "draining"}`` from SIGTERM on (``serve`` answers
   ``"loading"`` / ``"warming_up"`` while the model loads: :mod:`hf_openjev.serve.lifecycle`);
-* ``GET /health/live`` (liveness) and ``GET /metrics`` (Prometheus): :mod:`hf_openjev.serve.ops`, which also checks
-  API keys and writes the JSON access log.
+* ``GET /health/live`` (liveness) and ``GET /metrics`` (Prometheus): :mod:`hf_openjev.serve.middleware`, which also
+  checks API keys and writes the JSON access log.
 
 A request goes through, in this order (docs/contract.md §2; the first error wins):
 
-1. ``Content-Type`` must be ``application/json`` (case-insensitive, parameters ignored) -> 415;
+1. (:mod:`~hf_openjev.serve.edge`) ``Content-Type`` must be ``application/json`` (case-insensitive, parameters ignored) -> 415;
 2. the body is read within ``--body-timeout`` (408) under a hard cap, ``--max-body-bytes`` (default 4 MiB; a larger
    ``Content-Length`` is refused before reading) -> 413 naming the cap; ``Content-Encoding`` gzip/deflate (and zstd
    where a decoder is installed) is decoded under the same cap;
@@ -23,7 +29,8 @@ A request goes through, in this order (docs/contract.md §2; the first error win
    never wait behind big ones: :mod:`hf_openjev.serve.preparing`) -> 422; past ``--max-request-tokens`` input
    tokens -> 413 (tokenizing stops there);
 4. admission to the :class:`~hf_openjev.serve.batcher.Batcher` in the client's lane (the id of its API key,
-   however the ``Authorization`` header spells it; else its connection: :mod:`hf_openjev.serve.fair_queue`): a full queue -> 503 ``server is busy`` with ``Retry-After``;
+   however the ``Authorization`` header spells it; else its connection: :mod:`hf_openjev.serve.batching_policy`):
+   a full queue -> 503 ``server is busy`` with ``Retry-After``;
    during shutdown -> 503 ``server is shutting down``;
 5. scoring, shared with concurrent requests; a failure -> 500 ``model inference failed`` (nothing partial).
 
@@ -50,10 +57,7 @@ import datetime as _dt
 import functools
 import hashlib
 import logging
-import re
 import time
-import uuid
-import zlib
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -64,86 +68,25 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import contract
+from ..errors import InferenceError, RequestError
 from .batcher import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS, Batcher, BatcherClosed,
                       QueueFull, use_device)
-from ..errors import InferenceError, RequestError
 from .bounded import ClientGone, DeadlinePassed, DrainExpired, run_bounded
-from .connection_limit import DEFAULT_MAX_CONNECTIONS
-from .header_timeout import DEFAULT_HEADER_TIMEOUT_S
-from .lifecycle import begin_drain, finish_drain
-from .limits import DEFAULT_MAX_BODY_BYTES, RequestLimits, check_positive
+from .edge import (MSG_BUSY, MSG_DEADLINE, MSG_INFERENCE, MSG_INTERNAL, MSG_SHUTTING_DOWN, HTTPError,
+                   answer_http_exception, answer_internal_error, error_body, id_headers, json_response,
+                   read_body_in_time, request_id_of)
 from .keys import KeyChecker
-from .ops import ABANDONED, ACCESS_DETAIL, KEY_ID, OpsMiddleware, ServerOps
+from .lifecycle import begin_drain, finish_drain
+from .limits import RequestLimits
+from .middleware import ABANDONED, ACCESS_DETAIL, KEY_ID, OpsMiddleware, ServerOps
 from .preparing import PreparePools, measure_tokenize_work
 from .strict_json import MSG_INVALID_JSON, dumps, loads_strict
-from .write_timeout import DEFAULT_WRITE_TIMEOUT_S
 
-__all__ = ["MAX_BODY_BYTES", "create_app", "serve"]
+__all__ = ["POST_PATHS", "create_app", "decide"]
 
-logger = logging.getLogger("hf_openjev.serve.server")
+logger = logging.getLogger("hf_openjev.serve.server")  # one name for the server's log, whichever layer writes
 
-MAX_BODY_BYTES = DEFAULT_MAX_BODY_BYTES  # the default of --max-body-bytes
-DISCARD_LIMIT_BYTES = 64 * 1024 * 1024  # a refused body is read and dropped up to this, so the client sees the answer
-DISCARD_SECONDS = 5.0  # ... and for at most this long
-MSG_CONTENT_TYPE = "Content-Type must be application/json"
-MSG_TOO_LARGE = "request body size is outside server limits"
-MSG_BUSY = "server is busy"
-MSG_SHUTTING_DOWN = "server is shutting down"
-MSG_INFERENCE = "model inference failed"
-MSG_INTERNAL = "internal server error"
-MSG_DEADLINE = "request deadline exceeded"
-MSG_BODY_TIMEOUT = "request body read timed out"
-REQUEST_ID_HEADER = "X-Request-Id"
-TYPESAFE_REQUEST_ID_HEADER = "x-typesafe-request-id"
-_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
-_POST_PATHS = ("/v1/systemone", "/v1/inference")
-
-
-class HTTPError(Exception):
-    """An error response: status, message, a machine-readable type and the location of the problem."""
-
-    def __init__(self, status: int, message: str, *, type: str, loc: list | None = None,
-                 headers: dict | None = None, reason: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.loc = loc if loc is not None else ["body"]
-        self.headers = headers or {}
-        self.reason = reason
-
-
-def error_body(message: str, *, type: str, loc: list, reason: str | None = None) -> dict:
-    """``{"error": msg, "detail": [{"msg": msg, "type": ..., "loc": [...]}]}`` (docs/contract.md §7).
-
-    ``reason`` (a :class:`RequestError`'s ``detail``: the question and field at fault, or the served model names)
-    goes into the entry's ``ctx`` as FastAPI does for context, ``{"ctx": {"reason": ...}}``: the contract's
-    ``msg``/``error`` stay exactly as worded.
-    """
-    entry = {"msg": message, "type": type, "loc": list(loc)}
-    if reason:
-        entry["ctx"] = {"reason": reason}
-    return {"error": message, "detail": [entry]}
-
-
-def _json_response(payload, status: int = 200, headers: dict | None = None) -> Response:
-    body = payload if isinstance(payload, bytes) else dumps(payload)
-    return Response(body, status_code=status, media_type="application/json", headers=headers)
-
-
-def _request_id(request: Request) -> str:
-    given = request.headers.get(REQUEST_ID_HEADER)
-    if given and _REQUEST_ID_RE.fullmatch(given):
-        return given
-    return uuid.uuid4().hex
-
-
-def _id_headers(request_id: str) -> dict:
-    return {REQUEST_ID_HEADER: request_id, TYPESAFE_REQUEST_ID_HEADER: request_id}
-
-
-def _is_json_media_type(value: str | None) -> bool:
-    return value is not None and value.split(";", 1)[0].strip().lower() == "application/json"
+POST_PATHS = ("/v1/systemone", "/v1/inference")
 
 
 def _error_loc(message: str, obj) -> list:
@@ -168,113 +111,6 @@ def _error_loc(message: str, obj) -> list:
             if exc.message == message:
                 return ["body", "questions", qid]
     return ["body", "questions"]
-
-
-def _zstd_decompressor():
-    try:
-        from compression import zstd  # Python 3.14+
-    except ImportError:
-        try:
-            from backports import zstd  # the typesafe-sdk[zstd] extra
-        except ImportError:
-            return None
-    return zstd.ZstdDecompressor
-
-
-def _too_large(limit: int, size: str) -> HTTPError:
-    """413 with the contract's message; the limit and the body's size in ``detail[0].ctx.reason``."""
-    return HTTPError(413, MSG_TOO_LARGE, type="request_too_large",
-                     reason=f"this server accepts bodies of at most {limit} bytes (--max-body-bytes); {size}")
-
-
-def _decode_content(body: bytes, encoding_header: str | None, limit: int = MAX_BODY_BYTES) -> bytes:
-    """Undo ``Content-Encoding`` (gzip, deflate, zstd when available) without ever holding more than ``limit``
-    bytes."""
-    codings = [c.strip().lower() for c in (encoding_header or "").split(",") if c.strip()]
-    for coding in reversed(codings):
-        if coding == "identity":
-            continue
-        if coding in ("gzip", "x-gzip", "deflate"):
-            wbits = 31 if coding != "deflate" else 15
-            try:
-                decoder = zlib.decompressobj(wbits)
-                out = decoder.decompress(body, limit + 1)
-                if len(out) > limit:
-                    raise _too_large(limit, "decoded, this one is larger")
-                if not decoder.eof:
-                    raise zlib.error("truncated stream")
-            except zlib.error as exc:
-                raise HTTPError(422, f"{MSG_INVALID_JSON}: the body is not valid {coding} data ({exc})",
-                                type="json_invalid") from None
-            body = out
-        elif coding == "zstd":
-            factory = _zstd_decompressor()
-            if factory is None:
-                raise HTTPError(415, "Content-Encoding zstd is not supported by this server "
-                                     "(install backports.zstd on Python < 3.14)",
-                                type="unsupported_media_type", loc=["header", "content-encoding"])
-            try:
-                decoder = factory()
-                out = decoder.decompress(body, max_length=limit + 1)
-                if len(out) > limit:
-                    raise _too_large(limit, "decoded, this one is larger")
-                if not decoder.eof:
-                    raise ValueError("truncated stream")
-            except HTTPError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - ZstdError or ValueError
-                raise HTTPError(422, f"{MSG_INVALID_JSON}: the body is not valid zstd data ({exc})",
-                                type="json_invalid") from None
-            body = out
-        else:
-            raise HTTPError(415, f"Content-Encoding {coding!r} is not supported", type="unsupported_media_type",
-                            loc=["header", "content-encoding"])
-    return body
-
-
-async def _discard_body(request: Request, already: int = 0) -> None:
-    """Read and drop the rest of a refused body, so that the client gets to read the error.
-
-    Bounded in bytes (:data:`DISCARD_LIMIT_BYTES`) and time (:data:`DISCARD_SECONDS`); past either, the error is
-    sent anyway and uvicorn closes the connection. A client waiting for ``100 Continue`` has sent nothing yet, and
-    a declared length past the byte bound will not be read: both get the error at once.
-    """
-    if request.headers.get("expect", "").lower() == "100-continue":
-        return
-    with contextlib.suppress(ValueError, TypeError):
-        if int(request.headers.get("content-length")) > DISCARD_LIMIT_BYTES:
-            return
-
-    async def drain() -> None:
-        seen = already
-        async for chunk in request.stream():
-            seen += len(chunk)
-            if seen > DISCARD_LIMIT_BYTES:
-                return
-
-    with contextlib.suppress(ClientDisconnect, RuntimeError, asyncio.TimeoutError):  # gone, consumed, too slow
-        await asyncio.wait_for(drain(), timeout=DISCARD_SECONDS)
-
-
-async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            too_big = int(declared) > limit
-        except ValueError:
-            too_big = False
-        if too_big:
-            await _discard_body(request)
-            raise _too_large(limit, f"this one declares {declared}")
-    chunks = bytearray()
-    async for chunk in request.stream():
-        chunks += chunk
-        if len(chunks) > limit:
-            seen = len(chunks)
-            del chunks
-            await _discard_body(request, seen)
-            raise _too_large(limit, "this one is larger")
-    return bytes(chunks)
 
 
 def _release_date(model) -> str:
@@ -382,27 +218,6 @@ class _ServerState:
             self.idle.set()
 
 
-async def _read_json_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The body of a decision request: ``Content-Type`` checked (415), read under the ``limit`` (413) and its
-    ``Content-Encoding`` undone (steps 1 and 2 of the module docstring)."""
-    if not _is_json_media_type(request.headers.get("content-type")):
-        await _discard_body(request)
-        raise HTTPError(415, MSG_CONTENT_TYPE, type="unsupported_media_type", loc=["header", "content-type"])
-    return _decode_content(await _read_body(request, limit), request.headers.get("content-encoding"), limit)
-
-
-async def _read_body_in_time(state: _ServerState, request: Request) -> bytes:
-    """:func:`_read_json_body` within ``--body-timeout`` (408, the connection closed) and the drain time (503)."""
-    limits = state.limits
-    deadline = None if limits.body_timeout_s is None else time.monotonic() + limits.body_timeout_s
-    try:
-        return await run_bounded(_read_json_body(request, limits.max_body_bytes), deadline=deadline,
-                                 expired=state.expiry())
-    except DeadlinePassed:
-        raise HTTPError(408, MSG_BODY_TIMEOUT, type="timeout", loc=["body"], headers={"Connection": "close"},
-                        reason=f"the body did not arrive within {limits.body_timeout_s:g} s (--body-timeout)") from None
-
-
 def _validation_error(exc: BaseException, obj) -> HTTPError:
     """The 4xx answer for a failure while preparing a request (``obj``: the decoded body, or None)."""
     if isinstance(exc, HTTPError):
@@ -477,7 +292,7 @@ async def _answer(state: _ServerState, request: Request, body: bytes, request_id
 
 
 def _add_access_detail(request: Request, prepared, info: dict) -> None:
-    """What the request's access line (:mod:`~hf_openjev.serve.ops`, its only log line) says beyond the common
+    """What the request's access line (:mod:`~hf_openjev.serve.middleware`, its only log line) says beyond the common
     fields: the request's shape once prepared, then ``info`` (its batch, or its error)."""
     detail = {}
     if prepared is not None:
@@ -500,46 +315,46 @@ async def decide(state: _ServerState, request: Request) -> Response:
     """``POST /v1/systemone`` and ``/v1/inference``: one decision request, through the steps of the module
     docstring, bounded by the request's deadline, its client's connection and the drain time
     (:mod:`hf_openjev.serve.bounded`); every failure becomes its error response, and the request's access line
-    (:mod:`hf_openjev.serve.ops`) gets its shape and its batch or error."""
-    request_id = _request_id(request)
+    (:mod:`hf_openjev.serve.middleware`) gets its shape and its batch or error."""
+    request_id = request_id_of(request)
     limits = state.limits
     deadline = None if limits.request_timeout_s is None else time.monotonic() + limits.request_timeout_s
     state.enter()
     info, box = {}, {"prepared": None}
     try:
         arrived_draining = state.draining  # validated still (bad input stays a 4xx), then 503 and closed
-        body = await _read_body_in_time(state, request)
+        body = await read_body_in_time(request, limits, state.expiry())
         payload, outcome = await run_bounded(_answer(state, request, body, request_id, box, arrived_draining),
                                              deadline=deadline,
                                              receive=request.receive, expired=state.expiry())
         info = {"batch": outcome.batch_requests, "queue_ms": round(outcome.queue_seconds * 1000, 1)}
-        return _json_response(payload, 200, _id_headers(request_id))
+        return json_response(payload, 200, id_headers(request_id))
     except HTTPError as exc:
         info = {"error": exc.message}
-        return _json_response(error_body(exc.message, type=exc.type, loc=exc.loc, reason=exc.reason), exc.status,
-                              {**_id_headers(request_id), **exc.headers})
+        return json_response(error_body(exc.message, type=exc.type, loc=exc.loc, reason=exc.reason), exc.status,
+                              {**id_headers(request_id), **exc.headers})
     except InferenceError as exc:
         info = {"error": str(exc)}
-        return _json_response(error_body(MSG_INFERENCE, type="inference_error", loc=[]), 500,
-                              _id_headers(request_id))
+        return json_response(error_body(MSG_INFERENCE, type="inference_error", loc=[]), 500,
+                              id_headers(request_id))
     except (ClientDisconnect, ClientGone):
         info = {"error": "client disconnected"}
         return _Abandoned()
     except DeadlinePassed:
         info = {"error": MSG_DEADLINE}
         reason = f"no answer within {limits.request_timeout_s:g} s (--request-timeout)"
-        return _json_response(error_body(MSG_DEADLINE, type="timeout", loc=[], reason=reason), 504,
-                              _id_headers(request_id))
+        return json_response(error_body(MSG_DEADLINE, type="timeout", loc=[], reason=reason), 504,
+                              id_headers(request_id))
     except DrainExpired:
         info = {"error": f"{MSG_SHUTTING_DOWN} (drain timeout)"}
         error = _shutting_down(state)
-        return _json_response(error_body(error.message, type=error.type, loc=[]), 503,
-                              {**_id_headers(request_id), **error.headers})
+        return json_response(error_body(error.message, type=error.type, loc=[]), 503,
+                              {**id_headers(request_id), **error.headers})
     except Exception as exc:
         info = {"error": f"{type(exc).__name__}: {exc}"}
         logger.exception("request_id=%s failed", request_id)
-        return _json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500,
-                              _id_headers(request_id))
+        return json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500,
+                              id_headers(request_id))
     finally:
         state.leave()
         _add_access_detail(request, box["prepared"], info)
@@ -558,8 +373,8 @@ async def list_models(state: _ServerState, request: Request) -> Response:
                   "description": (f"Open-Jev decision model {model.model_id}" if name == model.model_id else
                                   f"alias of {model.model_id}")}
                  for name in names]
-    return _json_response({"object": "list", "data": data, "models": described}, 200,
-                          _id_headers(_request_id(request)))
+    return json_response({"object": "list", "data": data, "models": described}, 200,
+                          id_headers(request_id_of(request)))
 
 
 async def report_health(state: _ServerState, request: Request) -> Response:
@@ -570,24 +385,13 @@ async def report_health(state: _ServerState, request: Request) -> Response:
     body = {"status": status, "ready": status in ("ok", "degraded"), "model": state.model.model_id,
             "active_requests": state.active, "batcher": state.batcher.stats(),
             "uptime_seconds": round(time.time() - state.started, 3)}
-    return _json_response(body, 200 if body["ready"] else 503, _id_headers(_request_id(request)))
+    return json_response(body, 200 if body["ready"] else 503, id_headers(request_id_of(request)))
 
 
 def _serving_status(batcher) -> str:
     """``"ok"``, or ``"degraded"`` when a replica is not ok (hung, retired, a recent failed group)."""
     states = batcher.replica_states() if hasattr(batcher, "replica_states") else {}
     return "degraded" if any(count for name, count in states.items() if name != "ok") else "ok"
-
-
-async def _http_error(request: Request, exc: HTTPException) -> Response:
-    message = exc.detail if isinstance(exc.detail, str) else str(exc.status_code)
-    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    headers = {**_id_headers(_request_id(request)), **(exc.headers or {})}
-    return _json_response(error_body(message, type=kind, loc=["path"]), exc.status_code, headers)
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    return _json_response(error_body(MSG_INTERNAL, type="internal_error", loc=[]), 500)
 
 
 @contextlib.asynccontextmanager
@@ -632,7 +436,7 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
     first request when the host runs no lifespan) and stops, after draining, at lifespan shutdown.
 
     ``api_keys``: keys for ``Authorization: Bearer`` (none: no key needed); ``metrics_auth``: ``/metrics`` needs
-    one too. ``ops``: a :class:`~hf_openjev.serve.ops.ServerOps` to share (``serve`` does, with its loader);
+    one too. ``ops``: a :class:`~hf_openjev.serve.middleware.ServerOps` to share (``serve`` does, with its loader);
     default: a new one from ``api_keys`` and ``metrics_auth``, with its own metrics registry.
 
     ``replicas``: copies of ``model`` on other devices (``model`` among them, usually first), each set up like
@@ -661,207 +465,12 @@ def create_app(model, *, max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: i
                          retry_after_s=retry_after_s, release_date=release_date, limits=limits)
     state.path, state.options = path, options
     ops.watch_server(state)
-    routes = [Route(route, functools.partial(decide, state), methods=["POST"]) for route in _POST_PATHS]
+    routes = [Route(route, functools.partial(decide, state), methods=["POST"]) for route in POST_PATHS]
     routes += [Route("/v1/models", functools.partial(list_models, state), methods=["GET"]),
                Route("/health", functools.partial(report_health, state), methods=["GET"])]
     app = Starlette(routes=routes, lifespan=functools.partial(run_lifespan, state),
-                    exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+                    exception_handlers={HTTPException: answer_http_exception, Exception: answer_internal_error},
                     middleware=[Middleware(OpsMiddleware, ops=ops)])
     app.state.jev = state
     app.state.ops = ops
     return app
-
-
-def _default_device():
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Bind ``host:port`` the way uvicorn will (``SO_REUSEADDR``) and close it again; a :class:`UsageError` if that
-    fails, so a busy port is reported before the model spends minutes loading."""
-    import errno
-    import socket
-
-    from ..errors import UsageError
-
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise UsageError(f"--port must be 0..65535, got {port!r}")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise UsageError(f"port {port} on {host} is already in use (another server?); stop it or pass "
-                             "--port N") from None
-        if exc.errno == errno.EACCES:
-            raise UsageError(f"no permission to listen on {host}:{port} (ports below 1024 need privileges); pass "
-                             "--port N with N >= 1024") from None
-        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host and --port") from None
-
-
-def _warm_up(models, shapes, fast, options, report_stage) -> None:
-    """Capture the fast path's graphs for ``shapes`` on every replica (nothing to capture on the reference path)."""
-    from ..scoring import use_fast_path
-    from .replicas import warm_up_replicas
-
-    if not use_fast_path(models[0], fast):
-        logger.warning("warm-up skipped: the reference path captures no graphs")
-        return
-    report_stage("warming_up")
-    for replica, report in zip(models, warm_up_replicas(models, shapes, options)):
-        logger.info("warm-up: %d requests in %.1f s (%d longer than max_length skipped) on %s; graphs: %s",
-                    report["requests"], report["seconds"], report["skipped_too_long"], replica.device,
-                    report["graphs"])
-
-
-def _check_devices(device, devices):
-    """``device`` checked (CUDA asked without CUDA: UsageError), or ``devices`` parsed (a list), not both."""
-    from ..devices import check_device
-    from ..errors import UsageError
-    from .replicas import parse_devices
-
-    check_device(device)
-    if devices is None:
-        return None
-    if device is not None:
-        raise UsageError("give --device or --devices, not both")
-    return parse_devices(devices if isinstance(devices, str) else ",".join(map(str, devices)))
-
-
-def _configure_logging(log_level: str) -> None:
-    """The root logger (when nothing configured it), the package's level and the access log."""
-    from .ops import configure_access_log
-
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("hf_openjev").setLevel(log_level.upper())
-    configure_access_log()
-
-
-def _log_start(model_dir, ops, fp8: str) -> None:
-    logger.info("loading %s; GET /health answers 503 until the model is ready%s", model_dir,
-                f"; {len(ops.keys)} API key(s) required" if ops.keys.enabled else "")
-    if fp8 != "off":
-        logger.warning("fp8 %s: FP8 projections on the fast path; faster and half the weights, but it does not pass "
-                       "the fidelity gate against the fp32 oracle (recipes/RESULTS.md)", fp8)
-
-
-def _uvicorn_config(app, *, host: str, port: int, log_level: str, drain_timeout_s: float,
-                    limit_concurrency: int | None, header_timeout_s: float,
-                    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS):
-    """uvicorn's configuration for ``serve``: our access log instead of uvicorn's, the header and write deadlines
-    and the connection cap on its HTTP protocol, a graceful shutdown past the drain (which ``build_server`` runs
-    before uvicorn stops)."""
-    import uvicorn
-
-    from .connection_limit import with_connection_limit
-    from .header_timeout import pick_http_protocol, with_header_timeout
-    from .write_timeout import with_write_timeout
-
-    protocol = with_header_timeout(pick_http_protocol(), header_timeout_s)
-    protocol = with_connection_limit(with_write_timeout(protocol, write_timeout_s), max_connections)
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", http=protocol,
-                          timeout_graceful_shutdown=max(1, int(drain_timeout_s)),
-                          limit_concurrency=limit_concurrency, access_log=False)
-
-
-def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, dtype="auto",
-          max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
-          max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
-          log_level: str = "info", limit_concurrency: int | None = None, warm_up_shapes=None,
-          api_key_file=None, metrics_auth: bool = False, devices=None, fp8: str = "off",
-          limits: RequestLimits | None = None, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
-          allow_unknown_shape: bool = False, write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
-          max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
-    """Load the export in ``model_dir`` and serve it with uvicorn until SIGINT/SIGTERM (graceful).
-
-    uvicorn listens at once; ``GET /health`` answers 503 (``loading``, ``warming_up``) until the model is loaded,
-    warmed up and the batcher started, then 200 (:mod:`hf_openjev.serve.lifecycle`). ``api_key_file`` (and
-    ``$HF_OPENJEV_API_KEYS``): keys for ``Authorization: Bearer`` (:mod:`hf_openjev.serve.keys`), read before
-    anything else; ``metrics_auth``: ``/metrics`` needs a key too.
-
-    ``warm_up_shapes``: a token-shape file (:mod:`hf_openjev.warmup`); before serving, one fast-path forward per
-    shape captures the CUDA graphs the traffic's first requests would otherwise capture. Before the model loads,
-    the export directory (:func:`~hf_openjev.checkpoint.manifest.check_export_dir`), the device and the port are
-    checked: a published package, a CUDA device without CUDA or a busy port raises at once (one line from the CLI).
-
-    ``devices`` (instead of ``device``): ``"cuda:0,cuda:1"`` or a list: one replica of the model per device
-    (:mod:`hf_openjev.serve.replicas`), every device checked before anything loads; each replica is warmed up
-    before the server takes traffic, and the batcher feeds groups to whichever replica is free.
-
-    ``fp8`` (``"all"``, ``"no-gdn"``; default ``"off"``): the fast path's FP8 projections, opt-in; it selects the
-    fast path and is refused with ``fast=False`` (:func:`~hf_openjev.fp8.option.select_fp8_path`), before anything
-    else. Every replica is loaded with ``load_export(..., fp8=fp8)``: quantized on the CPU, then moved, so no device
-    holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8.option.FP8_HELP`).
-
-    ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`); ``header_timeout_s``:
-    :mod:`~hf_openjev.serve.header_timeout`; ``write_timeout_s``: :mod:`~hf_openjev.serve.write_timeout`;
-    ``max_connections``: :mod:`~hf_openjev.serve.connection_limit`. Every option is checked first
-    (:mod:`.option_checks`).
-    ``allow_unknown_shape``: serve a shape that is no Open-Jev model's (:mod:`hf_openjev.family`)."""
-    from .keys import read_api_keys
-    from .lifecycle import LoadingApp, build_server
-    from .option_checks import check_serve_options
-
-    from ..checkpoint.manifest import check_export_dir
-    from ..family import check_export_shape
-    from ..fast_options import FastPathOptions
-    from ..fp8.option import select_fp8_path
-    from ..warmup import load_shapes
-
-    check_serve_options(host=host, port=port, dtype=dtype, max_queue=max_queue, max_batch_tokens=max_batch_tokens,
-                        max_wait_ms=max_wait_ms, drain_timeout_s=drain_timeout_s, log_level=log_level,
-                        limit_concurrency=limit_concurrency, header_timeout_s=header_timeout_s)
-    check_positive(write_timeout_s, "--write-timeout")
-    check_positive(max_connections, "--max-connections", integer=True)
-    limits = limits or RequestLimits()
-    fast = select_fp8_path(fp8, fast, fp8_flag="--fp8", reference_flag="--reference")  # before anything else
-    options = FastPathOptions(fp8=fp8)
-    ops = ServerOps(api_keys=read_api_keys(api_key_file), metrics_auth=metrics_auth)  # bad keys: before loading
-    shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
-    check_export_dir(model_dir)  # a package dir, a CUDA device without CUDA, a busy port: before the model loads
-    check_export_shape(model_dir, allow_unknown=allow_unknown_shape)
-    devices = _check_devices(device, devices)
-    check_port_free(host, port)
-    _configure_logging(log_level)
-
-    def build(report_stage):  # on a thread, while uvicorn already answers /health with 503
-        from ..scoring import prove_tokenizer_shortcuts
-        from .cpu_threads import leave_a_core_for_the_server
-        from .replicas import load_replicas
-        from .startup_gc import freeze_startup_objects
-
-        chosen = devices or [device or _default_device()]
-        threads = leave_a_core_for_the_server(chosen)
-        if threads is not None:
-            logger.info("scoring on the CPU with %d torch thread(s): one core left to the server (OMP_NUM_THREADS "
-                        "overrides)", threads)
-        models = load_replicas(model_dir, chosen, dtype=dtype, fp8=fp8, allow_unknown_shape=allow_unknown_shape)
-        model = models[0]
-        prove_tokenizer_shortcuts(model)  # not on the first request: seconds with the real tokenizer
-        if shapes is not None:
-            _warm_up(models, shapes, fast, options, report_stage)
-        app = create_app(model, max_queue=max_queue, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
-                         fast=fast, options=options, drain_timeout_s=drain_timeout_s, ops=ops,
-                         replicas=models if len(models) > 1 else None, limits=limits)
-        logger.info("%d startup objects frozen out of the garbage collector's full passes", freeze_startup_objects())
-        return app
-
-    loading = LoadingApp(build, on_failure=lambda: setattr(server, "should_exit", True))
-    config = _uvicorn_config(OpsMiddleware(loading, ops), host=host, port=port, log_level=log_level,
-                             drain_timeout_s=drain_timeout_s, limit_concurrency=limit_concurrency,
-                             header_timeout_s=header_timeout_s, write_timeout_s=write_timeout_s,
-                             max_connections=max_connections)
-    server = build_server(config, on_exit=loading.begin_drain, drain=loading.finish_drain)
-    _log_start(model_dir, ops, fp8)
-    server.run()
-    if loading.error is not None:
-        raise loading.error
-    return 0
-
-
-
