@@ -4,6 +4,7 @@
 - the core (``hf_openjev/`` with its fp8, checkpoint and packing subpackages) imports none of the command
   subpackages (export, eval, serve); only the command line (``cli.py``) and the demo, itself a command, may;
 - nothing imports ``ops`` or ``patches`` as top-level modules: always ``hf_openjev.ops`` / ``hf_openjev.patches``;
+- no module of the package imports a reference kept for tests and recipes (``hf_openjev.packing.naive_layout``);
 - ``import hf_openjev`` and ``hf-openjev --help`` import neither torch nor Transformers.
 """
 
@@ -116,6 +117,16 @@ def test_no_top_level_ops_or_patches_imports():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("ops", "patches")]
     assert not bad, bad
+
+
+REFERENCES = ("hf_openjev.packing.naive_layout",)  # kept for tests and recipes; the package runs the fast one
+
+
+def test_the_package_never_runs_a_reference():
+    graph = import_graph()
+    assert set(REFERENCES) <= set(graph), "a reference module is missing"
+    bad = [f"{name} -> {t}" for name, targets in graph.items() for t in targets & set(REFERENCES)]
+    assert not bad, "the package imports a reference kept for tests: " + ", ".join(bad)
 
 
 def test_the_checker_sees_circles_and_command_imports():
