@@ -34,8 +34,8 @@ byte buffer (:func:`.input_buffer.write_host_buffer`), without a tensor per inpu
 layout-cache miss.
 
 The reference is :mod:`.naive_layout`: the same steps on tensors, one small tensor per input. The template made
-here must equal ``naive_layout.record_template(*naive_layout.lay_out_pack(...))`` byte for byte and field by
-field (tests/test_layout_reference.py).
+here must equal ``naive_layout.record_template(*naive_layout.lay_out_pack(plan, pack, ...), plan, pack)`` byte
+for byte and field by field (tests/test_layout_reference.py).
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def key_tail_of(inputs: InputLists, levels, calls) -> tuple:
 def lay_out_template(plan, pack, store, *, pad: bool, merge_levels: bool,
                      dense_attention_tokens: int, buckets=None) -> PackTemplate:
     """The :class:`PackTemplate` of ``pack`` (a pack of ``plan``; ``store``: earlier packs' exports), from lists:
-    the one ``naive_layout.record_template(*naive_layout.lay_out_pack(...))`` makes (see the module docstring)."""
+    the one its reference, ``naive_layout.record_template``, makes (see the module docstring)."""
     anchors = find_anchors(plan, pack)  # refuses a tail continued from another pack before any work
     external = index_external(pack, store)
     layout = Layout(group_levels(plan, pack))
