@@ -1,5 +1,5 @@
 """Equality of two layouts of one pack, for the tests that compare the fast layout with its reference
-(tests/test_layout_reference.py, tests/test_layout_cache.py): templates field by field and byte by byte,
+(test_layout_reference.py, test_layout_cache.py, test_pack_context.py): templates field by field and byte by byte,
 contexts tensor by tensor."""
 
 from __future__ import annotations
