@@ -50,7 +50,7 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         if reads_bank else []
     gdn_finals, conv_finals = [], []  # per call
     outputs = []
-    for index, call in enumerate(pack.gdn_calls):  # pack_context.GdnCall: one or more levels
+    for index, call in enumerate(pack.gdn_calls):  # layout_steps.GdnCall: one or more levels
         wants_final = index < len(pack.gdn_calls) - 1 or bool(pack.exports)  # later calls or packs read them
         if call.rows is None:  # the call's rows [lo, hi) in order
             rows = slice(call.lo, call.hi)
@@ -81,7 +81,7 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         gdn_finals.append(gdn_final)
         conv_finals.append(conv_final)
         if reads_bank:
-            gdn_bank.append(gdn_final)  # one row per sequence of the call (pack_context numbers the bank so)
+            gdn_bank.append(gdn_final)  # one row per sequence of the call (layout_steps.StateBank numbers the bank so)
             conv_bank.append(conv_final)
     if pack.exports:
         pack.record_recurrent(layer, torch.cat(gdn_bank), torch.cat(conv_bank))

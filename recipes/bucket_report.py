@@ -28,7 +28,7 @@ from benchlib.workload import add_manifest_argument, build_workload, check_manif
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.packing.bucket_policy import BucketPolicy, table_policy
 from hf_openjev.packing.gemm_costs import GEMM_COSTS
-from hf_openjev.packing.host_layout import lay_out_template
+from hf_openjev.packing.layout import lay_out_template
 from hf_openjev.packing.planner import plan_requests
 from hf_openjev.patches.cuda_graphs import graph_ready
 

@@ -4,6 +4,7 @@
 - the core (``hf_openjev/`` with its fp8, checkpoint and packing subpackages) imports none of the command
   subpackages (export, eval, serve); only the command line (``cli.py``) and the demo, itself a command, may;
 - nothing imports ``ops`` or ``patches`` as top-level modules: always ``hf_openjev.ops`` / ``hf_openjev.patches``;
+- no module of the package imports a reference kept for tests and recipes (``hf_openjev.packing.naive_layout``);
 - ``import hf_openjev`` and ``hf-openjev --help`` import neither torch nor Transformers;
 - no function or method is over 80 lines (CONTRIBUTING "Where things go"), and no file of ``serve/`` over 600.
 """
@@ -164,6 +165,16 @@ def test_the_line_cap_checker_sees_nested_functions_and_methods(tmp_path):
                       f"def outer():\n    def inner():\n{body}\n    return inner\n\n"
                       "def short():\n    return 1\n")
     assert long_functions(source) == {"A.method": 81, "outer": 83, "outer.inner": 81}
+
+
+REFERENCES = ("hf_openjev.packing.naive_layout",)  # kept for tests and recipes; the package runs the fast one
+
+
+def test_the_package_never_runs_a_reference():
+    graph = import_graph()
+    assert set(REFERENCES) <= set(graph), "a reference module is missing"
+    bad = [f"{name} -> {t}" for name, targets in graph.items() for t in targets & set(REFERENCES)]
+    assert not bad, "the package imports a reference kept for tests: " + ", ".join(bad)
 
 
 def test_the_checker_sees_circles_and_command_imports():

@@ -134,7 +134,7 @@ def test_without_activation_or_final_states(device, fla):
 @pytest.mark.parametrize("fla", [True, False], ids=["fla", "torch"])
 @pytest.mark.parametrize("tail", [1, 3, 37])
 def test_rerunning_a_tail_equals_continuing_it(device, fla, tail):
-    """What the fast path's tails rely on (pack_context.GdnCall): the conv over [tail ; own] from the state before
+    """What the fast path's tails rely on (layout_steps.GdnCall): the conv over [tail ; own] from the state before
     the tail gives the own rows and final state of the conv over own from the tail's final state, bit for bit."""
     channels = 10240 if device == "cuda" else C
     own = [5, 70, 2]

@@ -3,8 +3,8 @@
 A pack's tensors (positions, varlen metadata, chunk tables, state routing, final rows, the graph key) depend only
 on its shape: each segment's length, start, place in the tree (its parent as a position in the pack or in
 ``pack.external``), whether it is scored or hands a state on; the received states' lengths; the exports; and the
-layout options (``pad``, the bucket policy, ``merge_levels``, ``dense_attention_tokens``). :func:`shape_key` is that tuple. The first
-pack of a shape is laid out by the steps of :mod:`.pack_context`, on lists (:mod:`.host_layout`), into a
+layout options (``pad``, the bucket policy, ``merge_levels``, ``dense_attention_tokens``). :func:`shape_key` is
+that tuple. The first pack of a shape is laid out on lists (:func:`.layout.lay_out_template`) into a
 :class:`PackTemplate` (its inputs in one host byte buffer, :mod:`.input_buffer`); a later pack of the same shape
 copies that buffer, writes its token ids into it, moves it to the device in one copy and takes the context's tensors
 as views of it (:func:`fill_template`): the same tensors reach the kernels, without the per-sequence Python work.
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .input_buffer import InputLayout, fill_host_buffer, plan_input_layout, view_inputs
-from .layout_steps import token_runs_of
+from .input_buffer import InputLayout, view_inputs
 
 DEFAULT_CAPACITY = 4096  # shapes kept (least recently used first out); a template is a few KB
 
@@ -62,33 +61,6 @@ class PackTemplate:
     exports: tuple[tuple[int, int, tuple[int, ...], int], ...]  # (position, bank row, chain K/V rows, chain length)
     key_tail: tuple | None  # the graph key after the options' forward_key (padded packs)
     n_external: int
-
-
-def _tensor_fields(holder, slot_of: dict[int, int]) -> tuple[tuple[str, int], ...]:
-    return tuple((name, slot_of[id(value)]) for name, value in vars(holder).items()
-                 if isinstance(value, torch.Tensor))
-
-
-def record_template(ctx, plan, pack, layout, bank) -> PackTemplate:
-    """The template of a context laid out on the host (``pack_context.lay_out_pack``: tensors not yet moved;
-    ``layout``: its ``Layout``, ``bank``: its ``StateBank``): the reference ``host_layout.lay_out_template`` (what
-    ``build_pack_context`` runs on a new shape) is tested against."""
-    tensors = ctx.static_tensors()
-    if tensors[0] is not ctx.input_ids:
-        raise RuntimeError("static_tensors() must start with input_ids; this is a bug")
-    inputs = plan_input_layout(tensors)
-    slot_of = {id(tensor): i for i, tensor in enumerate(tensors)}
-    position = {seg_id: i for i, seg_id in enumerate(pack.segments)}
-    forward = len(ctx.options.forward_key())
-    return PackTemplate(
-        host=fill_host_buffer(tensors, inputs, pin=False), layout=inputs, token_runs=token_runs_of(plan, pack, layout),
-        context_fields=_tensor_fields(ctx, slot_of),
-        levels=tuple((level, _tensor_fields(level, slot_of)) for level in ctx.levels),
-        gdn_calls=tuple((call, _tensor_fields(call, slot_of)) for call in ctx.gdn_calls),
-        leaf_positions=tuple(position[s] for s in ctx.leaf_ids),
-        exports=tuple((position[s], bank.row_of[s], tuple(layout.chain_rows[s]), plan.segments[s].end)
-                      for s in pack.export),
-        key_tail=None if ctx.graph_key is None else ctx.graph_key[forward:], n_external=ctx.n_external)
 
 
 def _with_views(skeleton, fields: tuple[tuple[str, int], ...], views: list[torch.Tensor]):

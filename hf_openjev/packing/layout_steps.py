@@ -1,9 +1,9 @@
 """The host-side pieces of a pack's layout that need no tensors of their own to be built: the state and layout
 records (:class:`SegmentState`, :class:`GdnCall`, :class:`LevelSpec`, :class:`Layout`, :class:`StateBank`,
 :class:`ExternalBlocks`) and the pure steps that group levels, find anchors, index received states, chain parents,
-group the Gated DeltaNet calls, gather their rows and pick the final rows. :mod:`.pack_context` (the tensor steps)
-and :mod:`.host_layout` (the same steps on plain lists) both build on them; see :mod:`.pack_context` for the
-layout itself."""
+group the Gated DeltaNet calls, gather their rows and pick the final rows. :mod:`.layout` (the fast path's steps,
+on plain lists) and :mod:`.naive_layout` (its reference, the same steps on tensors) both build on them; see
+:mod:`.layout` for the layout itself."""
 
 from __future__ import annotations
 
@@ -185,11 +185,6 @@ class StateBank:
         """The bank row a sequence anchored at ``anchor`` starts from (0: zeros)."""
         return 0 if anchor is None else self.row_of[anchor]
 
-    def add_call(self, sequences: list[int], parents: list[int]) -> tuple[int | None, torch.Tensor]:
-        """:meth:`add_call_rows` with ``parent_rows`` as a long tensor."""
-        source, rows = self.add_call_rows(sequences, parents)
-        return source, torch.tensor(rows, dtype=torch.long)
-
     def add_call_rows(self, sequences: list[int], parents: list[int]) -> tuple[int | None, list[int]]:
         """Number the final-state rows of a call whose real ``sequences`` come first, then its dummies (``parents``:
         the bank row each of them starts from, one per sequence, dummies' 0); return ``(source, parent_rows)``.
@@ -245,7 +240,7 @@ def chain_prefix_blocks(prefixes: list[list[int]], rows_before: int, *,
     """How a level's sequences read their prefix blocks (``prefixes[i]``: rows of ``[external ; pack]`` K/V, []
     for none): ``(first row read [n], rows read [n], max_chain, chain)``. ``chain`` is None when every block is a run
     of consecutive rows (read in place), else the distinct blocks' rows gathered once (padded to its token bucket
-    when ``pad``); the step ``pack_context.route_prefixes`` and ``host_layout.add_route_lists`` both take."""
+    when ``pad``); the step ``layout.add_route_lists`` and ``naive_layout.route_prefixes`` both take."""
     blocks = [b for b in prefixes if b]
     chain: list[int] | None = None
     if all(b == list(range(b[0], b[0] + len(b))) for b in blocks):

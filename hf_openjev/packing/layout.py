@@ -1,14 +1,41 @@
-"""The layout of a pack whose shape is new, in one host pass of plain lists written straight into its input buffer.
+"""A pack's layout, as the fast path builds it: which tokens run in which forward, before any kernel runs.
 
-:func:`lay_out_template` makes the :class:`~.layout_cache.PackTemplate` that ``pack_context.lay_out_pack`` then
-``layout_cache.record_template`` make, byte for byte, without their small tensors: every input of the forward
-(token ids, positions, each level's varlen metadata and prefix routing, each Gated DeltaNet call's state routing and
-gathered layout, the final rows) is built as a list of ints, the input layout is planned from the lists' shapes and
-the lists are written into the one host byte buffer (:func:`.input_buffer.write_host_buffer`). The steps that are
-pure Python already (levels, anchors, received states, the GDN call groups, the gathered rows, the final rows) are
-``pack_context``'s own; the ones that made tensors are mirrored here on lists, in the same order.
-``build_pack_context`` calls it on a layout-cache miss; ``build_pack_context_uncached`` keeps the tensor steps (the
-reference, tests/test_host_layout.py).
+Segments are grouped by *level* (the number of in-pack ancestors), so each level is one contiguous slice of the
+pack's rows, and each layer's attention runs once per level (its Gated DeltaNet calls may span several levels,
+below)::
+
+    [ level 0 segments | level 1 segments | level 2 segments ]
+
+State routing: per layer, a *bank* of states holds row 0 = zeros (no parent), rows 1..E = states handed in from
+earlier packs (``external``), then the final states of each Gated DeltaNet call in order (one row per sequence of
+the call, dummies included). A segment's initial Gated DeltaNet / conv state is ``bank[row]`` of its *anchor*: its
+parent, or for a segment that continues a tail, the nearest ancestor that hands a state on. A call whose real
+sequences all start from final states of one earlier call reads those directly (``GdnCall.source``), and then no
+bank is assembled. For attention, a segment that continues a prefix reads that prefix's whole chain of keys, a
+block of rows of ``[external K/V ; this pack's K/V]`` shared by all its children: in place when every block of the
+level is a run of consecutive rows (a parent at level 0 or in an earlier pack), else gathered once per layer
+(``chain_index``); never copied per candidate.
+
+Gated DeltaNet calls (:class:`~.layout_steps.GdnCall`): consecutive levels share one conv + GDN call per layer when
+none of their sequences starts from a state another of them writes. Without tails every level reads its parent
+level's states, so each level is one call over its own rows. Tails (planner segments with ``hands_state=False``)
+hand no state on: a segment that continues one re-runs its rows, each sequence of the call being [its tail
+ancestors' rows ; its own rows] from its anchor's states (a *gathered* layout, ``keep`` picks the call's own rows
+out of the result), so the tail's level and its children's read the same anchor and run as one call. Attention
+continues a tail as any other parent.
+
+:func:`lay_out_template` lays out a pack of a new shape in one host pass of plain lists and returns its
+:class:`~.layout_cache.PackTemplate`: every input of the forward (token ids, positions, each level's varlen
+metadata and prefix routing, each Gated DeltaNet call's state routing and gathered layout, the final rows) is built
+as a list of ints, the input layout is planned from the lists' shapes and the lists are written into the one host
+byte buffer (:func:`.input_buffer.write_host_buffer`), without a tensor per input. The steps that need no tensors
+(levels, anchors, received states, the GDN call groups, the gathered rows, the final rows) are
+:mod:`.layout_steps`'; the others are here, on lists. ``pack_context.build_pack_context`` calls it on a
+layout-cache miss.
+
+The reference is :mod:`.naive_layout`: the same steps on tensors, one small tensor per input. The template made
+here must equal ``naive_layout.record_template(*naive_layout.lay_out_pack(plan, pack, ...), plan, pack)`` byte
+for byte and field by field (tests/test_layout_reference.py).
 """
 
 from __future__ import annotations
@@ -76,7 +103,7 @@ def add_varlen_lists(inputs: InputLists, cu: list[int]) -> tuple[int, int, int]:
 
 def add_route_lists(inputs: InputLists, prefixes: list[list[int]], rows_before: int, *,
                     pad: bool) -> tuple[dict[str, int], int]:
-    """``pack_context.route_prefixes`` on lists: ``({field: slot}, max_chain)`` (no ``chain_index`` slot when the
+    """``naive_layout.route_prefixes`` on lists: ``({field: slot}, max_chain)`` (no ``chain_index`` slot when the
     blocks are read in place)."""
     first, lengths, max_chain, chain = chain_prefix_blocks(prefixes, rows_before, pad=pad)
     ends = max(f + n for f, n in zip(first, lengths))
@@ -88,7 +115,7 @@ def add_route_lists(inputs: InputLists, prefixes: list[list[int]], rows_before: 
 
 def lay_out_level_lists(plan, ids: list[int], layout: Layout, external, inputs: InputLists, chained: set[int], *,
                         pad: bool, dense_attention_tokens: int, buckets=None) -> tuple[LevelSpec, dict[str, int]]:
-    """``pack_context.lay_out_level`` on lists: the level's rows appended to ``layout`` (``chain_rows`` only of the
+    """``naive_layout.lay_out_level`` on lists: the level's rows appended to ``layout`` (``chain_rows`` only of the
     ``chained`` segments: parents and exports); ``(its LevelSpec with no tensors, {tensor field: slot})``."""
     segments = plan.segments
     lo = len(layout.token_ids)
@@ -124,7 +151,7 @@ def lay_out_level_lists(plan, ids: list[int], layout: Layout, external, inputs: 
 
 def build_gdn_call_lists(plan, group: list[int], layout: Layout, level_fields: list[dict[str, int]], anchors: dict,
                          bank: StateBank, inputs: InputLists, *, pad: bool) -> tuple[GdnCall, dict[str, int]]:
-    """``pack_context.build_gdn_call`` on lists: ``(the GdnCall with no tensors, {tensor field: slot})``; a one-level
+    """``naive_layout.build_gdn_call`` on lists: ``(the GdnCall with no tensors, {tensor field: slot})``; a one-level
     call without tails takes its level's metadata slots."""
     first, last = layout.levels[group[0]], layout.levels[group[-1]]
     sequences = [seg_id for index in group for seg_id in layout.level_ids[index]]
@@ -150,7 +177,7 @@ def build_gdn_call_lists(plan, group: list[int], layout: Layout, level_fields: l
 
 
 def key_tail_of(inputs: InputLists, levels, calls) -> tuple:
-    """``pack_context.key_graph`` after the options' ``forward_key``, from the slots' shapes (``levels`` / ``calls``:
+    """``naive_layout.key_graph`` after the options' ``forward_key``, from the slots' shapes (``levels`` / ``calls``:
     ``(spec, {field: slot})``; slot 2 is the final rows)."""
     level_keys = tuple(
         (spec.hi - spec.lo, inputs.shape(f["cu_seqlens"]), inputs.shape(f["chunk_indices"]), spec.has_parents,
@@ -165,8 +192,8 @@ def key_tail_of(inputs: InputLists, levels, calls) -> tuple:
 
 def lay_out_template(plan, pack, store, *, pad: bool, merge_levels: bool,
                      dense_attention_tokens: int, buckets=None) -> PackTemplate:
-    """The :class:`PackTemplate` of ``pack`` (a pack of ``plan``; ``store``: earlier packs' exports) that
-    ``record_template(*lay_out_pack(...))`` makes, from lists (see the module docstring)."""
+    """The :class:`PackTemplate` of ``pack`` (a pack of ``plan``; ``store``: earlier packs' exports), from lists:
+    the one its reference, ``naive_layout.record_template``, makes (see the module docstring)."""
     anchors = find_anchors(plan, pack)  # refuses a tail continued from another pack before any work
     external = index_external(pack, store)
     layout = Layout(group_levels(plan, pack))

@@ -1,0 +1,28 @@
+"""Small hand-made plans the layout's tests (layout_steps, naive_layout, pack_context) describe step by step.
+
+Three plans of one request whose two candidates share an 80-token state (64 tokens at a multiple of 64, then 16):
+
+- ``TWO``: aligned sharing: segment 0 = the 64-token prefix, 1 and 2 = the candidates (19 and 18 tokens);
+- ``TAILS``: exact sharing: 0 = the 64-token prefix, 1 = the 16-token tail (hands no state on), 2 and 3 = the
+  candidates' own tokens (3 and 2);
+- ``SPLIT``: ``TWO`` one candidate per pack: the prefix runs alone and exports its state, each candidate continues it;
+
+and ``NESTED``: two questions, a 40-token request tail, then each question's 20-token tail, then one own token per
+candidate (tails under tails, no state handed on).
+"""
+
+from __future__ import annotations
+
+from hf_openjev.packing.layout_steps import ExternalBlocks
+
+from aligned_plans import plan_requests  # the aligned layout these plans describe (tails: TAILS)
+
+STATE = list(range(100, 180))  # 80 tokens
+CANDIDATES = [[[STATE + [7, 8, 9], STATE + [5, 6]]]]
+TWO = plan_requests(CANDIDATES)
+TAILS = plan_requests(CANDIDATES, share_tails=True, min_shared_tokens=16)
+SPLIT = plan_requests(CANDIDATES, max_sequences=1)
+NO_EXTERNAL = ExternalBlocks([], {}, {}, 0)
+NESTED = plan_requests([[[list(range(100, 140)) + list(range(200, 220)) + [c] for c in (1, 2)],
+                         [list(range(100, 140)) + list(range(300, 320)) + [c] for c in (3, 4)]]],
+                       share_tails=True, min_shared_tokens=8)
