@@ -479,7 +479,8 @@ class QuestionKind:
     ``answer(question, scores [n candidates], temperature) -> dict``: the answer of §5;
     ``probabilities(answer) -> [p per candidate]`` in the candidates' order (noul: ``[p_yes]``), what fidelity
     entries and oracles store; ``decisions``: the labels a kind decides between when they are fixed (noul: no, yes),
-    None when they are the candidates' (``answer["probabilities"]``'s keys).
+    None when they are the candidates' (``answer["probabilities"]``'s keys); ``fixed_candidates``: a kind's
+    candidate labels when every question of it has the same ones (noul: yes), else None.
     """
 
     name: str
@@ -487,13 +488,14 @@ class QuestionKind:
     answer: Callable[[Question, list[float], float], dict]
     probabilities: Callable[[Mapping], list[float]]
     decisions: tuple[str, ...] | None = None
+    fixed_candidates: tuple[str, ...] | None = None
 
     def distribution(self, probabilities: Sequence[float]) -> list[float]:
         """``[p per candidate]`` -> ``[p per decision label]``: noul ``[p_yes]`` -> ``[1 - p_yes, p_yes]``."""
         if self.decisions is None:
             return [float(p) for p in probabilities]
         if len(probabilities) != 1:
-            raise ValueError(f"a {self.name} question has one probability, got {len(probabilities)}")
+            raise ValueError(f"a {self.name} question has one probability (p_yes), got {len(probabilities)}")
         return [1.0 - float(probabilities[0]), float(probabilities[0])]
 
     def labels(self, answer: Mapping) -> tuple[str, ...]:
@@ -530,7 +532,8 @@ def _noul_probabilities(answer: Mapping) -> list[float]:
 KINDS: dict[str, QuestionKind] = {kind.name: kind for kind in (
     QuestionKind("choice", _parse_choice, _choice_answer, _candidate_probabilities),
     QuestionKind("score", _parse_score, _score_answer, _candidate_probabilities),
-    QuestionKind("noul", _parse_noul, _noul_answer, _noul_probabilities, decisions=NOUL_DECISIONS),
+    QuestionKind("noul", _parse_noul, _noul_answer, _noul_probabilities, decisions=NOUL_DECISIONS,
+                 fixed_candidates=NOUL_CANDIDATES),
 )}
 KIND_NAMES = tuple(KINDS)  # the only list of the kinds' names
 
