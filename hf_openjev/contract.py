@@ -480,13 +480,15 @@ class QuestionKind:
     ``probabilities(answer) -> [p per candidate]`` in the candidates' order (noul: ``[p_yes]``), what fidelity
     entries and oracles store; ``decisions``: the labels a kind decides between when they are fixed (noul: no, yes),
     None when they are the candidates' (``answer["probabilities"]``'s keys); ``fixed_candidates``: a kind's
-    candidate labels when every question of it has the same ones (noul: yes), else None.
+    candidate labels when every question of it has the same ones (noul: yes), else None; ``index_criteria(n)``: the
+    criteria of a synthetic question of ``n`` candidates named by their index (the benchmark's workload).
     """
 
     name: str
     parse: Callable[[str, dict, str], Question]
     answer: Callable[[Question, list[float], float], dict]
     probabilities: Callable[[Mapping], list[float]]
+    index_criteria: Callable[[int], Any]
     decisions: tuple[str, ...] | None = None
     fixed_candidates: tuple[str, ...] | None = None
 
@@ -530,10 +532,12 @@ def _noul_probabilities(answer: Mapping) -> list[float]:
 
 
 KINDS: dict[str, QuestionKind] = {kind.name: kind for kind in (
-    QuestionKind("choice", _parse_choice, _choice_answer, _candidate_probabilities),
-    QuestionKind("score", _parse_score, _score_answer, _candidate_probabilities),
-    QuestionKind("noul", _parse_noul, _noul_answer, _noul_probabilities, decisions=NOUL_DECISIONS,
-                 fixed_candidates=NOUL_CANDIDATES),
+    QuestionKind("choice", _parse_choice, _choice_answer, _candidate_probabilities,
+                 lambda n: {f"o{i}": None for i in range(n)}),
+    QuestionKind("score", _parse_score, _score_answer, _candidate_probabilities,
+                 lambda n: [f"level {i}" for i in range(n)]),
+    QuestionKind("noul", _parse_noul, _noul_answer, _noul_probabilities, lambda n: None,
+                 decisions=NOUL_DECISIONS, fixed_candidates=NOUL_CANDIDATES),
 )}
 KIND_NAMES = tuple(KINDS)  # the only list of the kinds' names
 

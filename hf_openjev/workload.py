@@ -31,8 +31,7 @@ def build_workload(path: str | Path, *, vocab: int, seed: int, limit: int | None
     for item in data["requests"][:limit]:
         n = len(item["suffix_tokens"])
         kind = item["kind"]
-        criteria = {"choice": {f"o{i}": None for i in range(n)}, "score": [f"level {i}" for i in range(n)],
-                    "noul": None}[kind]
+        criteria = KINDS[kind].index_criteria(n)
         question = {"type": kind, "instructions": "x"}
         if criteria is not None:
             question["criteria"] = criteria
