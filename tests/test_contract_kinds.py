@@ -84,6 +84,17 @@ def test_every_reader_of_an_answer_agrees_with_the_table(kind):
                 (0, 0) if flip is None else (0, 1) if flip["near_tie"] else (1, 0))
 
 
+@pytest.mark.parametrize("kind", KIND_NAMES)
+def test_index_criteria_make_a_question_of_n_candidates(kind):
+    question = {"type": kind, "instructions": "x"}
+    criteria = KINDS[kind].index_criteria(3)
+    if criteria is not None:
+        question["criteria"] = criteria
+    parsed = parse_request({"state": "x", "questions": {"q": question}}).questions[0]
+    assert parsed.labels == (KINDS[kind].fixed_candidates or parsed.labels)
+    assert len(parsed.prompts) == len(KINDS[kind].fixed_candidates or range(3))
+
+
 def test_a_noul_at_exactly_half_is_no_everywhere():
     """The fidelity gate, export verification, eval and the recipes' parity all read p_yes = 0.5 as "no"."""
     assert find_flip("noul", [0.5], [0.4]) is None
