@@ -43,7 +43,6 @@ __all__ = [
     "noul_prompt",
     "parse_request",
     "question_head",
-    "question_kind",
     "render",
     "token_budget_error",
     "tokenize_candidates",
@@ -547,14 +546,6 @@ DIFFERING_READINGS = {
                                        "scoring), not the first candidate: differs from decide for a choice "
                                        "question whose tied options are not in sorted order",
 }
-
-
-def question_kind(name: Any) -> QuestionKind:
-    """The kind called ``name``, or ``ValueError`` naming the kinds."""
-    kind = KINDS.get(name) if isinstance(name, str) else None
-    if kind is None:
-        raise ValueError(f"kind {name!r} is not one of {', '.join(KIND_NAMES)}")
-    return kind
 
 
 def answers_from_scores(
