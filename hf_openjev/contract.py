@@ -8,7 +8,10 @@ so the pipeline, the evaluation command and the HTTP server all share one defini
 * :func:`tokenize_candidates` -- the ``max_length`` check of §2 item 7 (nothing is ever truncated; a huge
   over-long text is refused from a clean prefix already over the limit);
 * :func:`answers_from_scores` -- the float64 answers of §5;
-* :func:`build_response` -- the response object of §6.
+* :func:`build_response` -- the response object of §6;
+* :data:`KINDS` -- the question kinds: per kind its parser, its answer, how its probabilities are read, THE decision
+  rule and THE near-tie rule (docs/design.md "Numerics"), for the pipeline, eval, export verification, the
+  fidelity gate and the recipes.
 """
 
 from __future__ import annotations
@@ -16,18 +19,23 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from hf_openjev.errors import RequestError
 
 __all__ = [
+    "DIFFERING_READINGS",
+    "KINDS",
+    "KIND_NAMES",
     "MAX_CANDIDATES",
     "MAX_CHOICE_OPTIONS",
     "MAX_QUESTIONS",
     "MAX_SCORE_LEVELS",
     "MIN_SCORE_LEVELS",
+    "NEAR_TIE_MARGIN",
     "ParsedRequest",
     "Question",
+    "QuestionKind",
     "RequestError",
     "answers_from_scores",
     "build_response",
@@ -161,7 +169,7 @@ class ParsedRequest:
 
 
 def _parse_question(qid: str, definition: Any, state_text: str) -> Question:
-    """Validate one question (docs/contract.md §2 item 6) and build its prompts (§3).
+    """Validate one question (docs/contract.md §2 item 6) and build its prompts (§3), by its kind's parser.
 
     Every error carries the contract's message plus a ``detail`` naming the question and the field.
     """
@@ -174,70 +182,77 @@ def _parse_question(qid: str, definition: Any, state_text: str) -> Question:
         raise RequestError(MSG_TEXT, detail=f"{where}: {_field(definition, 'instructions')}; instructions must be "
                                             "text, an object or an array")
     qtype = definition.get("type")
-    criteria = definition.get("criteria")
+    kind = KINDS.get(qtype) if isinstance(qtype, str) else None
+    if kind is None:
+        got = f"type is {qtype!r}" if isinstance(qtype, str) else _field(definition, "type")
+        raise RequestError(MSG_TYPE, detail=f"{where}: {got}; use 'choice', 'score' or 'noul'")
+    return kind.parse(qid, definition, state_text)
 
-    if qtype == "choice":
-        if not isinstance(criteria, dict):
-            raise RequestError(MSG_CHOICE_TYPE, detail=f"{where}: {_field(definition, 'criteria')}; a choice question "
-                                                       "needs an object mapping each option to its description "
-                                                       "(or null)")
-        if not 1 <= len(criteria) <= MAX_CHOICE_OPTIONS:
-            raise RequestError(MSG_CHOICE_COUNT, detail=f"{where}: criteria has {len(criteria)} options; a choice "
-                                                        f"question needs 1 to {MAX_CHOICE_OPTIONS}")
-        head = question_head(state_text, render(instructions))
-        labels, prompts = [], []
-        for key, description in criteria.items():
-            if not isinstance(key, str):
-                raise RequestError(MSG_CHOICE_TYPE, detail=f"{where}: option key {key!r} is not a string")
-            if description is None:
-                option = key
-            elif _is_text(description):
-                option = key + ": " + render(description)
-            else:
-                raise RequestError(MSG_TEXT, detail=f"{where}: the description of option {key!r} is "
-                                                    f"{_kind(description)}; use text, an object, an array or null")
-            labels.append(key)
-            prompts.append(candidate_prompt(head, option))
-        return Question(qid, "choice", tuple(labels), tuple(prompts), None)
 
-    if qtype == "score":
-        if not _is_array(criteria):
-            raise RequestError(MSG_SCORE_TYPE, detail=f"{where}: {_field(definition, 'criteria')}; a score question "
-                                                      f"needs an array of {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS} "
-                                                      "levels, lowest first")
-        if not MIN_SCORE_LEVELS <= len(criteria) <= MAX_SCORE_LEVELS:
-            raise RequestError(MSG_SCORE_COUNT, detail=f"{where}: criteria has {len(criteria)} levels; a score "
-                                                       f"question needs {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS}")
-        head = question_head(state_text, render(instructions))
-        prompts = []
-        for i, level in enumerate(criteria):
-            if not _is_text(level):
-                raise RequestError(MSG_TEXT, detail=f"{where}: level {i} is {_kind(level)}; a level must be text, "
-                                                    "an object or an array")
-            prompts.append(candidate_prompt(head, render(level)))
-        labels = tuple(str(i) for i in range(len(criteria)))
-        legend = {str(i): level for i, level in enumerate(criteria)}
-        return Question(qid, "score", labels, tuple(prompts), legend)
+def _parse_choice(qid: str, definition: dict, state_text: str) -> Question:
+    where, criteria = f"question {qid!r}", definition.get("criteria")
+    if not isinstance(criteria, dict):
+        raise RequestError(MSG_CHOICE_TYPE, detail=f"{where}: {_field(definition, 'criteria')}; a choice question "
+                                                   "needs an object mapping each option to its description "
+                                                   "(or null)")
+    if not 1 <= len(criteria) <= MAX_CHOICE_OPTIONS:
+        raise RequestError(MSG_CHOICE_COUNT, detail=f"{where}: criteria has {len(criteria)} options; a choice "
+                                                    f"question needs 1 to {MAX_CHOICE_OPTIONS}")
+    head = question_head(state_text, render(definition["instructions"]))
+    labels, prompts = [], []
+    for key, description in criteria.items():
+        if not isinstance(key, str):
+            raise RequestError(MSG_CHOICE_TYPE, detail=f"{where}: option key {key!r} is not a string")
+        if description is None:
+            option = key
+        elif _is_text(description):
+            option = key + ": " + render(description)
+        else:
+            raise RequestError(MSG_TEXT, detail=f"{where}: the description of option {key!r} is "
+                                                f"{_kind(description)}; use text, an object, an array or null")
+        labels.append(key)
+        prompts.append(candidate_prompt(head, option))
+    return Question(qid, "choice", tuple(labels), tuple(prompts), None)
 
-    if qtype == "noul":
-        question_text = render(instructions)
-        # ``criteria`` is optional; absent and null both mean "no criteria".
-        if criteria is not None:
-            if not isinstance(criteria, dict) or set(criteria) != {"true", "false"}:
-                got = (f"has keys {sorted(map(str, criteria))}" if isinstance(criteria, dict)
-                       else f"is {_kind(criteria)}")
-                raise RequestError(MSG_NOUL_CRITERIA, detail=f"{where}: criteria {got}; a noul question takes "
-                                                             "criteria {\"true\": ..., \"false\": ...} or none")
-            for key in ("true", "false"):
-                if not _is_text(criteria[key]):
-                    raise RequestError(MSG_TEXT, detail=f"{where}: criteria.{key} is {_kind(criteria[key])}; use "
-                                                        "text, an object or an array")
-            question_text += "\nYes means: " + render(criteria["true"]) + "\nNo means: " + render(criteria["false"])
-        head = question_head(state_text, question_text)
-        return Question(qid, "noul", ("yes",), (noul_prompt(head),), None)
 
-    got = f"type is {qtype!r}" if isinstance(qtype, str) else _field(definition, "type")
-    raise RequestError(MSG_TYPE, detail=f"{where}: {got}; use 'choice', 'score' or 'noul'")
+def _parse_score(qid: str, definition: dict, state_text: str) -> Question:
+    where, criteria = f"question {qid!r}", definition.get("criteria")
+    if not _is_array(criteria):
+        raise RequestError(MSG_SCORE_TYPE, detail=f"{where}: {_field(definition, 'criteria')}; a score question "
+                                                  f"needs an array of {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS} "
+                                                  "levels, lowest first")
+    if not MIN_SCORE_LEVELS <= len(criteria) <= MAX_SCORE_LEVELS:
+        raise RequestError(MSG_SCORE_COUNT, detail=f"{where}: criteria has {len(criteria)} levels; a score "
+                                                   f"question needs {MIN_SCORE_LEVELS} to {MAX_SCORE_LEVELS}")
+    head = question_head(state_text, render(definition["instructions"]))
+    prompts = []
+    for i, level in enumerate(criteria):
+        if not _is_text(level):
+            raise RequestError(MSG_TEXT, detail=f"{where}: level {i} is {_kind(level)}; a level must be text, "
+                                                "an object or an array")
+        prompts.append(candidate_prompt(head, render(level)))
+    labels = tuple(str(i) for i in range(len(criteria)))
+    legend = {str(i): level for i, level in enumerate(criteria)}
+    return Question(qid, "score", labels, tuple(prompts), legend)
+
+
+def _parse_noul(qid: str, definition: dict, state_text: str) -> Question:
+    where, criteria = f"question {qid!r}", definition.get("criteria")
+    question_text = render(definition["instructions"])
+    # ``criteria`` is optional; absent and null both mean "no criteria".
+    if criteria is not None:
+        if not isinstance(criteria, dict) or set(criteria) != {"true", "false"}:
+            got = (f"has keys {sorted(map(str, criteria))}" if isinstance(criteria, dict)
+                   else f"is {_kind(criteria)}")
+            raise RequestError(MSG_NOUL_CRITERIA, detail=f"{where}: criteria {got}; a noul question takes "
+                                                         "criteria {\"true\": ..., \"false\": ...} or none")
+        for key in ("true", "false"):
+            if not _is_text(criteria[key]):
+                raise RequestError(MSG_TEXT, detail=f"{where}: criteria.{key} is {_kind(criteria[key])}; use "
+                                                    "text, an object or an array")
+        question_text += "\nYes means: " + render(criteria["true"]) + "\nNo means: " + render(criteria["false"])
+    head = question_head(state_text, question_text)
+    return Question(qid, "noul", NOUL_CANDIDATES, (noul_prompt(head),), None)
 
 
 def parse_request(request: Any, *, served_models: Collection[str] = ()) -> ParsedRequest:
@@ -448,7 +463,89 @@ def _noul_answer(question: Question, scores: list[float], temperature: float) ->
     return {"type": "noul", "noul": _softmax([0.0, scores[0]], temperature)[1]}
 
 
-_ANSWERS = {"choice": _choice_answer, "score": _score_answer, "noul": _noul_answer}
+# --- the question kinds: one table, read by every caller ------------------------------------------------------------
+
+NOUL_CANDIDATES = ("yes",)  # a noul question's one candidate
+NOUL_DECISIONS = ("no", "yes")  # what a noul question decides between: logits [0, s] (docs/contract.md §5)
+NEAR_TIE_MARGIN = 0.02  # a decision whose top-two probability margin is below this is a near-tie (every kind)
+
+
+@dataclass(frozen=True)
+class QuestionKind:
+    """One question kind of docs/contract.md, with every reading of it that the package and the recipes use.
+
+    ``parse(qid, definition, state_text) -> Question``: validation and prompts (§2 item 6, §3);
+    ``answer(question, scores [n candidates], temperature) -> dict``: the answer of §5;
+    ``probabilities(answer) -> [p per candidate]`` in the candidates' order (noul: ``[p_yes]``), what fidelity
+    entries and oracles store; ``decisions``: the labels a kind decides between when they are fixed (noul: no, yes),
+    None when they are the candidates' (``answer["probabilities"]``'s keys); ``fixed_candidates``: a kind's
+    candidate labels when every question of it has the same ones (noul: yes), else None; ``index_criteria(n)``: the
+    criteria of a synthetic question of ``n`` candidates named by their index (the benchmark's workload).
+    """
+
+    name: str
+    parse: Callable[[str, dict, str], Question]
+    answer: Callable[[Question, list[float], float], dict]
+    probabilities: Callable[[Mapping], list[float]]
+    index_criteria: Callable[[int], Any]
+    decisions: tuple[str, ...] | None = None
+    fixed_candidates: tuple[str, ...] | None = None
+
+    def distribution(self, probabilities: Sequence[float]) -> list[float]:
+        """``[p per candidate]`` -> ``[p per decision label]``: noul ``[p_yes]`` -> ``[1 - p_yes, p_yes]``."""
+        if self.decisions is None:
+            return [float(p) for p in probabilities]
+        if len(probabilities) != 1:
+            raise ValueError(f"a {self.name} question has one probability (p_yes), got {len(probabilities)}")
+        return [1.0 - float(probabilities[0]), float(probabilities[0])]
+
+    def labels(self, answer: Mapping) -> tuple[str, ...]:
+        """The decision labels of an answer, in :meth:`distribution`'s order."""
+        return self.decisions if self.decisions is not None else tuple(answer["probabilities"])
+
+    def decide(self, probabilities: Sequence[float]) -> int:
+        """THE decision rule (docs/design.md "Numerics"): the first arg-max of :meth:`distribution`, an index into
+        :meth:`labels`. For noul that is "yes" (1) iff ``p_yes > 0.5``: exactly 0.5 is "no", the first label."""
+        return first_argmax(self.distribution(probabilities))
+
+    def margin(self, probabilities: Sequence[float]) -> float:
+        """Top-two margin of :meth:`distribution` (noul: ``|p_yes - p_no| = 2 |p - 0.5|``; one option: its p)."""
+        top = sorted(self.distribution(probabilities), reverse=True) + [0.0]
+        return top[0] - top[1]
+
+    def near_tie(self, probabilities: Sequence[float]) -> bool:
+        """THE near-tie rule: the decision's top-two margin < :data:`NEAR_TIE_MARGIN`."""
+        return self.margin(probabilities) < NEAR_TIE_MARGIN
+
+    def decision(self, answer: Mapping) -> str:
+        """The label an answer decides (choice: its ``choice``; score: the mode's level; noul: "yes" / "no")."""
+        return self.labels(answer)[self.decide(self.probabilities(answer))]
+
+
+def _candidate_probabilities(answer: Mapping) -> list[float]:
+    return [float(p) for p in answer["probabilities"].values()]
+
+
+def _noul_probabilities(answer: Mapping) -> list[float]:
+    return [float(answer["noul"])]
+
+
+KINDS: dict[str, QuestionKind] = {kind.name: kind for kind in (
+    QuestionKind("choice", _parse_choice, _choice_answer, _candidate_probabilities,
+                 lambda n: {f"o{i}": None for i in range(n)}),
+    QuestionKind("score", _parse_score, _score_answer, _candidate_probabilities,
+                 lambda n: [f"level {i}" for i in range(n)]),
+    QuestionKind("noul", _parse_noul, _noul_answer, _noul_probabilities, lambda n: None,
+                 decisions=NOUL_DECISIONS, fixed_candidates=NOUL_CANDIDATES),
+)}
+KIND_NAMES = tuple(KINDS)  # the only list of the kinds' names
+
+# Readings that differ from the table on purpose, by who reads them and why.
+DIFFERING_READINGS = {
+    "hf_openjev.eval.metrics.predict": "exact ties go to the lexicographically smallest label (JevBench's "
+                                       "scoring), not the first candidate: differs from decide for a choice "
+                                       "question whose tied options are not in sorted order",
+}
 
 
 def answers_from_scores(
@@ -474,7 +571,7 @@ def answers_from_scores(
             )
         if not all(math.isfinite(v) for v in values):
             raise ValueError(f"question {question.id}: non-finite candidate score")
-        answers[question.id] = _ANSWERS[question.type](question, values, temperature)
+        answers[question.id] = KINDS[question.type].answer(question, values, temperature)
     return answers
 
 

@@ -15,10 +15,10 @@ An *oracle* (``oracle_<shape>.json``) is ``{"format": ORACLE_FORMAT, "shape", "s
 Statistics pool every candidate probability of every compared request (a choice question of 5 options gives 5
 values, a noul question 1). p99 is ``sorted[max(0, int(0.99 N) - 1)]``, the benchmark's percentile convention.
 
-A decision flip: choice / score, the first arg-max differs; noul, the side of 0.5 differs (p >= 0.5 is "yes").
-It is a near-tie flip when the *oracle's* decision was close: top-two margin < NEAR_TIE_MARGIN (choice / score),
-``|p - 0.5| < NOUL_NEAR_TIE`` (noul). The gate (:func:`passes_gate`) compares a configuration with B, stock
-Transformers + fla-core in bf16 measured in the same run.
+A decision flip: the decision of :data:`~hf_openjev.contract.KINDS` differs (choice / score, the first arg-max;
+noul, the side of 0.5, exactly 0.5 being "no"). It is a near-tie flip when the *oracle's* decision was close: its
+top-two margin < NEAR_TIE_MARGIN (noul: ``|p_yes - p_no|``, i.e. ``|p - 0.5| < NEAR_TIE_MARGIN / 2``). The gate
+(:func:`passes_gate`) compares a configuration with B, stock Transformers + fla-core in bf16 measured in the same run.
 
 Pure Python: torch and matplotlib are imported only inside :func:`hash_weights` and :func:`plot_fidelity`.
 """
@@ -32,14 +32,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .contract import first_argmax
+from .contract import KIND_NAMES, KINDS, NEAR_TIE_MARGIN
 
 GATE_MAX_RATIO = 1.25  # max |Δp| <= 1.25 x B's
 GATE_MEAN_RATIO = 1.10  # mean |Δp| <= 1.10 x B's
-NEAR_TIE_MARGIN = 0.02  # choice / score: the oracle's top-two probability margin below this is a near-tie
-NOUL_NEAR_TIE = 0.01  # noul: the oracle's |p - 0.5| below this is a near-tie
 ORACLE_FORMAT = "hf-openjev-oracle/1"
-KINDS = ("choice", "score", "noul")
 
 
 @dataclass(frozen=True)
@@ -77,13 +74,7 @@ class GateVerdict:
 
 def probabilities_from_response(response: Mapping) -> dict[str, list[float]]:
     """A response dict (docs/contract.md §6) -> {question id: [p per candidate]}; noul -> [p(yes)]."""
-    out = {}
-    for qid, answer in response["answers"].items():
-        if answer["type"] == "noul":
-            out[qid] = [float(answer["noul"])]
-        else:
-            out[qid] = [float(p) for p in answer["probabilities"].values()]
-    return out
+    return {qid: KINDS[answer["type"]].probabilities(answer) for qid, answer in response["answers"].items()}
 
 
 def hash_tokens(tokens: Sequence[Sequence[Sequence[int]]]) -> str:
@@ -200,7 +191,7 @@ def _check_pair(oracle: Mapping, config: Mapping, position: int) -> None:
     if str(oracle["id"]) != str(config["id"]):
         raise ValueError(f"request {position}: id {config['id']!r} where the oracle has {oracle['id']!r}")
     rid = oracle["id"]
-    if oracle["kind"] not in KINDS or oracle["kind"] != config["kind"]:
+    if oracle["kind"] not in KIND_NAMES or oracle["kind"] != config["kind"]:
         raise ValueError(f"request {rid!r}: kind {config['kind']!r}, the oracle's {oracle['kind']!r}")
     a, b = oracle.get("tokens_sha256"), config.get("tokens_sha256")
     if a is not None and b is not None and a != b:
@@ -212,29 +203,26 @@ def _check_pair(oracle: Mapping, config: Mapping, position: int) -> None:
         if len(po[qid]) != len(pc[qid]) or not po[qid]:
             raise ValueError(f"request {rid!r} question {qid!r}: {len(pc[qid])} candidate probabilities, "
                              f"the oracle has {len(po[qid])}")
-        if oracle["kind"] == "noul" and len(po[qid]) != 1:
-            raise ValueError(f"request {rid!r} question {qid!r}: a noul question has one probability")
+        fixed = KINDS[oracle["kind"]].fixed_candidates
+        if fixed is not None and len(po[qid]) != len(fixed):
+            raise ValueError(f"request {rid!r} question {qid!r}: a {oracle['kind']} question has {len(fixed)} "
+                             "probability")
         for p in (*po[qid], *pc[qid]):
             if not (isinstance(p, (int, float)) and math.isfinite(p) and 0.0 <= p <= 1.0):
                 raise ValueError(f"request {rid!r} question {qid!r}: {p!r} is not a probability")
 
 
 def find_flip(kind: str, oracle_p: Sequence[float], config_p: Sequence[float]) -> dict | None:
-    """The flip of one question, or None: ``{"oracle", "config"`` (arg-max index, or "yes"/"no" for noul),
-    ``"oracle_margin"`` (top-two margin; noul: |p - 0.5|), ``"near_tie"}``."""
-    if kind == "noul":
-        side_o, side_c = oracle_p[0] >= 0.5, config_p[0] >= 0.5
-        if side_o == side_c:
-            return None
-        margin = abs(oracle_p[0] - 0.5)
-        return {"oracle": "yes" if side_o else "no", "config": "yes" if side_c else "no",
-                "oracle_margin": margin, "near_tie": margin < NOUL_NEAR_TIE}
-    io, ic = first_argmax(oracle_p), first_argmax(config_p)
+    """The flip of one question by the table's decision rule (:meth:`~hf_openjev.contract.QuestionKind.decide`), or
+    None: ``{"oracle", "config"`` (arg-max index, or "yes"/"no" for noul), ``"oracle_margin"`` (the oracle's top-two
+    margin; noul: ``p_yes - p_no``), ``"near_tie"}`` (:meth:`~hf_openjev.contract.QuestionKind.near_tie`)."""
+    question = KINDS[kind]
+    io, ic = question.decide(oracle_p), question.decide(config_p)
     if io == ic:
         return None
-    top = sorted(oracle_p, reverse=True)
-    margin = top[0] - top[1]
-    return {"oracle": io, "config": ic, "oracle_margin": margin, "near_tie": margin < NEAR_TIE_MARGIN}
+    names = question.decisions or range(len(oracle_p))
+    return {"oracle": names[io], "config": names[ic], "oracle_margin": question.margin(oracle_p),
+            "near_tie": question.near_tie(oracle_p)}
 
 
 def compare_with_oracle(oracle_requests: Sequence[Mapping], config_requests: Sequence[Mapping]) -> FidelityStats:
@@ -317,7 +305,7 @@ def build_fidelity_report(stats_by_name: Mapping[str, FidelityStats], *, referen
     the gate's constants and ``configurations`` (see :func:`judge_configurations`)."""
     return {**meta,
             "gate": {"reference": reference, "max_ratio": GATE_MAX_RATIO, "mean_ratio": GATE_MEAN_RATIO,
-                     "near_tie_margin": NEAR_TIE_MARGIN, "noul_near_tie": NOUL_NEAR_TIE},
+                     "near_tie_margin": NEAR_TIE_MARGIN},
             "configurations": judge_configurations(stats_by_name, reference=reference)}
 
 
@@ -336,8 +324,9 @@ def render_fidelity_markdown(report: Mapping, *, plot_name: str | None = None) -
     if "oracle_sha256_check" in report:
         lines += [f"Oracle weights check: {report['oracle_sha256_check']}", ""]
     lines += [f"Gate (against {gate['reference']}, same run): max |Δp| <= {gate['max_ratio']} x, mean |Δp| <= "
-              f"{gate['mean_ratio']} x, flips away from near-ties <= {gate['reference']}'s (near-tie: oracle margin "
-              f"< {gate['near_tie_margin']}; noul |p - 0.5| < {gate['noul_near_tie']}).", "",
+              f"{gate['mean_ratio']} x, flips away from near-ties <= {gate['reference']}'s (near-tie: oracle top-two "
+              f"margin < {gate['near_tie_margin']}; noul |p_yes - p_no|, i.e. |p - 0.5| < {gate['near_tie_margin'] / 2}"
+              ").", "",
               "| configuration | requests | max abs dp | p99 abs dp | mean abs dp | flips | near-tie flips | passes |",
               "|---|---|---|---|---|---|---|---|"]
     for name, c in report["configurations"].items():

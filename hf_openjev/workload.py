@@ -12,6 +12,8 @@ import json
 import random
 from pathlib import Path
 
+from .contract import KIND_NAMES, KINDS
+
 MIN_RANDOM_ID = 1000  # ids are drawn from [1000, vocab): clear of the special tokens at the vocabulary's start
 
 
@@ -29,8 +31,7 @@ def build_workload(path: str | Path, *, vocab: int, seed: int, limit: int | None
     for item in data["requests"][:limit]:
         n = len(item["suffix_tokens"])
         kind = item["kind"]
-        criteria = {"choice": {f"o{i}": None for i in range(n)}, "score": [f"level {i}" for i in range(n)],
-                    "noul": None}[kind]
+        criteria = KINDS[kind].index_criteria(n)
         question = {"type": kind, "instructions": "x"}
         if criteria is not None:
             question["criteria"] = criteria
@@ -55,9 +56,10 @@ def check_workload_file(path: str | Path) -> int:
                          "\"suffix_tokens\"}, ...]}")
     for number, item in enumerate(requests):
         ok = (isinstance(item, dict) and isinstance(item.get("id"), str)
-              and item.get("kind") in ("choice", "score", "noul") and isinstance(item.get("prefix_tokens"), int)
+              and item.get("kind") in KIND_NAMES and isinstance(item.get("prefix_tokens"), int)
               and isinstance(item.get("suffix_tokens"), list) and item["suffix_tokens"]
               and all(isinstance(s, int) and s >= 0 for s in item["suffix_tokens"]))
-        if not ok or (item["kind"] == "noul" and len(item["suffix_tokens"]) != 1):
+        fixed = KINDS[item["kind"]].fixed_candidates if ok else None
+        if not ok or (fixed is not None and len(item["suffix_tokens"]) != len(fixed)):
             raise ValueError(f"{path}: request {number} is not an id / kind / prefix_tokens / suffix_tokens shape")
     return len(requests)

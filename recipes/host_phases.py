@@ -43,6 +43,8 @@ from benchlib.timing import add_ms_to
 from benchlib.workload import ESTIMATED_MANIFEST as SHAPES_FILE  # the issue's request indices are into this one
 from benchlib.workload import build_workload, single_candidate_request
 
+from hf_openjev.contract import KINDS
+
 SHAPE = "host64"
 # the 27B's layers and head layout (benchlib.shapes.SHAPES["27b"]) at a tiny hidden size: host timing only
 TEMPERATURES.setdefault(SHAPE, TEMPERATURES["27b"])
@@ -144,11 +146,9 @@ def request_dict(prepared) -> dict:
     """A request dict of the prepared request's question (what ``prepare`` validates)."""
     question = prepared.parsed.questions[0]
     body = {"type": question.type, "instructions": "x"}
-    n = len(prepared.tokens[0])
-    if question.type == "choice":
-        body["criteria"] = {f"o{i}": None for i in range(n)}
-    elif question.type == "score":
-        body["criteria"] = [f"level {i}" for i in range(n)]
+    criteria = KINDS[question.type].index_criteria(len(prepared.tokens[0]))
+    if criteria is not None:
+        body["criteria"] = criteria
     return {"state": "x", "questions": {"q": body}}
 
 

@@ -37,9 +37,7 @@ from benchlib.timing import sync
 from benchlib.workload import (MANIFEST, add_manifest_argument, build_workload, check_manifest_argument,
                                manifest_identity)
 
-LABELS = {"choice": lambda n: [f"o{i}" for i in range(n)], "score": lambda n: [str(i) for i in range(n)],
-          "noul": lambda n: ["no", "yes"]}
-
+from hf_openjev.contract import KINDS
 
 def workload_tasks(work, *, manifest: Path = MANIFEST) -> tuple[list, dict]:
     """(Tasks, (tier, id) -> (PreparedRequest, 0.0)) of bench_jevbench workload items, as eval's loop takes them:
@@ -49,7 +47,7 @@ def workload_tasks(work, *, manifest: Path = MANIFEST) -> tuple[list, dict]:
     tasks, prepared = [], {}
     for line, (item, request) in enumerate(work, start=1):
         kind = item["kind"]
-        labels = LABELS[kind](len(item["suffix_tokens"]))
+        labels = list(KINDS[kind].decisions or request.parsed.questions[0].labels)
         task = Task(id=str(item.get("id", line)), tier="jevbench231", family=kind, kind=kind, group=None,
                     labels=labels, expected=labels[0], request={"questions": {"q": {"type": kind}}},
                     file=Path(manifest).name, line=line)

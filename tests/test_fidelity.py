@@ -63,7 +63,7 @@ def test_p99_leaves_out_the_top_percent():
     ("noul", [0.7], [0.4], True, False),
     ("noul", [0.505], [0.495], True, True),  # |p - 0.5| = 0.005 < 0.01
     ("noul", [0.52], [0.49], True, False),
-    ("noul", [0.5], [0.5], False, False),  # 0.5 is "yes" on both sides
+    ("noul", [0.5], [0.5], False, False),  # 0.5 is "no" on both sides (docs/design.md "Numerics")
     ("noul", [0.3], [0.1], False, False),
 ])
 def test_flips_and_near_ties(kind, oracle_p, config_p, flip, near):

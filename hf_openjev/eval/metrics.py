@@ -14,7 +14,8 @@ Definitions (JevBench README, "Scoring"; every average is over the scored tasks 
   noul -> ``{"no": 1 - p, "yes": p}`` with ``p`` the answer's ``noul`` value.
 - **prediction**: the label with the largest probability; exact ties go to the lexicographically smallest label
   (plain ``str`` ordering, so ``"no" < "yes"`` and ``"0" < "1" < ... < "9"``) -- *not* the contract's
-  first-in-request-order rule.
+  first-in-request-order rule (a reading that differs on purpose: ``hf_openjev.contract.DIFFERING_READINGS``). It
+  agrees with the contract's decision for noul (exactly 0.5 is "no") and score; for choice only off exact ties.
 - **accuracy**: mean of ``prediction == expected``.
 - **Brier** (multi-class): per task ``sum over labels (p_label - [label == expected])**2``, averaged over tasks.
   For a noul task that is ``2 * (1 - p_expected)**2``. Range 0..2.
@@ -43,18 +44,18 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
+from ..contract import KINDS
+
 N_BINS = 10
 LOG_EPS = 1e-15
 
 
 def distribution(kind: str, answer: Mapping, labels: Sequence[str]) -> dict[str, float]:
-    """The task's probability distribution ``{label: p}`` in ``labels`` order, from a contract answer."""
-    if kind == "noul":
-        p = float(answer["noul"])
-        probs = {"no": 1.0 - p, "yes": p}
-        return {label: probs[label] for label in labels}
-    given = answer["probabilities"]
-    return {label: float(given[label]) for label in labels}
+    """The task's probability distribution ``{label: p}`` in ``labels`` order, from a contract answer (the table's
+    :meth:`~hf_openjev.contract.QuestionKind.distribution`: noul ``{"no": 1 - p, "yes": p}``)."""
+    question = KINDS[kind]
+    given = dict(zip(question.labels(answer), question.distribution(question.probabilities(answer))))
+    return {label: given[label] for label in labels}
 
 
 def predict(probabilities: Mapping[str, float]) -> str:

@@ -33,8 +33,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..contract import KIND_NAMES, MSG_TYPE
 
-KINDS = ("choice", "score", "noul")
+
 DATASET_SUFFIXES = {".json": "json", ".parquet": "parquet"}
 
 
@@ -247,8 +248,8 @@ def task_from_row(row, *, tier: str, file: str, line: int, from_arrow: bool = Fa
     if not isinstance(question, dict):
         raise _TaskError("question must be an object")
     kind = question.get("type")
-    if kind not in KINDS:
-        raise _TaskError("question type must be choice, score, or noul")
+    if kind not in KIND_NAMES:
+        raise _TaskError(MSG_TYPE)
     labels = row["labels"]
     if not isinstance(labels, (list, tuple)) or not labels or not all(isinstance(x, str) for x in labels):
         raise _TaskError("labels must be a non-empty array of strings")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..contract import KINDS
 from ..examples import DEMO_REQUESTS
 
 # Probe requests: every question type, several candidates, multilingual and structured state.
@@ -128,15 +129,12 @@ class ProbeCheck:
 
 
 def _flat_probabilities(response: dict) -> tuple[list[float], list[str]]:
+    """Every candidate probability of a response, and its decisions ``"<qid>:<label>"`` (the table's rule)."""
     values, decisions = [], []
     for qid, answer in response["answers"].items():
-        if answer["type"] == "noul":
-            values.append(float(answer["noul"]))
-            decisions.append(f"{qid}:{answer['noul'] > 0.5}")
-        else:
-            values.extend(float(v) for v in answer["probabilities"].values())
-            ps = answer["probabilities"]
-            decisions.append(f"{qid}:{max(ps, key=ps.get)}")
+        kind = KINDS[answer["type"]]
+        values.extend(kind.probabilities(answer))
+        decisions.append(f"{qid}:{kind.decision(answer)}")
     return values, decisions
 
 

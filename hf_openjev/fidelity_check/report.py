@@ -11,17 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..contract import KINDS
 from ..fidelity import build_fidelity_report, compare_with_oracle, select_requests, write_fidelity_report
 from .configs import REFERENCE
 from .oracle import check_oracle_progress
 
 
 def task_distribution(kind: str, probabilities: Sequence[float], labels: Sequence[str]) -> dict[str, float]:
-    """One question's entry probabilities as {label: p}: choice / score in the labels' order (the request's
+    """One question's entry probabilities as {label: p}, the table's
+    :meth:`~hf_openjev.contract.QuestionKind.distribution`: choice / score in the labels' order (the request's
     criteria follow them), noul ``[p(yes)]`` as {"no": 1 - p, "yes": p}."""
-    if kind == "noul":
-        return {"no": 1.0 - float(probabilities[0]), "yes": float(probabilities[0])}
-    return dict(zip(labels, map(float, probabilities)))
+    question = KINDS[kind]
+    return dict(zip(question.decisions or labels, question.distribution(probabilities)))
 
 
 def accuracy_against_labels(items: Sequence, entries: Sequence[Mapping]) -> dict | None:
