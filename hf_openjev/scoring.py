@@ -52,7 +52,7 @@ def tokenize_request(model, parsed: ParsedRequest, *, max_total_tokens: int | No
                      options=None) -> PreparedRequest:
     """docs/contract.md §2 item 7 for a validated request: every candidate tokenized, or ``RequestError`` for the first one
     over ``model.max_length``. Over-long texts stop at a clean prefix already over the limit where the model's
-    tokenizer allows it (:func:`hf_openjev.packing.prefix_cuts.prove_clean_cuts`); the verdict and the token counts of
+    tokenizer allows it (:func:`hf_openjev.tokenizer_analysis.prove_clean_cuts`); the verdict and the token counts of
     accepted requests are those of full tokenization; texts without clean cuts are bounded from their bytes
     (:mod:`hf_openjev.token_floor`). ``max_total_tokens``: the request's token budget, counted as the work of the
     path that will score it (``fast``, :func:`use_fast_path`; on the fast path with ``options``' prefix sharing,
@@ -101,15 +101,15 @@ def _own_tokenizer(model) -> bool:
 
 
 def _clean_cut_for(model):
-    """The model's clean-cut finder (:func:`hf_openjev.packing.prefix_cuts.prove_clean_cuts`), or None."""
-    from .packing.prefix_cuts import prove_clean_cuts
+    """The model's clean-cut finder (:func:`hf_openjev.tokenizer_analysis.prove_clean_cuts`), or None."""
+    from .tokenizer_analysis import prove_clean_cuts
 
     return prove_clean_cuts(model.tokenizer) if _own_tokenizer(model) else None
 
 
 def _token_floor_for(model):
-    """The model's byte-level token floor (:func:`hf_openjev.token_floor.prove_token_floor`), or None."""
-    from .token_floor import prove_token_floor
+    """The model's byte-level token floor (:func:`hf_openjev.tokenizer_analysis.prove_token_floor`), or None."""
+    from .tokenizer_analysis import prove_token_floor
 
     return prove_token_floor(model.tokenizer) if _own_tokenizer(model) else None
 

@@ -6,7 +6,8 @@ Two measures of a batch, both over consecutive items (the order is kept, so resu
   forward allocates: ids, masks, activations; the attention mask grows as ``rows * longest**2``, which the bound
   keeps at most ``max_tokens * longest``);
 - :func:`split_by_tokens`: a batch of requests costs the sum of their costs (the fast path packs them without
-  padding; :func:`hf_openjev.eval.sharding.task_cost` is one request's).
+  padding; :func:`task_cost` is one request's: the contract's ``input_tokens`` on the reference path, shared
+  prefixes counted once on the fast path).
 
 An item bigger than the bound alone forms a batch of its own: it is never refused here (``max_length`` bounds a
 sequence, docs/contract.md §2 item 7).
@@ -14,6 +15,7 @@ sequence, docs/contract.md §2 item 7).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Sequence
 
 __all__ = ["DEFAULT_BATCH_TOKENS", "check_batch_tokens", "split_by_tokens", "split_padded"]
@@ -59,3 +61,16 @@ def split_by_tokens(items: Iterable, cost, *, max_items: int, max_tokens: int) -
         total += tokens
     if batch:
         yield batch
+
+
+def task_cost(prepared, path: str) -> int:
+    """Tokens the backbone runs for one prepared request (a ``PreparedRequest``): on the reference path every
+    candidate sequence in full (``input_tokens``); on the fast path (``path == "fast"``) the prefix shared by all
+    candidates of a question once, plus each candidate's remainder."""
+    if path != "fast":
+        return prepared.input_tokens
+    total = 0
+    for question in prepared.tokens:
+        shared = len(os.path.commonprefix(question)) if len(question) > 1 else 0
+        total += shared + sum(len(seq) - shared for seq in question)
+    return total

@@ -18,14 +18,11 @@ before counting).
 from __future__ import annotations
 
 import functools
-import logging
 import unicodedata
-import weakref
 from collections.abc import Callable
 
-__all__ = ["BYTE_CLASSES", "count_byte_classes", "make_token_floor", "prove_token_floor", "token_floor_maxima"]
+__all__ = ["BYTE_CLASSES", "count_byte_classes", "make_token_floor", "token_floor_maxima"]
 
-logger = logging.getLogger(__name__)
 
 _DIGITS = bytes(range(0x30, 0x3A))
 _LETTERS = bytes(range(0x41, 0x5B)) + bytes(range(0x61, 0x7B))
@@ -33,7 +30,6 @@ _SPACES = b" \t\n\r\x0b\x0c"
 _OTHER_ASCII = bytes(b for b in range(0x80) if b not in _DIGITS + _LETTERS + _SPACES)
 _NON_ASCII = bytes(range(0x80, 0x100))
 BYTE_CLASSES = (_DIGITS, _LETTERS, _SPACES, _OTHER_ASCII, _NON_ASCII)
-_finders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 _CLASS_OF = bytes(next(i for i, cls in enumerate(BYTE_CLASSES) if b in cls) for b in range(256))
@@ -131,26 +127,3 @@ def make_token_floor(maxima: tuple[int, ...], nfc: bool) -> Callable[[str], int]
         return max(-(-n // m) for n, m in zip(counts, maxima))
 
     return token_floor
-
-
-def prove_token_floor(tokenizer) -> Callable[[str], int] | None:
-    """``floor(text)``: a lower bound of ``len(tokenizer.encode(text, add_special_tokens=False))``, when the
-    module's conditions hold for ``tokenizer`` (a Transformers fast tokenizer or a ``tokenizers.Tokenizer``), else
-    None. Cached per tokenizer, and on disk by the tokenizer's fingerprint
-    (:func:`hf_openjev.tokenizer_analysis.analyse_tokenizer`)."""
-    from .tokenizer_analysis import analyse_tokenizer
-
-    try:
-        return _finders[tokenizer]
-    except (KeyError, TypeError):
-        pass
-    analysis = analyse_tokenizer(tokenizer)
-    floor = None if analysis.floor_maxima is None else make_token_floor(analysis.floor_maxima, analysis.floor_nfc)
-    if floor is None:
-        logger.info("no byte-level token floor for this tokenizer: over-long texts without clean cuts are tokenized "
-                    "in full")
-    try:
-        _finders[tokenizer] = floor
-    except TypeError:  # not weak-referenceable
-        pass
-    return floor

@@ -27,15 +27,22 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from collections.abc import Callable
+
+from .checkpoint.files import note_tokenizer_file, tokenizer_file_digest
+from .packing.prefix_cuts import explain_unclean_spec, find_clean_cut
+from .token_floor import make_token_floor, token_floor_maxima
+
 __all__ = ["FORMAT", "TokenizerAnalysis", "analyse_tokenizer", "analysis_path", "note_tokenizer_file",
-           "tokenizer_fingerprint"]
+           "prove_clean_cuts", "prove_token_floor", "tokenizer_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when what the analysis derives changes (patterns, conditions), so that old files are ignored
 _SUBDIR = "tokenizer-analysis"
 _analyses: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_file_digests: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_clean_cut_finders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> find_clean_cut or None
+_token_floors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> floor(text) or None
 
 
 @dataclass(frozen=True)
@@ -65,35 +72,17 @@ class TokenizerAnalysis:
         return cls(unclean, None if maxima is None else tuple(maxima), nfc)
 
 
-def note_tokenizer_file(tokenizer, path: str | Path) -> None:
-    """Remember that ``tokenizer`` was loaded from the ``tokenizer.json`` at ``path`` (its digest, read now), so that
-    :func:`tokenizer_fingerprint` need not serialize it. Replace nothing of its model after this (its vocabulary is
-    taken to be the file's)."""
-    try:
-        _file_digests[tokenizer] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except (OSError, TypeError):  # unreadable, or not weak-referenceable: fingerprinted by serializing
-        pass
-
-
 def tokenizer_fingerprint(tokenizer) -> str:
     """The cache key of ``tokenizer``'s analysis (see the module docstring); raises what serializing a tokenizer that
     cannot be serialized raises."""
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     digest = hashlib.sha256(f"hf_openjev tokenizer analysis v{FORMAT}\n".encode())
-    file_digest = _file_digests.get(tokenizer) if _weak_referenceable(tokenizer) else None
+    file_digest = tokenizer_file_digest(tokenizer)
     if file_digest is None:
         digest.update(backend.to_str().encode("utf-8", "surrogatepass"))
     else:
         digest.update(f"file {file_digest}\n{_small_parts(backend)}".encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
-
-
-def _weak_referenceable(obj) -> bool:
-    try:
-        weakref.ref(obj)
-    except TypeError:
-        return False
-    return True
 
 
 def _small_parts(backend) -> str:
@@ -147,8 +136,6 @@ def _cached_analysis(tokenizer, path: Path) -> TokenizerAnalysis:
 
 
 def _compute(spec: dict) -> TokenizerAnalysis:
-    from .packing.prefix_cuts import explain_unclean_spec
-    from .token_floor import token_floor_maxima
 
     return TokenizerAnalysis(explain_unclean_spec(spec), token_floor_maxima(spec),
                              floor_nfc=spec.get("normalizer") is not None)
@@ -168,3 +155,43 @@ def _write(path: Path, analysis: TokenizerAnalysis) -> None:
                 os.unlink(tmp)
     except OSError as exc:
         logger.info("the tokenizer analysis is not cached (%s): the next process redoes it", exc)
+
+
+def prove_clean_cuts(tokenizer) -> Callable[[str, int], int | None] | None:
+    """:func:`find_clean_cut` when its cuts are clean for ``tokenizer`` (see the module docstring), else None
+    (logged once per tokenizer: over-long candidates are then tokenized in full). Cached per tokenizer, and on disk
+    by the tokenizer's fingerprint (:func:`analyse_tokenizer`)."""
+    try:
+        return _clean_cut_finders[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    problem = analyse_tokenizer(tokenizer).unclean
+    finder = None if problem else find_clean_cut
+    if problem:
+        logger.info("over-long candidates are tokenized in full: %s", problem)
+    try:
+        _clean_cut_finders[tokenizer] = finder
+    except TypeError:  # not weak-referenceable
+        pass
+    return finder
+
+
+def prove_token_floor(tokenizer) -> Callable[[str], int] | None:
+    """``floor(text)``: a lower bound of ``len(tokenizer.encode(text, add_special_tokens=False))``, when the
+    module's conditions hold for ``tokenizer`` (a Transformers fast tokenizer or a ``tokenizers.Tokenizer``), else
+    None. Cached per tokenizer, and on disk by the tokenizer's fingerprint
+    (:func:`analyse_tokenizer`)."""
+    try:
+        return _token_floors[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    analysis = analyse_tokenizer(tokenizer)
+    floor = None if analysis.floor_maxima is None else make_token_floor(analysis.floor_maxima, analysis.floor_nfc)
+    if floor is None:
+        logger.info("no byte-level token floor for this tokenizer: over-long texts without clean cuts are tokenized "
+                    "in full")
+    try:
+        _token_floors[tokenizer] = floor
+    except TypeError:  # not weak-referenceable
+        pass
+    return floor

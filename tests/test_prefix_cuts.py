@@ -15,7 +15,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from hf_openjev.contract import EXACT_COUNT_CHARS, parse_request, tokenize_candidates
 from hf_openjev.errors import RequestError
 from hf_openjev.packing.prefix_cuts import (GPT2_PATTERN, KNOWN_PATTERNS, LLAMA3_PATTERN, QWEN2_PATTERN,
-                                            QWEN35_PATTERN, explain_unclean, find_clean_cut, prove_clean_cuts)
+                                            QWEN35_PATTERN, explain_unclean, find_clean_cut)
+from hf_openjev.tokenizer_analysis import prove_clean_cuts
 from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
 
 CORPUS = ["The customer's order isn't here; they'd like a refund (order #12345) by Friday!!",

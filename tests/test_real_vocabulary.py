@@ -12,7 +12,8 @@ from starlette.testclient import TestClient
 
 from hf_openjev.contract import parse_request
 from hf_openjev.errors import RequestError
-from hf_openjev.packing.prefix_cuts import find_clean_cut, prove_clean_cuts
+from hf_openjev.packing.prefix_cuts import find_clean_cut
+from hf_openjev.tokenizer_analysis import prove_clean_cuts
 from hf_openjev.qwen_tokenizer import QWEN35_EMBEDDING_ROWS
 from hf_openjev.scoring import answer_requests, tokenize_request
 

@@ -15,7 +15,8 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from hf_openjev.contract import MSG_TOO_MANY_TOKENS, parse_request, tokenize_candidates
 from hf_openjev.errors import RequestError
 from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
-from hf_openjev.token_floor import BYTE_CLASSES, count_byte_classes, prove_token_floor
+from hf_openjev.token_floor import BYTE_CLASSES, count_byte_classes
+from hf_openjev.tokenizer_analysis import prove_token_floor
 
 ALPHABET = ["a", "Zz", " ", "  ", "1", "2024", "日本", "é", "e\u0301", "\n", "\t", "!!", "<|im_start|>", "🙂",
             "x" * 30]

@@ -10,9 +10,9 @@ from tokenizers import Tokenizer, normalizers
 
 from hf_openjev import token_floor, tokenizer_analysis
 from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
-from hf_openjev.packing.prefix_cuts import find_clean_cut, prove_clean_cuts
-from hf_openjev.token_floor import prove_token_floor
-from hf_openjev.tokenizer_analysis import analyse_tokenizer, analysis_path, tokenizer_fingerprint
+from hf_openjev.packing.prefix_cuts import find_clean_cut
+from hf_openjev.tokenizer_analysis import (analyse_tokenizer, analysis_path, prove_clean_cuts, prove_token_floor,
+                                          tokenizer_fingerprint)
 
 
 def _fresh_copy(tok) -> Tokenizer:

@@ -125,11 +125,10 @@ def test_serve_proves_the_tokenizer_shortcuts_while_loading_not_on_the_first_req
 
 def test_prove_tokenizer_shortcuts_caches_both_proofs_for_the_models_tokenizer(tiny_checkpoint):
     import hf_openjev
-    from hf_openjev import token_floor
-    from hf_openjev.packing import prefix_cuts
+    from hf_openjev import tokenizer_analysis as ta
     from hf_openjev.scoring import prove_tokenizer_shortcuts
 
     model = hf_openjev.load_export(tiny_checkpoint.export, dtype="float32", device="cpu")  # a tokenizer of its own
-    assert model.tokenizer not in token_floor._finders and model.tokenizer not in prefix_cuts._finders
+    assert model.tokenizer not in ta._token_floors and model.tokenizer not in ta._clean_cut_finders
     prove_tokenizer_shortcuts(model)
-    assert model.tokenizer in token_floor._finders and model.tokenizer in prefix_cuts._finders
+    assert model.tokenizer in ta._token_floors and model.tokenizer in ta._clean_cut_finders

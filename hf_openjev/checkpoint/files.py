@@ -6,9 +6,11 @@ checkpoints through it, so neither imports the other.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -95,7 +97,26 @@ def load_tokenizer(path: Path):
         raise CheckpointError(f"cannot load the tokenizer from {path}: {exc}") from exc
     if len(tokenizer) <= 1:
         raise CheckpointError(f"the tokenizer in {path} is empty")
-    from ..tokenizer_analysis import note_tokenizer_file
-
     note_tokenizer_file(tokenizer, path / "tokenizer.json")  # its analysis's cache key, without serializing it
     return tokenizer
+
+
+_file_digests: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its tokenizer.json's sha256
+
+
+def note_tokenizer_file(tokenizer, path: str | Path) -> None:
+    """Remember that ``tokenizer`` was loaded from the ``tokenizer.json`` at ``path`` (its digest, read now), so that
+    :func:`hf_openjev.tokenizer_analysis.tokenizer_fingerprint` need not serialize it. Replace nothing of its model
+    after this (its vocabulary is taken to be the file's)."""
+    try:
+        _file_digests[tokenizer] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except (OSError, TypeError):  # unreadable, or not weak-referenceable: fingerprinted by serializing
+        pass
+
+
+def tokenizer_file_digest(tokenizer) -> str | None:
+    """The sha256 :func:`note_tokenizer_file` noted for ``tokenizer``, or None."""
+    try:
+        return _file_digests.get(tokenizer)
+    except TypeError:  # not weak-referenceable
+        return None

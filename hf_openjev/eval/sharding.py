@@ -9,8 +9,6 @@ they need to split the work without stepping on each other:
   imports accelerate: world size 1, as before.
 - :func:`shard_by_tokens`: greedy longest-first assignment of task costs (tokens) to the rank with the fewest tokens
   so far; deterministic, so every rank computes the same shards without talking to the others.
-- :func:`task_cost`: the tokens one prepared task makes the backbone run (the contract's ``input_tokens`` on the
-  reference path; shared prefixes counted once on the fast path).
 - per-rank results files ``results.rank<k>.jsonl`` (one writer each: no interleaving, even on a network file
   system where ``O_APPEND`` is not atomic) and :func:`merge_results`, which folds them into ``results.jsonl``.
 """
@@ -118,19 +116,6 @@ def shard_by_tokens(costs: Sequence[int], world: int) -> list[list[int]]:
         shards[rank].append(index)
         heapq.heappush(heap, (total + costs[index], rank))
     return [sorted(shard) for shard in shards]
-
-
-def task_cost(prepared, path: str) -> int:
-    """Tokens the backbone runs for one prepared request (a ``PreparedRequest``): on the reference path every
-    candidate sequence in full (``input_tokens``); on the fast path (``path == "fast"``) the prefix shared by all
-    candidates of a question once, plus each candidate's remainder."""
-    if path != "fast":
-        return prepared.input_tokens
-    total = 0
-    for question in prepared.tokens:
-        shared = len(os.path.commonprefix(question)) if len(question) > 1 else 0
-        total += shared + sum(len(seq) - shared for seq in question)
-    return total
 
 
 # -- per-rank results files ------------------------------------------------------------------------------------------

@@ -35,15 +35,11 @@ words do break it.
 from __future__ import annotations
 
 import json
-import logging
 import re
-import weakref
-from collections.abc import Callable
 
 __all__ = ["GPT2_PATTERN", "KNOWN_PATTERNS", "LLAMA3_PATTERN", "QWEN2_PATTERN", "QWEN35_PATTERN", "explain_unclean",
-           "explain_unclean_spec", "find_clean_cut", "prove_clean_cuts"]
+           "explain_unclean_spec", "find_clean_cut"]
 
-logger = logging.getLogger(__name__)
 
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -55,7 +51,6 @@ QWEN35_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+
 KNOWN_PATTERNS = frozenset({GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, QWEN35_PATTERN})
 
 _CUT = re.compile(r"[!-~] ")
-_finders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def find_clean_cut(text: str, start: int, end: int | None = None) -> int | None:
@@ -125,24 +120,3 @@ def explain_unclean_spec(spec: dict) -> str | None:
         if " " in token.get("content", ""):
             return f"added token {token.get('content')!r} contains a space"
     return _normalizer_problem(spec.get("normalizer")) or _pre_tokenizer_problem(spec.get("pre_tokenizer"))
-
-
-def prove_clean_cuts(tokenizer) -> Callable[[str, int], int | None] | None:
-    """:func:`find_clean_cut` when its cuts are clean for ``tokenizer`` (see the module docstring), else None
-    (logged once per tokenizer: over-long candidates are then tokenized in full). Cached per tokenizer, and on disk
-    by the tokenizer's fingerprint (:func:`hf_openjev.tokenizer_analysis.analyse_tokenizer`)."""
-    from ..tokenizer_analysis import analyse_tokenizer
-
-    try:
-        return _finders[tokenizer]
-    except (KeyError, TypeError):
-        pass
-    problem = analyse_tokenizer(tokenizer).unclean
-    finder = None if problem else find_clean_cut
-    if problem:
-        logger.info("over-long candidates are tokenized in full: %s", problem)
-    try:
-        _finders[tokenizer] = finder
-    except TypeError:  # not weak-referenceable
-        pass
-    return finder
