@@ -390,7 +390,9 @@ def test_a_failure_inside_inference_is_a_500(jev, tiny_model, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("CUDA out of memory")
 
-    monkeypatch.setattr(tiny_model.backbone, "forward", boom)
+    # on the instance's __dict__: undo then deletes it (setattr would pin the class's forward, maybe a patched one,
+    # on the session's model for the test files that run later)
+    monkeypatch.setitem(tiny_model.backbone.__dict__, "forward", boom)
     with pytest.raises(InferenceError) as info:
         jev(GOOD)
     assert info.value.status == 500
