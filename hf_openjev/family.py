@@ -195,3 +195,15 @@ def check_export_shape(export_dir, *, allow_unknown: bool = False) -> FamilyMemb
     return check_family_member(config, temperature=manifest.temperature, names=[manifest.model_id],
                                test_checkpoint=manifest.test_checkpoint, allow_unknown=allow_unknown,
                                where=str(export_dir))
+
+
+def text_model_of(model):
+    """The Qwen3.5 text model (an ``nn.Module``) inside a JevModel, a PEFT wrapper or a bare backbone; the patches
+    and the FP8 swap both find it here."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+
+    root = getattr(model, "backbone", model)
+    for module in root.modules():
+        if isinstance(module, Qwen3_5TextModel):
+            return module
+    raise TypeError(f"{type(model).__name__} holds no Qwen3_5TextModel to patch")

@@ -12,7 +12,7 @@ from hf_openjev.fast_options import DENSE_ATTENTION_TOKENS, FastPathOptions
 from hf_openjev.patches import apply_patches, patch_record, read_options, revert_patches
 from hf_openjev.packing.layout_steps import SegmentState
 from hf_openjev.packing.pack_context import build_pack_context, move_inputs
-from hf_openjev.patches.record import text_model_of
+from hf_openjev.family import text_model_of
 from hf_openjev.packing.planner import Pack
 from hf_openjev.export.tiny import build_tiny_checkpoint
 from hf_openjev.checkpoint.tiny import tiny_text_config

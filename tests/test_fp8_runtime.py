@@ -29,7 +29,7 @@ from hf_openjev.errors import CheckpointError
 from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.fast_path import score_fast
-from hf_openjev.fp8.scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, resolve_fp8_targets, target_of
+from hf_openjev.checkpoint.fp8_scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, resolve_fp8_targets, target_of
 from hf_openjev.fp8.state import load_fp8_state_dict
 from hf_openjev.ops.fp8_linear import FP8_DTYPE, quantize_weight_per_channel
 from hf_openjev.patches import apply_patches, patch_record, read_options, revert_patches

@@ -10,7 +10,7 @@ from torch import nn
 from ..checkpoint.backbone import check_weight_shapes
 from ..errors import CheckpointError
 from ..log_filter import quiet_flash_linear_attention_advice
-from .scheme import read_fp8_quantization
+from ..checkpoint.fp8_scheme import read_fp8_quantization
 from .state import load_fp8_state_dict
 from .swap import attach_fp8_source
 
