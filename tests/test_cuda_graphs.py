@@ -248,7 +248,7 @@ def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint, dense):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_warm_up_captures_the_graphs_that_requests_of_its_shapes_replay(heads27_checkpoint):
     from hf_openjev.fast_path import score_fast
-    from hf_openjev.warmup import warm_up
+    from hf_openjev.serve.warmup import warm_up
 
     model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
     apply_patches(model, FastPathOptions(cuda_graphs=True))
