@@ -12,7 +12,7 @@ import pytest
 
 from hf_openjev import cli
 from hf_openjev.checkpoint.manifest import MANIFEST_NAME
-from hf_openjev import demo
+from hf_openjev.demo import cli as demo
 from hf_openjev.demo.cli import demo_build_dir
 
 

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from hf_openjev import fidelity
+from hf_openjev.fidelity_check import gate as fidelity
 from hf_openjev.fidelity_check.gate import (FidelityStats, compare_with_oracle, describe_request, find_flip, hash_tokens,
                                  hash_weights, passes_gate, select_requests, verify_oracle_identity)
 
