@@ -27,9 +27,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .checkpoint.manifest import TEST_CHECKPOINT_KEY
 from .errors import CheckpointError
 
-TEST_CHECKPOINT_KEY = "test_checkpoint"  # in model.json and open_jev_export.json: true for test checkpoints
 VOCAB_SIZE = 248_320  # every member's (docs/checkpoints.md)
 UNKNOWN_SHAPE_HELP = ("accept a checkpoint whose shape (hidden, MLP, layers, heads, KV heads, GDN heads) is no "
                       "Open-Jev model's (27B, 9B, 2B), or that names one model but has another's shape, temperature "

@@ -14,6 +14,8 @@ from pathlib import Path
 from ..errors import GET_CHECKPOINT_DOCS, CheckpointError
 from ..json_files import read_json_object  # re-exported: callers import it from here
 
+TEST_CHECKPOINT_KEY = "test_checkpoint"  # in model.json and open_jev_export.json: true for test checkpoints
+
 MANIFEST_NAME = "open_jev_export.json"
 EXPORT_FORMAT = "open-jev-text-merged/1"
 MAX_LENGTH_LIMIT = 16384

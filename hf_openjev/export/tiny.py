@@ -19,7 +19,7 @@ from pathlib import Path
 from ..checkpoint.manifest import MANIFEST_NAME
 from ..checkpoint.tiny import TINY_MODEL_ID, write_tiny_base_and_package
 from ..errors import UsageError
-from ..family import TEST_CHECKPOINT_KEY
+from ..checkpoint.manifest import TEST_CHECKPOINT_KEY
 from .merge import merge_lora
 
 TOKENIZER_KINDS = ("toy", "qwen3.5")
