@@ -136,6 +136,15 @@ def test_the_bf16_weights_are_released_module_by_module(tiny_checkpoint, monkeyp
     assert all(ref() is None for ref in seen) and stacks and all(ref() is None for ref in stacks)
 
 
+def test_the_fp8_swap_names_the_patches_attributes_it_reads():
+    """fp8 never imports the patches (tests/test_layout.py): the swap reads a patched model's record and stacks by
+    their attribute names, which must stay the patches' own."""
+    from hf_openjev.fp8 import swap
+    from hf_openjev.patches.record import RECORD_ATTRIBUTE
+
+    assert (swap._STACKED_ATTRIBUTE, swap._RECORD_ATTRIBUTE) == (STACKED_ATTRIBUTE, RECORD_ATTRIBUTE)
+
+
 def test_a_dtype_cast_moves_fp8_modules_without_casting_them(tiny_checkpoint):
     model = _load(tiny_checkpoint.export, "bfloat16")
     apply_patches(model, FastPathOptions(fp8="all"))
