@@ -14,7 +14,7 @@ import sys
 from .errors import CheckpointError, InputFileError, RequestError, UsageError
 
 COMMANDS = {
-    "demo": ("hf_openjev.demo", "answer a few requests with a tiny random checkpoint the package builds itself"),
+    "demo": ("hf_openjev.demo.cli", "answer a few requests with a tiny random checkpoint the package builds itself"),
     "export": ("hf_openjev.export.cli", "merge the LoRA adapter into a merged checkpoint"),
     "quantize": ("hf_openjev.export.quantize_cli", "quantize a merged export's projections to FP8 (opt-in)"),
     "eval": ("hf_openjev.eval.cli", "evaluate a merged export on JevBench-style tasks"),

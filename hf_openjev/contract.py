@@ -320,14 +320,14 @@ def tokenize_candidates(
     max_length=<m>; no silent truncation")``; nothing is truncated. Returns token ids per question per candidate.
 
     ``clean_cut(text, start, end)``: the first position ``start <= c <= end`` where ``encode(text[:c])`` is a prefix of
-    ``encode(text)``, or None (:func:`hf_openjev.tokenizer_analysis.prove_clean_cuts`). With it, a candidate of more
+    ``encode(text)``, or None (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_cuts`). With it, a candidate of more
     than ``EXACT_COUNT_CHARS * max_length`` characters is first tokenized in growing prefixes ending at such cuts, and
     rejected as soon as one has more than ``max_length`` tokens: the verdict is the full tokenization's (a clean
     prefix's count is a lower bound of the whole's), ``<n>`` is then that prefix's count (a lower bound, already over
     ``max_length``, not the exact count) and the seconds of tokenizing megabytes are saved. Accepted candidates, and
     every candidate of at most ``EXACT_COUNT_CHARS * max_length`` characters, are tokenized in full (exact ``<n>``).
     ``token_floor(text)``: a lower bound of the text's token count from its bytes
-    (:func:`hf_openjev.tokenizer_analysis.prove_token_floor`), tried first on such long candidates, so that a text without
+    (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_token_floor`), tried first on such long candidates, so that a text without
     clean cuts (digits, CJK) is refused without tokenizing it either.
 
     ``max_total_tokens``: the request's budget over all its sequences; tokenization stops at the first candidate

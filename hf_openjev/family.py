@@ -27,9 +27,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .checkpoint.manifest import TEST_CHECKPOINT_KEY
 from .errors import CheckpointError
 
-TEST_CHECKPOINT_KEY = "test_checkpoint"  # in model.json and open_jev_export.json: true for test checkpoints
 VOCAB_SIZE = 248_320  # every member's (docs/checkpoints.md)
 UNKNOWN_SHAPE_HELP = ("accept a checkpoint whose shape (hidden, MLP, layers, heads, KV heads, GDN heads) is no "
                       "Open-Jev model's (27B, 9B, 2B), or that names one model but has another's shape, temperature "
@@ -195,3 +195,15 @@ def check_export_shape(export_dir, *, allow_unknown: bool = False) -> FamilyMemb
     return check_family_member(config, temperature=manifest.temperature, names=[manifest.model_id],
                                test_checkpoint=manifest.test_checkpoint, allow_unknown=allow_unknown,
                                where=str(export_dir))
+
+
+def text_model_of(model):
+    """The Qwen3.5 text model (an ``nn.Module``) inside a JevModel, a PEFT wrapper or a bare backbone; the patches
+    and the FP8 swap both find it here."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+
+    root = getattr(model, "backbone", model)
+    for module in root.modules():
+        if isinstance(module, Qwen3_5TextModel):
+            return module
+    raise TypeError(f"{type(model).__name__} holds no Qwen3_5TextModel to patch")

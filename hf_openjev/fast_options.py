@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .fp8.scheme import FP8_MODES
+from .checkpoint.fp8_scheme import FP8_MODES
 from .packing.planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_MIN_SHARED_TOKENS, DEFAULT_SHARE_TAILS
 
 # A level of one sequence this long or longer, with no prefix, runs its attention as one dense causal call

@@ -18,7 +18,8 @@ from .fast_options import FastPathOptions
 from .packing.pack_context import build_pack_context
 from .packing.planner import plan_requests
 from .patches.cuda_graphs import graph_ready
-from .patches.record import require_patches, text_model_of
+from .family import text_model_of
+from .patches.record import require_patches
 
 
 @torch.no_grad()

@@ -26,7 +26,7 @@ from .devices import check_device
 from .dtypes import resolve_dtype
 from .errors import CheckpointError
 from .family import check_family_member, is_test_package, package_names
-from .unmerged_lora import apply_lora_unmerged
+from .checkpoint.unmerged_lora import apply_lora_unmerged
 
 SERVED_ALIASES = ("open-jev", "jev-latest")
 
@@ -185,7 +185,7 @@ def load_reference(base_dir: str | Path, package_dir: str | Path, *, dtype="auto
                    max_length: int | None = None, allow_unknown_shape: bool = False) -> JevModel:
     """The published package + base directory as the unmerged PEFT reference model (fp32 adapter on the backbone).
     The base's shape must be an Open-Jev model's, as for :func:`load_export`, unless ``allow_unknown_shape``."""
-    from .chat import render_chat_halves
+    from .tokenizer.chat import render_chat_halves
     from .checkpoint.manifest import check_max_length
 
     check_device(device)

@@ -18,7 +18,7 @@ from transformers.pipelines import PIPELINE_REGISTRY
 from .dtypes import resolve_dtype
 from .fast_options import FastPathOptions, check_int
 from .model import JevModel, load_export
-from .token_batches import DEFAULT_BATCH_TOKENS, split_by_tokens, task_cost
+from .work_tokens import DEFAULT_BATCH_TOKENS, split_by_tokens, task_cost
 from .scoring import build_answer, prepare_path, prepare_request, prepare_requests, score_prepared, use_fast_path
 
 TASK = "jev-decision"
@@ -124,7 +124,7 @@ class JevDecisionPipeline(Pipeline):
 
     def _answer_list(self, inputs: list, per_batch: int, fast=None, reference_batch_size=32, options=None) -> list:
         """Every request validated first (the first invalid one named by its index), then scored: on the fast path
-        at most ``per_batch`` requests and :data:`~hf_openjev.token_batches.DEFAULT_BATCH_TOKENS` tokens (a bigger
+        at most ``per_batch`` requests and :data:`~hf_openjev.work_tokens.DEFAULT_BATCH_TOKENS` tokens (a bigger
         request alone) per :func:`~hf_openjev.scoring.score_prepared` call (one plan), on the reference path one
         request per call (its own padded forwards, bounded by tokens, whatever its company)."""
         prepared = prepare_requests(self.model, inputs)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .token_batches import DEFAULT_BATCH_TOKENS, check_batch_tokens, split_padded
+from .work_tokens import DEFAULT_BATCH_TOKENS, check_batch_tokens, split_padded
 
 DEFAULT_BATCH_SIZE = 32
 
@@ -18,7 +18,7 @@ def score_reference(model, sequences: Sequence[Sequence[int]], *, batch_size: in
 
     Sequences run in order, in right-padded batches of up to ``batch_size`` rows whose padded size (rows x the
     longest, ``[B, W]``) is at most ``max_batch_tokens`` (a longer sequence runs alone:
-    :func:`hf_openjev.token_batches.split_padded`); the pad id is 0 and masked out, and a right-padded sequence
+    :func:`hf_openjev.work_tokens.split_padded`); the pad id is 0 and masked out, and a right-padded sequence
     never sees its padding, so each score equals that of the sequence alone.
     """
     if batch_size < 1:

@@ -52,9 +52,9 @@ def tokenize_request(model, parsed: ParsedRequest, *, max_total_tokens: int | No
                      options=None) -> PreparedRequest:
     """docs/contract.md §2 item 7 for a validated request: every candidate tokenized, or ``RequestError`` for the first one
     over ``model.max_length``. Over-long texts stop at a clean prefix already over the limit where the model's
-    tokenizer allows it (:func:`hf_openjev.tokenizer_analysis.prove_clean_cuts`); the verdict and the token counts of
+    tokenizer allows it (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_cuts`); the verdict and the token counts of
     accepted requests are those of full tokenization; texts without clean cuts are bounded from their bytes
-    (:mod:`hf_openjev.token_floor`). ``max_total_tokens``: the request's token budget, counted as the work of the
+    (:mod:`hf_openjev.tokenizer.token_floor`). ``max_total_tokens``: the request's token budget, counted as the work of the
     path that will score it (``fast``, :func:`use_fast_path`; on the fast path with ``options``' prefix sharing,
     each shared prefix once: :func:`hf_openjev.work_tokens.count_work_tokens`); 413 past it, tokenization stopped
     as soon as a lower bound of that work is past it (:func:`~hf_openjev.contract.tokenize_candidates`)."""
@@ -101,15 +101,15 @@ def _own_tokenizer(model) -> bool:
 
 
 def _clean_cut_for(model):
-    """The model's clean-cut finder (:func:`hf_openjev.tokenizer_analysis.prove_clean_cuts`), or None."""
-    from .tokenizer_analysis import prove_clean_cuts
+    """The model's clean-cut finder (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_cuts`), or None."""
+    from .tokenizer.tokenizer_analysis import prove_clean_cuts
 
     return prove_clean_cuts(model.tokenizer) if _own_tokenizer(model) else None
 
 
 def _token_floor_for(model):
-    """The model's byte-level token floor (:func:`hf_openjev.tokenizer_analysis.prove_token_floor`), or None."""
-    from .tokenizer_analysis import prove_token_floor
+    """The model's byte-level token floor (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_token_floor`), or None."""
+    from .tokenizer.tokenizer_analysis import prove_token_floor
 
     return prove_token_floor(model.tokenizer) if _own_tokenizer(model) else None
 
@@ -118,7 +118,7 @@ def prove_tokenizer_shortcuts(model) -> None:
     """Run (and cache) the proofs behind :func:`tokenize_request`'s shortcuts for over-long texts (the clean cuts
     and the byte floor) now rather than on the first request, which would otherwise wait for them: a few seconds
     with the real Qwen3.5 tokenizer the first time (recipes/RESULTS.md), then read from the disk cache
-    (:mod:`hf_openjev.tokenizer_analysis`). A stand-in's ``encode`` has none: nothing to do."""
+    (:mod:`hf_openjev.tokenizer.tokenizer_analysis`). A stand-in's ``encode`` has none: nothing to do."""
     if _own_tokenizer(model):
         _clean_cut_for(model)
         _token_floor_for(model)
@@ -168,9 +168,9 @@ def score_prepared(model, prepared: Sequence[PreparedRequest], *, fast: bool | N
     :func:`~hf_openjev.patches.apply_patches` (else a RuntimeError naming it, before any work) and runs with
     ``options`` (a :class:`~hf_openjev.fast_options.FastPathOptions`; default: the ones the model was patched
     with). ``batch_size``: candidates per reference forward; ``batch_tokens``: the padded size of one reference
-    forward (default :data:`hf_openjev.token_batches.DEFAULT_BATCH_TOKENS`). The reference path ignores
+    forward (default :data:`hf_openjev.work_tokens.DEFAULT_BATCH_TOKENS`). The reference path ignores
     ``options``, the fast path ``batch_size`` and ``batch_tokens`` (its callers bound what they give it)."""
-    from .token_batches import DEFAULT_BATCH_TOKENS
+    from .work_tokens import DEFAULT_BATCH_TOKENS
 
     from .reference import score_reference
 

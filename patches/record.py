@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from hf_openjev.family import text_model_of
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.packing.bucket_policy import BucketPolicy, bucket_policy_for
 
@@ -28,7 +29,6 @@ from .cuda_graphs import PackGraphs
 from .final_row_mlp import PackedDecoderLayer, PackedTextModel
 from .packed_candidates import PackedAttention, PackedGatedDeltaNet
 from .stacked_projections import stack_projections
-from .text_model import text_model_of  # re-exported: callers import it from here
 
 SUPPORTED_TRANSFORMERS = ((5, 17), (5, 25))  # [min, max) major.minor
 RECORD_ATTRIBUTE = "_hf_openjev_patches"

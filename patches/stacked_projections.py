@@ -58,6 +58,24 @@ class StackedProjection:
     parts: tuple[StackedPart, ...]
     order: tuple[tuple[int, int], ...]
 
+    def release(self, module: nn.Module, replaced: tuple[str, ...]) -> None:
+        """Drop ``module``'s stack (this one) when a projection in ``replaced`` is in it (``stack_projections``
+        stacks again later), giving its other projections a storage of their own. The replaced ones keep viewing
+        the old stack, whose memory is freed once they are gone."""
+        name = _stock_name(module)
+        if name is None or not set(replaced) & set(GROUPS[name]):
+            return
+        with torch.no_grad():
+            for member in GROUPS[name]:
+                layer = getattr(module, member)
+                if member in replaced:
+                    continue
+                if type(layer) is nn.Linear:
+                    layer.weight.data = layer.weight.data.clone()
+                elif type(layer) is Fp8Linear:
+                    layer.weight, layer.weight_scale = layer.weight.clone(), layer.weight_scale.clone()
+        setattr(module, STACKED_ATTRIBUTE, None)
+
     @property
     def weight(self) -> torch.Tensor:
         """The first part's stacked weight (the only one for a module in one dtype)."""
@@ -165,19 +183,8 @@ def projections(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def unstack_projections(module: nn.Module, replaced: tuple[str, ...]) -> None:
     """Before the projections named in ``replaced`` are swapped for other modules: drop ``module``'s stack when
-    one of them is in it (``stack_projections`` stacks again later), giving its other projections a storage of
-    their own. The replaced ones keep viewing the old stack, whose memory is freed once they are gone."""
+    one of them is in it (:meth:`StackedProjection.release`; the FP8 swap calls that method on the stack it finds,
+    as it never imports the patches)."""
     stacked = getattr(module, STACKED_ATTRIBUTE, None)
-    name = _stock_name(module)
-    if stacked is None or name is None or not set(replaced) & set(GROUPS[name]):
-        return
-    with torch.no_grad():
-        for member in GROUPS[name]:
-            layer = getattr(module, member)
-            if member in replaced:
-                continue
-            if type(layer) is nn.Linear:
-                layer.weight.data = layer.weight.data.clone()
-            elif type(layer) is Fp8Linear:
-                layer.weight, layer.weight_scale = layer.weight.clone(), layer.weight_scale.clone()
-    setattr(module, STACKED_ATTRIBUTE, None)
+    if stacked is not None:
+        stacked.release(module, replaced)

@@ -7,7 +7,7 @@ Measured the way the native server measures its published figures: the requests 
 served by the package's own server app (``hf_openjev.serve.app.create_app``: arm C the fast path, arm B the
 reference path, as ``serve --reference``) on 127.0.0.1 with uvicorn, the bench's seeded random weights
 (``benchlib.random_model.build_model``, handed to the app in-process) and the real Qwen3.5 tokenizer
-(``hf_openjev.qwen_tokenizer.load_qwen_tokenizer``; ``--tokenizer DIR`` loads another one instead). One client in
+(``hf_openjev.tokenizer.qwen_tokenizer.load_qwen_tokenizer``; ``--tokenizer DIR`` loads another one instead). One client in
 its own process (``benchlib/http_client.py``) holds one keep-alive connection and sends the next request when the
 previous answer is parsed; serialization, HTTP, tokenization, the model and response parsing are inside the timer.
 Per arm: one warm-up pass, then one timed pass.
@@ -94,14 +94,14 @@ def load_requests(data: Path, manifest: Path, *, limit: int | None) -> list[tupl
 
 
 def load_tokenizer(path: Path | None):
-    """The real Qwen3.5 tokenizer (``hf_openjev.qwen_tokenizer``), or the one saved at ``path``; a one-line
+    """The real Qwen3.5 tokenizer (``hf_openjev.tokenizer.qwen_tokenizer``), or the one saved at ``path``; a one-line
     SystemExit when it is not available."""
     if path is not None:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(path))
     try:
-        from hf_openjev.qwen_tokenizer import load_qwen_tokenizer
+        from hf_openjev.tokenizer.qwen_tokenizer import load_qwen_tokenizer
     except ImportError as error:
         raise SystemExit(f"bench_e2e: the real Qwen3.5 tokenizer is not available ({error}); install the project's "
                          "tokenizer extra (qwen-tokenizer), or pass --tokenizer DIR for a smoke run") from None
@@ -110,7 +110,7 @@ def load_tokenizer(path: Path | None):
 
 def attach_tokenizer(model, tokenizer) -> None:
     """Give the random model ``tokenizer`` and the chat halves its template renders (Qwen3.5's own without one)."""
-    from hf_openjev.chat import render_chat_halves
+    from hf_openjev.tokenizer.chat import render_chat_halves
     from hf_openjev.errors import CheckpointError
 
     try:

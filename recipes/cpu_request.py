@@ -46,7 +46,7 @@ def measure(shape: str, dtype: str) -> dict:
     import hf_openjev  # noqa: F401 - registers the "jev-decision" task
     from transformers import pipeline
 
-    from hf_openjev.qwen_tokenizer import load_qwen_tokenizer
+    from hf_openjev.tokenizer.qwen_tokenizer import load_qwen_tokenizer
 
     started = time.perf_counter()
     model = build_model(shape, seed=0, device="cpu", dtype=getattr(torch, dtype))

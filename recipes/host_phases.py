@@ -186,7 +186,7 @@ def main(argv=None) -> int:
         parser.error("--repeats must be at least 1 and --layers a multiple of 4")
     indices = [int(x) for x in args.requests.split(",") if x]
     from hf_openjev.patches import apply_patches, patch_record
-    from hf_openjev.patches.record import text_model_of
+    from hf_openjev.family import text_model_of
 
     torch.set_num_threads(1)
     SHAPES[SHAPE] = {**SHAPES[SHAPE], "num_hidden_layers": args.layers}

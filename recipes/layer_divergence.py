@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.fast_path import score_fast
     from hf_openjev.patches import apply_patches, revert_patches
-    from hf_openjev.patches.record import text_model_of
+    from hf_openjev.family import text_model_of
 
     out, device, model = prepare_recipe(args)
     text_model = text_model_of(model)

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         merged = merge_reports(reports, parse_renames(args.rename, len(reports)))
     except (OSError, ValueError, KeyError) as error:
         parser.error(str(error))
-    from hf_openjev.fidelity import write_fidelity_report
+    from hf_openjev.fidelity_check.gate import write_fidelity_report
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

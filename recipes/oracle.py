@@ -1,7 +1,7 @@
 """The fp32 oracle of the decision-fidelity gate (docs/design.md, Numerics): every JevBench request, exact arithmetic.
 
 The bench's random model (``benchlib.random_model.build_model``: bf16 weights, seeded) is hashed as stored
-(``hf_openjev.fidelity.hash_weights``), then upcast to fp32 and run by stock Transformers with its own torch code
+(``hf_openjev.fidelity_check.gate.hash_weights``), then upcast to fp32 and run by stock Transformers with its own torch code
 (fla unbound as in arm A, SDPA's math backend), TF32 off, one candidate per forward (the reference path with
 batch size 1: no padding). The workload is the bench's (``build_workload``, same seed, same random ids) on
 ``--manifest``, by default ``recipes/data/jevbench231-shapes-estimated.json``, on which the committed oracles were
@@ -9,7 +9,7 @@ built (the bench's ``--oracle`` runs then use it too). The numerics, the scoring
 checking of earlier files and the atomic writes are ``hf-openjev fidelity``'s own
 (``hf_openjev.fidelity_check.oracle``); this script adds the bench's model, shards and the time budget.
 
-Writes ``<out>/oracle_<shape>.json`` (hf_openjev.fidelity's oracle format) after every request, atomically, so
+Writes ``<out>/oracle_<shape>.json`` (hf_openjev.fidelity_check.gate's oracle format) after every request, atomically, so
 a command killed at its time limit keeps what it finished; a later run resumes from that file (or from
 ``--resume``) after checking shape, seed, weights and token ids. ``--max-seconds`` stops cleanly before a request
 whose estimated time would cross the budget, counted from the start of the command (build, hash, upcast included).
@@ -36,7 +36,7 @@ from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES, VOCAB
 from benchlib.workload import ESTIMATED_MANIFEST, add_manifest_argument, build_workload, check_manifest_argument
 
-from hf_openjev.fidelity import ORACLE_FORMAT, hash_tokens, load_oracle, verify_oracle_identity, weights_identity
+from hf_openjev.fidelity_check.gate import ORACLE_FORMAT, hash_tokens, load_oracle, verify_oracle_identity, weights_identity
 from hf_openjev.fidelity_check.oracle import (check_oracle_progress, exact_numerics, read_oracle_progress,
                                               score_oracle_request, write_oracle)
 

@@ -60,7 +60,7 @@ def measure(model, tasks, prepared, processes, *, out_dir: Path, batch_size: int
     """This rank's shard, warm-up passes, then one timed pass between barriers; returns this rank's numbers."""
     from hf_openjev.eval.evaluate import score_shard, select_shard
     from hf_openjev.eval.sharding import rank_results_path
-    from hf_openjev.token_batches import task_cost
+    from hf_openjev.work_tokens import task_cost
 
     path = "fast" if fast else "reference"
     say = print if processes.is_main else None

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", required=True, help="a new directory for the export")
     args = parser.parse_args(argv)
-    from hf_openjev.fidelity import hash_weights
+    from hf_openjev.fidelity_check.gate import hash_weights
     from hf_openjev.model import load_export
 
     built = build_model(args.shape, seed=0, device=args.device)

@@ -32,7 +32,7 @@ def tiny_model(tiny_checkpoint) -> hf_openjev.JevModel:
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
-    from hf_openjev.qwen_tokenizer import load_qwen_tokenizer
+    from hf_openjev.tokenizer.qwen_tokenizer import load_qwen_tokenizer
 
     return load_qwen_tokenizer()
 

@@ -150,6 +150,6 @@ def test_missing_tasks_or_a_bad_option_are_refused_before_any_model_is_built(tmp
 
 def test_without_the_real_tokenizer_the_message_says_what_to_install(monkeypatch):
     recipe = load_recipe("bench_e2e")
-    monkeypatch.setitem(sys.modules, "hf_openjev.qwen_tokenizer", None)  # the import fails
+    monkeypatch.setitem(sys.modules, "hf_openjev.tokenizer.qwen_tokenizer", None)  # the import fails
     with pytest.raises(SystemExit, match="qwen-tokenizer"):
         recipe.load_tokenizer(None)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from repo_data import load_recipe
 
-from hf_openjev.fidelity import ORACLE_FORMAT, weights_identity
+from hf_openjev.fidelity_check.gate import ORACLE_FORMAT, weights_identity
 from hf_openjev.fidelity_check import entries_from_responses, items_from_workload, judge_against_oracle
 
 

@@ -177,7 +177,7 @@ def test_score_fast_lays_packs_out_with_the_records_policy(tiny_model, monkeypat
 def test_packs_padded_under_a_policy_give_the_same_rows(tiny_checkpoint):
     from hf_openjev import load_export
     from hf_openjev.patches import apply_patches, revert_patches
-    from hf_openjev.patches.record import text_model_of
+    from hf_openjev.family import text_model_of
 
     model = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")
     apply_patches(model)

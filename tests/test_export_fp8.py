@@ -13,7 +13,7 @@ from hf_openjev.errors import CheckpointError
 from hf_openjev.fp8 import quantize as fp8_export
 from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.export.merge import merge_lora
-from hf_openjev.fp8.scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, read_fp8_quantization, target_of
+from hf_openjev.checkpoint.fp8_scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, read_fp8_quantization, target_of
 from hf_openjev.checkpoint.manifest import read_manifest
 from hf_openjev.ops.fp8_linear import dequantize_weight, quantize_weight_per_channel
 

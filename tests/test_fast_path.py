@@ -535,7 +535,7 @@ def test_the_packed_forward_compiles_without_graph_breaks(case):
     graph (``fullgraph=True``: the custom ops with their fake implementations, the context's metadata) and gives
     the eager rows, and the same exported states, within fp32 rounding."""
     from hf_openjev.packing.pack_context import build_pack_context
-    from hf_openjev.patches.record import text_model_of
+    from hf_openjev.family import text_model_of
 
     model = build_model("l4-h64", 3)
     apply_patches(model)

@@ -1,4 +1,4 @@
-"""hf_openjev.fidelity: |Δp| statistics, decision flips and near-ties, the gate against B, input checks, the report,
+"""hf_openjev.fidelity_check.gate: |Δp| statistics, decision flips and near-ties, the gate against B, input checks, the report,
 the weights hash; then the whole comparison on a tiny bf16 model against its own fp32 oracle, where a sabotaged
 fast path (a wrong prefix state) must fail the gate."""
 
@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 
-from hf_openjev import fidelity
-from hf_openjev.fidelity import (FidelityStats, compare_with_oracle, describe_request, find_flip, hash_tokens,
+from hf_openjev.fidelity_check import gate as fidelity
+from hf_openjev.fidelity_check.gate import (FidelityStats, compare_with_oracle, describe_request, find_flip, hash_tokens,
                                  hash_weights, passes_gate, select_requests, verify_oracle_identity)
 
 
@@ -284,7 +284,7 @@ def test_the_stored_weights_fingerprint_ignores_derived_buffers_and_old_oracles_
     inv_freq) alone: the stored-weights fingerprint matches them, the whole one (older oracles') does not."""
     from torch import nn
 
-    from hf_openjev.fidelity import same_weights, weights_identity
+    from hf_openjev.fidelity_check.gate import same_weights, weights_identity
 
     def module(derived: float, weight: float = 1.0) -> nn.Module:
         m = nn.Linear(3, 2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from hf_openjev.fidelity import ORACLE_FORMAT
+from hf_openjev.fidelity_check.gate import ORACLE_FORMAT
 from hf_openjev.fidelity_check.oracle import write_oracle
 
 

@@ -26,7 +26,7 @@ from hf_openjev.contract import parse_request
 from hf_openjev.devices import check_device
 from hf_openjev.errors import CheckpointError, RequestError, UsageError
 from hf_openjev.family import MEMBERS
-from hf_openjev.log_filter import _DropFlashLinearAttentionAdvice
+from hf_openjev.log_filter import _DropKernelInstallAdvice
 from hf_openjev.model import load_export
 
 FLA_ADVICE = ("`chunk_gated_delta_rule` is falling back to its reference PyTorch implementation because "
@@ -83,18 +83,18 @@ def test_a_cpu_run_prints_no_flash_linear_attention_advice(tiny_checkpoint):
 
 
 def test_the_filter_drops_that_advice_only(tiny_model):
-    keep = _DropFlashLinearAttentionAdvice()
+    keep = _DropKernelInstallAdvice()
 
     def record(message):
         return logging.LogRecord("transformers.integrations.hub_kernels", logging.WARNING, __file__, 1, message,
                                  None, None)
 
     assert not keep.filter(record(FLA_ADVICE))
-    assert keep.filter(record(FLA_ADVICE.replace("flash-linear-attention", "causal_conv1d")))
+    assert keep.filter(record(FLA_ADVICE.replace("flash-linear-attention", "flash-attention")))
     assert keep.filter(record("some other warning"))
     # installed by the loaders (tiny_model was loaded), once however many loads
     hub = logging.getLogger("transformers.integrations.hub_kernels")
-    assert sum(isinstance(f, _DropFlashLinearAttentionAdvice) for f in hub.filters) == 1
+    assert sum(isinstance(f, _DropKernelInstallAdvice) for f in hub.filters) == 1
 
 
 # -- 2. CUDA without CUDA ----------------------------------------------------------------------------------------

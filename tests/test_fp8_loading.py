@@ -28,7 +28,7 @@ from hf_openjev.errors import CheckpointError, UsageError
 from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.fast_path import score_fast
-from hf_openjev.fp8.scheme import resolve_fp8_targets
+from hf_openjev.checkpoint.fp8_scheme import resolve_fp8_targets
 from hf_openjev.model import JevModel, load_export
 from hf_openjev.ops.fp8_linear import FP8_DTYPE
 from hf_openjev.patches import apply_patches, read_options

@@ -11,7 +11,7 @@ from hf_openjev.errors import UsageError
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.fp8 import prepare_model_for_fp8
 from hf_openjev.fp8.linear import Fp8Linear
-from hf_openjev.fp8.scheme import resolve_fp8_targets
+from hf_openjev.checkpoint.fp8_scheme import resolve_fp8_targets
 from hf_openjev.fp8.swap import fp8_modules
 from hf_openjev.model import load_export
 from hf_openjev.patches import apply_patches
@@ -102,7 +102,7 @@ def test_the_fp8_door_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import hf_openjev.fp8, hf_openjev.fp8.option, hf_openjev.fp8.scheme\nimport sys\n"
+    code = ("import hf_openjev.fp8, hf_openjev.fp8.option, hf_openjev.checkpoint.fp8_scheme\nimport sys\n"
             "assert hf_openjev.fp8.FP8_CHOICES == ('off', 'all', 'no-gdn')\n"
             "assert 'torch' not in sys.modules, 'torch loaded'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -29,7 +29,7 @@ from hf_openjev.errors import CheckpointError
 from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.fast_path import score_fast
-from hf_openjev.fp8.scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, resolve_fp8_targets, target_of
+from hf_openjev.checkpoint.fp8_scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, resolve_fp8_targets, target_of
 from hf_openjev.fp8.state import load_fp8_state_dict
 from hf_openjev.ops.fp8_linear import FP8_DTYPE, quantize_weight_per_channel
 from hf_openjev.patches import apply_patches, patch_record, read_options, revert_patches
@@ -134,6 +134,15 @@ def test_the_bf16_weights_are_released_module_by_module(tiny_checkpoint, monkeyp
     gc.collect()
     assert len(seen) == 25 and max(alive_at_calls) <= 3  # at most the earlier projections of the same module
     assert all(ref() is None for ref in seen) and stacks and all(ref() is None for ref in stacks)
+
+
+def test_the_fp8_swap_names_the_patches_attributes_it_reads():
+    """fp8 never imports the patches (tests/test_layout.py): the swap reads a patched model's record and stacks by
+    their attribute names, which must stay the patches' own."""
+    from hf_openjev.fp8 import swap
+    from hf_openjev.patches.record import RECORD_ATTRIBUTE
+
+    assert (swap._STACKED_ATTRIBUTE, swap._RECORD_ATTRIBUTE) == (STACKED_ATTRIBUTE, RECORD_ATTRIBUTE)
 
 
 def test_a_dtype_cast_moves_fp8_modules_without_casting_them(tiny_checkpoint):

@@ -2,10 +2,13 @@
 
 - no two modules import each other in a circle, lazy imports inside functions included;
 - the core (``hf_openjev/`` with its fp8, checkpoint and packing subpackages) imports none of the command
-  subpackages (export, eval, serve); only the command line (``cli.py``) and the demo, itself a command, may;
+  subpackages (export, eval, serve, fidelity_check, demo); only the command line (``cli.py``) may;
 - nothing imports ``ops`` or ``patches`` as top-level modules: always ``hf_openjev.ops`` / ``hf_openjev.patches``;
 - no module of the package imports a reference kept for tests and recipes (``hf_openjev.packing.naive_layout``);
 - ``import hf_openjev`` and ``hf-openjev --help`` import neither torch nor Transformers;
+- no two folders (subpackages: fp8, checkpoint, packing, tokenizer, ops, patches, the commands) import each other,
+  directly or round a longer circle, every import counted; the patches call FP8, never the reverse, and FP8 reads
+  checkpoint formats, never the reverse; the flat core (``hf_openjev/*.py``) holds at most 20 modules;
 - no function or method is over 80 lines (CONTRIBUTING "Where things go"), and no file of ``serve/`` over 600.
 """
 
@@ -21,8 +24,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # source folder -> the package it installs as (pyproject's package-dir mapping)
 SOURCES = {"hf_openjev": "hf_openjev", "ops": "hf_openjev.ops", "patches": "hf_openjev.patches"}
-COMMANDS = ("hf_openjev.export", "hf_openjev.eval", "hf_openjev.serve", "hf_openjev.fidelity_check")
-COMMAND_LEVEL_CORE = {"hf_openjev.cli", "hf_openjev.demo"}  # command modules that live in the core folder
+COMMANDS = ("hf_openjev.export", "hf_openjev.eval", "hf_openjev.serve", "hf_openjev.fidelity_check", "hf_openjev.demo")
+COMMAND_LEVEL_CORE = {"hf_openjev.cli"}  # the command line, the one command module in the core folder
 MAX_FUNCTION_LINES = 80
 MAX_FILE_LINES = 600
 # Functions over the cap today, "path:qualified name" (relative to the repository root); the list may only shrink.
@@ -103,6 +106,60 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_import_circles():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+MAX_FLAT_MODULES = 20
+# (importer folder, imported folder) pairs that must never appear: the direction the code needs is the other one
+FORBIDDEN_FOLDER_IMPORTS = (("hf_openjev.fp8", "hf_openjev.patches"), ("hf_openjev.checkpoint", "hf_openjev.fp8"))
+
+
+def folder_of(name: str, packages: set[str]) -> str | None:
+    """The subpackage (``hf_openjev.fp8``, ``hf_openjev.ops``, ...) that holds module ``name``; None for the flat
+    core (``hf_openjev`` and its top-level modules)."""
+    parts = name.split(".")
+    folder = ".".join(parts[:2])
+    return folder if len(parts) >= 2 and folder in packages else None
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``{folder: folders it imports}`` from a module graph, every import counted (function-local ones too)."""
+    packages = {".".join(name.split(".")[:2]) for name in graph if name.count(".") >= 2}
+    out: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        here = folder_of(name, packages)
+        if here is None:
+            continue
+        out.setdefault(here, set())
+        out[here] |= {there for t in targets if (there := folder_of(t, packages)) not in (None, here)}
+    return out
+
+
+def test_no_circle_between_folders():
+    folders = folder_graph(import_graph())
+    cycle = find_cycle(folders)
+    assert cycle is None, "folders import each other in a circle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("importer, imported", FORBIDDEN_FOLDER_IMPORTS)
+def test_folder_import_direction(importer, imported):
+    bad = [f"{name} -> {t}" for name, targets in import_graph().items() if name.startswith(importer + ".")
+           for t in targets if t == imported or t.startswith(imported + ".")]
+    assert not bad, f"{importer} must not import {imported} (the other way round only): " + ", ".join(bad)
+
+
+def test_the_folder_checker_sees_a_circle():
+    graph = {"hf_openjev.a.x": {"hf_openjev.b.y"}, "hf_openjev.b.y": {"hf_openjev.c.z", "hf_openjev.errors"},
+             "hf_openjev.c.z": {"hf_openjev.a"}, "hf_openjev.a": set(), "hf_openjev.errors": set()}
+    folders = folder_graph(graph)
+    assert folders == {"hf_openjev.a": {"hf_openjev.b"}, "hf_openjev.b": {"hf_openjev.c"},
+                       "hf_openjev.c": {"hf_openjev.a"}}
+    assert find_cycle(folders) == ["hf_openjev.a", "hf_openjev.b", "hf_openjev.c", "hf_openjev.a"]
+
+
+def test_the_flat_core_is_small():
+    flat = sorted(path.name for path in (ROOT / "hf_openjev").glob("*.py"))
+    assert len(flat) <= MAX_FLAT_MODULES, f"{len(flat)} flat modules in hf_openjev/ (at most {MAX_FLAT_MODULES}: " \
+                                          f"put command-only code in its command's folder): {flat}"
 
 
 def test_core_imports_no_command():
@@ -189,7 +246,8 @@ def test_the_checker_sees_circles_and_command_imports():
 
 @pytest.mark.parametrize("code", [
     "import hf_openjev, hf_openjev.packing.planner, hf_openjev.contract",
-    "import hf_openjev.fp8.option, hf_openjev.fp8.scheme, hf_openjev.checkpoint, hf_openjev.packing.prefix_cuts",
+    "import hf_openjev.fp8.option, hf_openjev.checkpoint.fp8_scheme, hf_openjev.checkpoint",
+    "import hf_openjev.tokenizer.prefix_cuts, hf_openjev.tokenizer.token_floor, hf_openjev.work_tokens",
     "from hf_openjev.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
 ])
 def test_light_imports_load_no_torch(code):

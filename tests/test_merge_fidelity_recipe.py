@@ -7,7 +7,7 @@ import json
 import pytest
 from repo_data import load_recipe
 
-from hf_openjev.fidelity import FidelityStats, build_fidelity_report
+from hf_openjev.fidelity_check.gate import FidelityStats, build_fidelity_report
 
 ORACLE_CHECK = {"oracle": "ab" * 32, "run": "ab" * 32, "match": True}
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import hf_openjev
 from hf_openjev import CheckpointError, JevModel, load_export, load_reference
-from hf_openjev.chat import render_chat_halves
+from hf_openjev.tokenizer.chat import render_chat_halves
 from hf_openjev.checkpoint.manifest import MANIFEST_NAME
 from hf_openjev.reference import score_reference
 from hf_openjev.checkpoint.tiny import TINY_MODEL_ID, TINY_TEMPERATURE, build_tiny_tokenizer

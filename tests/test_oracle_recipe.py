@@ -13,7 +13,7 @@ import pytest
 import torch
 from repo_data import load_recipe
 
-from hf_openjev.fidelity import hash_weights
+from hf_openjev.fidelity_check.gate import hash_weights
 
 KERNELS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
            "causal_conv1d_update")

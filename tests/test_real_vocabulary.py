@@ -12,9 +12,9 @@ from starlette.testclient import TestClient
 
 from hf_openjev.contract import parse_request
 from hf_openjev.errors import RequestError
-from hf_openjev.packing.prefix_cuts import find_clean_cut
-from hf_openjev.tokenizer_analysis import prove_clean_cuts
-from hf_openjev.qwen_tokenizer import QWEN35_EMBEDDING_ROWS
+from hf_openjev.tokenizer.prefix_cuts import find_clean_cut
+from hf_openjev.tokenizer.tokenizer_analysis import prove_clean_cuts
+from hf_openjev.tokenizer.qwen_tokenizer import QWEN35_EMBEDDING_ROWS
 from hf_openjev.scoring import answer_requests, tokenize_request
 
 from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, golden_ids

@@ -125,7 +125,7 @@ def test_a_forward_holds_at_most_max_batch_tokens_padded(tiny_model, sequences, 
 
 
 def test_the_default_bound_splits_what_batch_size_alone_would_pad_together(tiny_model):
-    from hf_openjev.token_batches import DEFAULT_BATCH_TOKENS
+    from hf_openjev.work_tokens import DEFAULT_BATCH_TOKENS
 
     width = DEFAULT_BATCH_TOKENS // 8 + 1  # 8 of them pad past the default bound; 32 fit the default batch size
     seqs = _random_sequences(len(tiny_model.tokenizer), [width] * 9, seed=1)

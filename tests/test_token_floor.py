@@ -1,4 +1,4 @@
-"""The byte-level token floor (hf_openjev.token_floor): a true lower bound on random texts, refused where its
+"""The byte-level token floor (hf_openjev.tokenizer.token_floor): a true lower bound on random texts, refused where its
 conditions fail, and the early verdicts it gives tokenize_candidates for texts without clean cuts (digits, CJK);
 the per-request token budget (max_total_tokens) stops tokenizing at the limit."""
 
@@ -15,8 +15,8 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from hf_openjev.contract import MSG_TOO_MANY_TOKENS, parse_request, tokenize_candidates
 from hf_openjev.errors import RequestError
 from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
-from hf_openjev.token_floor import BYTE_CLASSES, count_byte_classes
-from hf_openjev.tokenizer_analysis import prove_token_floor
+from hf_openjev.tokenizer.token_floor import BYTE_CLASSES, count_byte_classes
+from hf_openjev.tokenizer.tokenizer_analysis import prove_token_floor
 
 ALPHABET = ["a", "Zz", " ", "  ", "1", "2024", "日本", "é", "e\u0301", "\n", "\t", "!!", "<|im_start|>", "🙂",
             "x" * 30]
@@ -115,7 +115,7 @@ def test_request_token_budget_stops_tokenizing_at_the_limit():
 @pytest.mark.parametrize("size", [(1 << 16) - 1, 1 << 16, (1 << 16) + 7, 3 * 1024 * 1024 + 5])
 def test_the_gil_free_byte_count_of_long_data_equals_the_translate_count(size):
     """From 64 KiB on the classes are counted by torch.bincount (the GIL released); below, by translate/count."""
-    from hf_openjev.token_floor import _CLASS_OF
+    from hf_openjev.tokenizer.token_floor import _CLASS_OF
 
     data = bytes(torch.randint(0, 256, (size,), generator=torch.Generator().manual_seed(size), dtype=torch.uint8))
     expected = tuple(data.translate(_CLASS_OF).count(i) for i in range(len(BYTE_CLASSES)))

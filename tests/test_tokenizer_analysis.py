@@ -1,4 +1,4 @@
-"""hf_openjev.tokenizer_analysis: the clean-cut and byte-floor analysis cached on disk by the tokenizer's
+"""hf_openjev.tokenizer.tokenizer_analysis: the clean-cut and byte-floor analysis cached on disk by the tokenizer's
 fingerprint, so that a new process (a new tokenizer object) reads it instead of walking the vocabulary again."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import json
 import pytest
 from tokenizers import Tokenizer, normalizers
 
-from hf_openjev import token_floor, tokenizer_analysis
+from hf_openjev.tokenizer import token_floor, tokenizer_analysis
 from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
-from hf_openjev.packing.prefix_cuts import find_clean_cut
-from hf_openjev.tokenizer_analysis import (analyse_tokenizer, analysis_path, prove_clean_cuts, prove_token_floor,
+from hf_openjev.tokenizer.prefix_cuts import find_clean_cut
+from hf_openjev.tokenizer.tokenizer_analysis import (analyse_tokenizer, analysis_path, prove_clean_cuts, prove_token_floor,
                                           tokenizer_fingerprint)
 
 

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from hf_openjev import load_export, warmup
+from hf_openjev import load_export
+from hf_openjev.serve import warmup
 from hf_openjev.cli import main as cli_main
 from hf_openjev.errors import InputFileError
 from hf_openjev.fast_options import FastPathOptions
@@ -125,7 +126,7 @@ def test_serve_proves_the_tokenizer_shortcuts_while_loading_not_on_the_first_req
 
 def test_prove_tokenizer_shortcuts_caches_both_proofs_for_the_models_tokenizer(tiny_checkpoint):
     import hf_openjev
-    from hf_openjev import tokenizer_analysis as ta
+    from hf_openjev.tokenizer import tokenizer_analysis as ta
     from hf_openjev.scoring import prove_tokenizer_shortcuts
 
     model = hf_openjev.load_export(tiny_checkpoint.export, dtype="float32", device="cpu")  # a tokenizer of its own

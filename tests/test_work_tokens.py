@@ -1,5 +1,5 @@
-"""What a request costs (hf_openjev.work_tokens) and the per-request cap that counts it (issue 36 item 5): the fast
-path's shared prefixes once, a running floor that never passes the exact count, and the conformance suite's
+"""What a request costs (hf_openjev.work_tokens), the batches bounded by tokens, and the per-request cap that
+counts it (issue 36 item 5): the fast path's shared prefixes once, a running floor that never passes the exact count, and the conformance suite's
 255-option choice admitted under the default cap."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.packing.planner import plan_requests
 from hf_openjev.scoring import tokenize_request
 from hf_openjev.serve.limits import DEFAULT_MAX_REQUEST_TOKENS
-from hf_openjev.work_tokens import WorkFloor, count_work_tokens
+from hf_openjev.work_tokens import (DEFAULT_BATCH_TOKENS, WorkFloor, check_batch_tokens, count_work_tokens, split_by_tokens,
+                                    split_padded)
 
 from test_server_abuse import ByteLevel, conformance_choice
 
@@ -106,3 +107,44 @@ def test_the_fast_path_floor_stops_tokenizing_a_request_far_over_the_cap(tiny_mo
     with pytest.raises(RequestError) as info:
         tokenize_request(Counting(), parsed, max_total_tokens=2000, fast=True, options=FastPathOptions())
     assert info.value.status == 413 and len(calls) < 40  # stopped near the cap, not after 400 candidates
+
+
+# -- batches bounded by tokens ----------------------------------------------------------------------------------------
+
+
+def test_padded_batches_keep_rows_times_the_longest_under_the_bound():
+    lengths = [10, 10, 10, 100, 5, 5, 30, 30, 30, 30]
+    batches = split_padded(lengths, max_rows=32, max_tokens=100)
+    assert [list(r) for r in batches] == [[0, 1, 2], [3], [4, 5, 6], [7, 8, 9]]
+    for rows in batches:
+        assert len(rows) * max(lengths[i] for i in rows) <= 100
+
+
+def test_padded_batches_respect_max_rows_and_put_a_longer_sequence_alone():
+    assert [list(r) for r in split_padded([1] * 5, max_rows=2, max_tokens=1000)] == [[0, 1], [2, 3], [4]]
+    assert [list(r) for r in split_padded([5, 300, 5], max_rows=8, max_tokens=100)] == [[0], [1], [2]]
+    assert split_padded([], max_rows=4, max_tokens=10) == []
+
+
+def test_summed_batches_are_lazy_and_bounded():
+    seen = []
+
+    def cost(n):
+        seen.append(n)
+        return n
+
+    batches = split_by_tokens(iter([3, 3, 3, 10, 1, 1]), cost, max_items=10, max_tokens=6)
+    assert next(batches) == [3, 3] and seen == [3, 3, 3]  # the third item is costed, then the batch is out
+    assert list(batches) == [[3], [10], [1, 1]]
+    assert list(split_by_tokens(range(5), lambda _x: 1, max_items=2, max_tokens=100)) == [[0, 1], [2, 3], [4]]
+
+
+def test_the_default_holds_one_max_length_16384_sequence():
+    assert DEFAULT_BATCH_TOKENS >= 16384
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "16", True, None])
+def test_check_batch_tokens(bad):
+    with pytest.raises(ValueError, match="my_option must be a positive integer"):
+        check_batch_tokens(bad, "my_option")
+    assert check_batch_tokens(7) == 7

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from ..log_filter import quiet_flash_linear_attention_advice
+from ..log_filter import quiet_kernel_install_advice
 from .files import base_weight_files, expected_backbone_shapes, read_safetensors_headers, text_key
 from .package import check_text_config
 
@@ -22,7 +22,7 @@ def load_backbone(weights_dir: Path, text_config, *, dtype: torch.dtype, device)
     """``Qwen3_5TextModel.from_pretrained`` with every backbone weight required (no silent random init)."""
     from transformers import Qwen3_5TextModel
 
-    quiet_flash_linear_attention_advice()
+    quiet_kernel_install_advice()
     check_weight_shapes(weights_dir, text_config)
     kwargs = {"config": text_config, "dtype": dtype, "output_loading_info": True}
     if device is not None:

@@ -106,7 +106,7 @@ _file_digests: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokeni
 
 def note_tokenizer_file(tokenizer, path: str | Path) -> None:
     """Remember that ``tokenizer`` was loaded from the ``tokenizer.json`` at ``path`` (its digest, read now), so that
-    :func:`hf_openjev.tokenizer_analysis.tokenizer_fingerprint` need not serialize it. Replace nothing of its model
+    :func:`hf_openjev.tokenizer.tokenizer_analysis.tokenizer_fingerprint` need not serialize it. Replace nothing of its model
     after this (its vocabulary is taken to be the file's)."""
     try:
         _file_digests[tokenizer] = hashlib.sha256(Path(path).read_bytes()).hexdigest()

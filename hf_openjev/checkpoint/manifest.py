@@ -14,6 +14,8 @@ from pathlib import Path
 from ..errors import GET_CHECKPOINT_DOCS, CheckpointError
 from ..json_files import read_json_object  # re-exported: callers import it from here
 
+TEST_CHECKPOINT_KEY = "test_checkpoint"  # in model.json and open_jev_export.json: true for test checkpoints
+
 MANIFEST_NAME = "open_jev_export.json"
 EXPORT_FORMAT = "open-jev-text-merged/1"
 MAX_LENGTH_LIMIT = 16384
@@ -36,7 +38,7 @@ class ExportManifest:
     # ``sha256-sampled-v1:<hex>``: a fingerprint of the base weights the export was merged from (written by
     # ``hf-openjev export``, see ``hf_openjev.export.identity.base_fingerprint``); "" for exports made before it.
     base_fingerprint: str = ""
-    # an FP8 export's ``quantization`` entry (hf_openjev.fp8.scheme.manifest_block: scheme, layout, modules, ...);
+    # an FP8 export's ``quantization`` entry (hf_openjev.checkpoint.fp8_scheme.manifest_block: scheme, layout, modules, ...);
     # None for a bf16 export
     quantization: dict | None = field(default=None, hash=False)
     # true for a checkpoint built for tests (hf_openjev.checkpoint.tiny): its shape is not checked against the family
@@ -128,7 +130,7 @@ def check_export_dir(export_dir: str | Path) -> Path:
 def read_manifest(export_dir: str | Path) -> ExportManifest:
     """Read and validate ``<export_dir>/open_jev_export.json`` (after :func:`check_export_dir`); an FP8 export's
     ``quantization`` entry is checked against its ``config.json`` and kept in ``.quantization``."""
-    from ..fp8.scheme import FP8_EXPORT_FORMAT, read_fp8_quantization
+    from .fp8_scheme import FP8_EXPORT_FORMAT, read_fp8_quantization
 
     path = check_export_dir(export_dir)
     data = read_json_object(path)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..family import TEST_CHECKPOINT_KEY
+from .manifest import TEST_CHECKPOINT_KEY
 
 TINY_TEMPERATURE = 2.5343690298472983
 TINY_MODEL_ID = "open-jev/tiny-random"

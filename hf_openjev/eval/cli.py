@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..fp8.option import FP8_CHOICES, FP8_HELP, select_fp8_path
 from ..family import UNKNOWN_SHAPE_HELP
-from ..token_batches import DEFAULT_BATCH_TOKENS
+from ..work_tokens import DEFAULT_BATCH_TOKENS
 
 
 def positive_int(text: str) -> int:

@@ -47,7 +47,7 @@ from ..model import JevModel, load_export
 from ..devices import check_device
 from .run_checks import check_batch_size, check_dtype_name, check_out_dir, drop_torn_records
 from ..scoring import PreparedRequest, build_answer, prepare_path, prepare_request, score_prepared
-from ..token_batches import DEFAULT_BATCH_TOKENS, check_batch_tokens, split_by_tokens, task_cost
+from ..work_tokens import DEFAULT_BATCH_TOKENS, check_batch_tokens, split_by_tokens, task_cost
 
 RUN_NAME = "run.json"
 
@@ -220,7 +220,7 @@ def _run_batches(model, pending: list[Task], *, out_path: Path, batch_size: int,
     """Score ``pending`` batch by batch; the bar counts all ``total`` tasks and starts at the ``done`` ones.
 
     A batch holds at most ``batch_size`` tasks that make the backbone run at most ``batch_tokens`` tokens together
-    (:func:`~hf_openjev.token_batches.task_cost` on the path that runs; a bigger task alone), and each reference
+    (:func:`~hf_openjev.work_tokens.task_cost` on the path that runs; a bigger task alone), and each reference
     forward at most ``batch_tokens`` padded tokens. A task's latency is its batch's scoring time divided among
     its tasks plus their tokenization times, averaged. ``prepared_by_key``: (tier, id) -> (PreparedRequest,
     seconds it took) of tasks tokenized beforehand (the sharded run)."""
@@ -310,7 +310,7 @@ def select_shard(tasks: list[Task], prepared: dict, processes: Processes, *, pat
                  warn=None) -> list[Task]:
     """This rank's part of ``tasks`` (all in ``prepared``, as :func:`prepare_tasks` returns them): the
     :func:`~hf_openjev.eval.sharding.shard_by_tokens` shard of index ``processes.rank``, costs by
-    :func:`~hf_openjev.token_batches.task_cost` on ``path`` ("fast" or "reference"). Every rank computes the same
+    :func:`~hf_openjev.work_tokens.task_cost` on ``path`` ("fast" or "reference"). Every rank computes the same
     shards from the same tasks; no communication. ``warn`` (when given) gets one line describing all the shards."""
     costs = [task_cost(prepared[t.key][0], path) for t in tasks]
     shards = shard_by_tokens(costs, processes.world)

@@ -86,7 +86,7 @@ def add_arguments(parser) -> None:
 
 
 def add_fp8_argument(parser, flag: str, *, const: str | None, help: str) -> None:
-    """The FP8 mode flag: ``all`` or ``no-gdn`` (``hf_openjev.fp8.scheme.FP8_MODES`` other than ``off``)."""
+    """The FP8 mode flag: ``all`` or ``no-gdn`` (``hf_openjev.checkpoint.fp8_scheme.FP8_MODES`` other than ``off``)."""
     parser.add_argument(flag, nargs="?" if const else None, const=const, default=None if const else "all",
                         choices=["all", "no-gdn"], metavar="MODE", help=help)
 
@@ -123,7 +123,7 @@ def run(args) -> int:
         if args.fp8 is None:
             lines = merge_lora(args.base, args.package, args.out, **options).lines()
         else:
-            from hf_openjev.fp8.scheme import FP8_MODES
+            from hf_openjev.checkpoint.fp8_scheme import FP8_MODES
 
             from .merge_fp8 import merge_and_quantize
 

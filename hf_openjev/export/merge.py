@@ -357,7 +357,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
     refused unless ``allow_base_mismatch``. The base's shape must be an Open-Jev model's, consistent with the
     names and temperature the package carries (:mod:`hf_openjev.family`), unless ``allow_unknown_shape``.
     """
-    from ..chat import render_chat_halves
+    from ..tokenizer.chat import render_chat_halves
 
     base_dir, package_dir, out_dir = Path(base_dir), Path(package_dir), Path(out_dir)
     check_max_length(max_length)
@@ -580,7 +580,7 @@ def _check_written(plan: _Plan, tmp: Path, max_shard_bytes: int) -> None:
 
 
 def _check_tokenizer(plan: _Plan, tmp: Path) -> None:
-    from ..chat import render_chat_halves
+    from ..tokenizer.chat import render_chat_halves
 
     halves = render_chat_halves(load_tokenizer(tmp))
     if halves != (plan.manifest.chat_prefix, plan.manifest.chat_suffix):

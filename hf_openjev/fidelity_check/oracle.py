@@ -4,9 +4,9 @@ Exact arithmetic: stock Transformers (no patches) with its own torch code for th
 (fla / causal-conv1d unbound), the weights upcast to fp32, TF32 off, fp32 matmuls at "highest", SDPA's math
 backend, one candidate per forward (the reference path with batch 1: no padding).
 
-The file is :mod:`hf_openjev.fidelity`'s oracle format (``ORACLE_FORMAT``), so ``recipes/oracle.py``'s files
+The file is :mod:`hf_openjev.fidelity_check.gate`'s oracle format (``ORACLE_FORMAT``), so ``recipes/oracle.py``'s files
 (``recipes/data/oracle_27b.json``) read here and these read there. It carries the stored weights' fingerprint
-(``weights_sha256``, :func:`~hf_openjev.fidelity.hash_weights` of the bf16 model) and each request's token-id
+(``weights_sha256``, :func:`~hf_openjev.fidelity_check.gate.hash_weights` of the bf16 model) and each request's token-id
 hash; a file of other weights, or a request id whose tokens differ, is refused with a one-line ``ValueError``.
 Requests of other ids are appended; entries of requests not asked for this time are kept. The file is written
 atomically (a temporary file, then a rename) after every request, so a killed run keeps what it finished.
@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ..fidelity import ORACLE_FORMAT, describe_request, hash_tokens, load_oracle, same_weights, short_weights
+from .gate import ORACLE_FORMAT, describe_request, hash_tokens, load_oracle, same_weights, short_weights
 
 KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
                 "causal_conv1d_update")

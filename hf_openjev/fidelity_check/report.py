@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..contract import KINDS
-from ..fidelity import build_fidelity_report, compare_with_oracle, select_requests, write_fidelity_report
+from .gate import build_fidelity_report, compare_with_oracle, select_requests, write_fidelity_report
 from .configs import REFERENCE
 from .oracle import check_oracle_progress
 
@@ -85,7 +85,7 @@ def render_agreement_markdown(report: Mapping) -> str:
 
 def write_report(out: Path, stem: str, report: Mapping) -> None:
     """``<stem>.json`` (compact), ``<stem>.png`` (max |dp| per request) and ``<stem>.md`` under ``out``: the gate's
-    files (:func:`~hf_openjev.fidelity.write_fidelity_report`), the markdown followed by the decisions section."""
+    files (:func:`~hf_openjev.fidelity_check.gate.write_fidelity_report`), the markdown followed by the decisions section."""
     out.mkdir(parents=True, exist_ok=True)
     write_fidelity_report(out, stem, report)
     with (out / f"{stem}.md").open("a") as markdown:

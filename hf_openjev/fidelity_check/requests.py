@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..fidelity import describe_request, hash_tokens
+from .gate import describe_request, hash_tokens
 
 
 @dataclass(frozen=True)

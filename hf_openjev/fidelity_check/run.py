@@ -70,7 +70,7 @@ def check_arguments(*, model, out, data, workload, configs, oracle, oracle_devic
     """(configurations, task sources, the run's name) once every argument is usable; a one-line UsageError."""
     from ..eval.tasks import EvalInputError, resolve_inputs
     from ..checkpoint.manifest import read_manifest
-    from ..workload import check_workload_file
+    from .workload import check_workload_file
 
     if (data is None) == (workload is None):
         raise UsageError("give the requests as task files (data / --data) or as a workload (--workload), one of them")
@@ -172,10 +172,10 @@ def _read_tasks(sources, progress: bool):
 
 def _load_bf16(model, fp8: str, log, *, hash_it: bool = True):
     """The export in bf16 on the GPU (CPU without one), with ``fp8`` projections when not "off"; and its weights'
-    fingerprints (:func:`~hf_openjev.fidelity.weights_identity`, before any patch)."""
+    fingerprints (:func:`~hf_openjev.fidelity_check.gate.weights_identity`, before any patch)."""
     import torch
 
-    from ..fidelity import weights_identity
+    from .gate import weights_identity
     from ..model import load_export
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -190,7 +190,7 @@ def _load_bf16(model, fp8: str, log, *, hash_it: bool = True):
 def _make_items(model, tasks, workload, *, seed: int, limit, log):
     if workload is None:
         return items_from_tasks(model, tasks[:limit], warn=log)
-    from ..workload import build_workload
+    from .workload import build_workload
 
     return items_from_workload(build_workload(workload, vocab=model.config.vocab_size, seed=seed, limit=limit)), []
 
@@ -268,7 +268,7 @@ def _complete_oracle(model, items, done, progress_file, placement, *, path: Path
         header = {k: v for k, v in progress_file.items()
                   if k not in ("requests", "n_done", "n_total", "complete", "seconds")}
     else:
-        header = {"shape": name, "seed": seed, **weights}  # both fingerprints (hf_openjev.fidelity.same_weights)
+        header = {"shape": name, "seed": seed, **weights}  # both fingerprints (hf_openjev.fidelity_check.gate.same_weights)
     if placement is None:  # nothing to score: a copy of what the given files hold
         return write_oracle(path, header, done, [item.id for item in items])
     header.update(command=command, device=run_info()["device"], versions=run_info(), placement=placement.describe())

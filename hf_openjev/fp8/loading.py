@@ -9,8 +9,8 @@ from torch import nn
 
 from ..checkpoint.backbone import check_weight_shapes
 from ..errors import CheckpointError
-from ..log_filter import quiet_flash_linear_attention_advice
-from .scheme import read_fp8_quantization
+from ..log_filter import quiet_kernel_install_advice
+from ..checkpoint.fp8_scheme import read_fp8_quantization
 from .state import load_fp8_state_dict
 from .swap import attach_fp8_source
 
@@ -21,7 +21,7 @@ def load_fp8_backbone(export_dir: Path, text_config, *, dtype: torch.dtype, devi
     model remembers the export (``attach_fp8_source``) so that the fast path's ``fp8`` option reads its e4m3 bits."""
     from transformers import Qwen3_5TextModel
 
-    quiet_flash_linear_attention_advice()
+    quiet_kernel_install_advice()
     check_weight_shapes(export_dir, text_config)
     target = device if device is not None and not isinstance(device, dict) else "cpu"
     state = load_fp8_state_dict(export_dir, dtype=dtype, device=torch.device(target))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from ..fast_options import check_choice
-from .scheme import FP8_MODES
+from ..checkpoint.fp8_scheme import FP8_MODES
 
 FP8_CHOICES = tuple(FP8_MODES)  # "off", "all", "no-gdn"
 

@@ -1,6 +1,6 @@
 """Quantize a merged bf16 export into an FP8 export (``open-jev-text-merged-fp8/1``), streaming.
 
-What :func:`quantize_export` writes (the scheme: :mod:`hf_openjev.fp8.scheme`):
+What :func:`quantize_export` writes (the scheme: :mod:`hf_openjev.checkpoint.fp8_scheme`):
 
 - for every targeted projection ``<m>.weight`` [N, K]: ``<m>.weight`` as F8_E4M3 and ``<m>.weight_scale`` F32
   [N, 1], computed by :func:`hf_openjev.ops.fp8_linear.quantize_weight_per_channel` (the same rounding the op uses);
@@ -38,7 +38,7 @@ from ..checkpoint.out_dir import check_free_space, check_replaceable, missing_pa
 from ..checkpoint.publish import claim_export_temp, put_back_interrupted_swap, put_in_place
 from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader, TensorFileWriter, tensor_nbytes
 from ..errors import CheckpointError
-from .scheme import (ALL_TARGETS, FP8_EXPORT_FORMAT, SOURCE_FORMAT, manifest_block, manifest_format,
+from ..checkpoint.fp8_scheme import (ALL_TARGETS, FP8_EXPORT_FORMAT, SOURCE_FORMAT, manifest_block, manifest_format,
                      quantization_config, resolve_targets, target_of)
 
 _CHUNK_BYTES = 64 * 1024**2  # fp32 work per block of rows; bytes per piece of a copied tensor
@@ -264,7 +264,7 @@ def quantize_export(src_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARG
     """Quantize the merged bf16 export ``src_dir`` into an FP8 export at ``out_dir`` (see the module docstring).
 
     ``targets``: group names ``mlp``, ``attention``, ``gdn`` and/or module suffixes (``mlp.down_proj``); the
-    default quantizes every projection the scheme allows, ``hf_openjev.fp8.scheme.GDN_IN_BF16`` keeps the Gated
+    default quantizes every projection the scheme allows, ``hf_openjev.checkpoint.fp8_scheme.GDN_IN_BF16`` keeps the Gated
     DeltaNet's in bf16. Raises :class:`CheckpointError` before writing anything on a source that is not a bf16
     merged export (an FP8 export included), an existing ``out_dir`` without ``overwrite``, or unknown targets."""
     say = log or (lambda _message: None)

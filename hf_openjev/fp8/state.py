@@ -59,12 +59,12 @@ def load_fp8_state_dict(export_dir: str | Path, *, dtype: torch.dtype = torch.bf
     """Every backbone tensor of the FP8 export ``export_dir``, dequantized, in ``dtype`` on ``device``.
 
     Reads one shard and one tensor at a time (the result, one model in ``dtype``, is the only large thing held).
-    Checks the export's two quantization blocks first (:func:`hf_openjev.fp8.scheme.read_fp8_quantization`) and
+    Checks the export's two quantization blocks first (:func:`hf_openjev.checkpoint.fp8_scheme.read_fp8_quantization`) and
     that exactly the declared number of weights is e4m3. Tensor names are as stored (prefixes not stripped)."""
     from safetensors import safe_open
 
     from ..checkpoint.files import base_weight_files
-    from .scheme import read_fp8_quantization
+    from ..checkpoint.fp8_scheme import read_fp8_quantization
 
     export_dir = Path(export_dir)
     info = read_fp8_quantization(export_dir)

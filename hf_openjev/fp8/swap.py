@@ -26,14 +26,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..patches.stacked_projections import unstack_projections
-from ..patches.text_model import text_model_of
+from ..family import text_model_of
 from .linear import Fp8Linear, quantize_linear
-from .scheme import ALL_TARGETS, FP8_MODES, QUANTIZABLE, resolve_fp8_targets, target_of
+from ..checkpoint.fp8_scheme import ALL_TARGETS, FP8_MODES, QUANTIZABLE, resolve_fp8_targets, target_of
 
 FP8_ATTRIBUTE = "_hf_openjev_fp8"  # on the text model: the module suffixes that are Fp8Linear
 SOURCE_ATTRIBUTE = "_hf_openjev_fp8_source"  # on the text model: the Fp8Source it was loaded from
-_RECORD_ATTRIBUTE = "_hf_openjev_patches"  # record.RECORD_ATTRIBUTE (not imported: record imports this module)
+_RECORD_ATTRIBUTE = "_hf_openjev_patches"  # patches.record.RECORD_ATTRIBUTE (fp8 never imports the patches)
+_STACKED_ATTRIBUTE = "_hf_openjev_stacked"  # patches.stacked_projections.STACKED_ATTRIBUTE (the same rule)
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,9 @@ def _swap(parent: nn.Module, prefix: str, modules: tuple[str, ...], source: Fp8S
         if kind is not nn.Linear:
             raise TypeError(f"{prefix}{name} is a {kind.__name__}, not an nn.Linear: FP8 needs a merged model "
                             "(load_export), not a PEFT-wrapped one")
-    unstack_projections(parent, tuple(targets))
+    stacked = getattr(parent, _STACKED_ATTRIBUTE, None)  # a patched module's stack: it releases itself
+    if stacked is not None:
+        stacked.release(parent, tuple(targets))
     for name in targets:
         linear, full = getattr(parent, name), f"{prefix}{name}"
         if source is not None and full in source.weights:
@@ -125,7 +127,7 @@ def quantize_model_fp8(model, targets: Iterable[str] | str = ALL_TARGETS) -> int
     returns how many were swapped (0 when they already are: idempotent).
 
     ``targets``: a mode (``"all"``, ``"no-gdn"``), groups (``mlp``, ``attention``, ``gdn``) or module suffixes
-    (``hf_openjev.fp8.scheme``); the head, embeddings, norms, conv and the GDN's ``in_proj_a``/``in_proj_b`` are
+    (``hf_openjev.checkpoint.fp8_scheme``); the head, embeddings, norms, conv and the GDN's ``in_proj_a``/``in_proj_b`` are
     never quantized. A graph cache of a patched model is emptied (its graphs read the freed weights). One way:
     see the module docstring."""
     modules = resolve_fp8_targets(targets)

@@ -6,7 +6,7 @@ releases the GIL, so several requests tokenize at once. It comes in two steps, e
 parsing by the body's bytes, tokenization by the characters of its candidate texts. Work of at most
 ``big_work`` runs on the ``small`` pool, bigger work on the ``big`` one. A client sending 4 MiB bodies (even
 ones that are refused, which cost little since an over-long candidate stops at a clean prefix:
-:mod:`hf_openjev.packing.prefix_cuts`) then only queues behind other big work; a small request finds a free
+:mod:`hf_openjev.tokenizer.prefix_cuts`) then only queues behind other big work; a small request finds a free
 small worker.
 
 :class:`PreparePools` is also an ``Executor`` (its ``submit`` uses the small pool) so that the server hands it

@@ -70,9 +70,9 @@ def _fp8_note(model) -> str:
 
 
 def warm_up_replicas(models: list, shapes, options=None) -> list[dict]:
-    """:func:`hf_openjev.warmup.warm_up` on every replica, one thread per replica bound to its device, all at once;
+    """:func:`hf_openjev.serve.warmup.warm_up` on every replica, one thread per replica bound to its device, all at once;
     returns their reports in order (the first failure raises)."""
-    from ..warmup import warm_up
+    from .warmup import warm_up
 
     def one(model) -> dict:
         bind_device(model)

@@ -164,7 +164,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     ``$HF_OPENJEV_API_KEYS``): keys for ``Authorization: Bearer`` (:mod:`hf_openjev.serve.keys`), read before
     anything else; ``metrics_auth``: ``/metrics`` needs a key too.
 
-    ``warm_up_shapes``: a token-shape file (:mod:`hf_openjev.warmup`); before serving, one fast-path forward per
+    ``warm_up_shapes``: a token-shape file (:mod:`hf_openjev.serve.warmup`); before serving, one fast-path forward per
     shape captures the CUDA graphs the traffic's first requests would otherwise capture. Before the model loads,
     the export directory (:func:`~hf_openjev.checkpoint.manifest.check_export_dir`), the device and the port are
     checked: a published package, a CUDA device without CUDA or a busy port raises at once (one line from the CLI).
@@ -187,7 +187,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     from ..family import check_export_shape
     from ..fast_options import FastPathOptions
     from ..fp8.option import select_fp8_path
-    from ..warmup import load_shapes
+    from .warmup import load_shapes
 
     check_serve_options(host=host, port=port, dtype=dtype, max_queue=max_queue, max_batch_tokens=max_batch_tokens,
                         max_wait_ms=max_wait_ms, drain_timeout_s=drain_timeout_s, log_level=log_level,

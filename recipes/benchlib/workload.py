@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 from benchlib.shapes import VOCAB
-from hf_openjev.workload import build_workload  # noqa: F401  (the bench's random-id workload; re-exported)
+from hf_openjev.fidelity_check.workload import build_workload  # noqa: F401  (the bench's random-id workload; re-exported)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MANIFEST = DATA / "jevbench231-shapes.json"  # exact token shapes (real tokenizer): the benchmark's default

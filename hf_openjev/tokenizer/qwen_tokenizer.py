@@ -37,7 +37,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
 __all__ = ["ADDED_TOKENS", "NON_SPECIAL_ADDED", "OFFICIAL_VOCAB_SHA256", "QWEN35_EMBEDDING_ROWS", "QWEN35_RANKS",
            "canonical_vocab_json", "convert_qwen_ranks", "load_qwen_tokenizer", "qwen_ranks_path",
@@ -98,7 +98,7 @@ def convert_qwen_ranks(ranks_path: str | Path | None = None):
 def _wrap(backend):
     from transformers import PreTrainedTokenizerFast
 
-    from .checkpoint.tiny import CHAT_TEMPLATE
+    from ..checkpoint.tiny import CHAT_TEMPLATE
 
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
                                         clean_up_tokenization_spaces=False)
@@ -107,7 +107,7 @@ def _wrap(backend):
 
 
 def _cache_dir(cache_dir: str | Path | None, ranks_path: Path) -> Path:
-    from .checkpoint.tiny import default_cache_dir
+    from ..checkpoint.tiny import default_cache_dir
 
     digest = hashlib.sha256(ranks_path.read_bytes()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir else default_cache_dir()

@@ -1,6 +1,6 @@
 """A lower bound of a text's token count from its bytes alone, for texts without clean cuts.
 
-:mod:`hf_openjev.packing.prefix_cuts` settles an over-long verdict from a prefix ending at a space; a 4 MiB state of
+:mod:`hf_openjev.tokenizer.prefix_cuts` settles an over-long verdict from a prefix ending at a space; a 4 MiB state of
 digits, CJK or any run without spaces has no such cut and would be tokenized in full (seconds). This module bounds
 the count without tokenizing: with a byte-level BPE tokenizer every token stands for a contiguous run of the
 (normalized) text's bytes and the tokens cover all of them. Split the bytes into classes (ASCII digits, ASCII
@@ -120,7 +120,7 @@ def token_floor_maxima(spec: dict) -> tuple[int, ...] | None:
 
 def make_token_floor(maxima: tuple[int, ...], nfc: bool) -> Callable[[str], int]:
     def token_floor(text: str) -> int:
-        """At least this many tokens in ``text`` (see :mod:`hf_openjev.token_floor`)."""
+        """At least this many tokens in ``text`` (see :mod:`hf_openjev.tokenizer.token_floor`)."""
         if nfc:
             text = unicodedata.normalize("NFC", text)
         counts = count_byte_classes(text.encode("utf-8", "surrogatepass"))

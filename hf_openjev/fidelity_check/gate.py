@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .contract import KIND_NAMES, KINDS, NEAR_TIE_MARGIN
+from ..contract import KIND_NAMES, KINDS, NEAR_TIE_MARGIN
 
 GATE_MAX_RATIO = 1.25  # max |Δp| <= 1.25 x B's
 GATE_MEAN_RATIO = 1.10  # mean |Δp| <= 1.10 x B's

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import InputFileError
+from ..errors import InputFileError
 
 FIRST_ID = 1000  # random ids from here up (or from half a smaller vocabulary): clear of the special tokens
 
@@ -62,8 +62,8 @@ def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True
     """
     from tqdm.auto import tqdm
 
-    from .fast_path import score_fast
-    from .patches import apply_patches, read_graph_stats, read_options
+    from ..fast_path import score_fast
+    from ..patches import apply_patches, read_graph_stats, read_options
 
     options = options if options is not None else read_options(model)
     apply_patches(model, options)

