@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-PRECISIONS = ("ieee", "tf32x3", "tf32")
+from hf_openjev.ops.gdn_prefill_short import check_short_shapes
 
 
 @triton.jit
@@ -100,20 +100,6 @@ def _gdn_short_kernel(Q, K, V, G, BETA, CU, H0, OUT, HT, scale, Hk, Hv, GROUP,
         tl.store(OUT + t[:, None] * (Hv * DV) + h * DV + dv[None, :], o.to(OUT.dtype.element_ty), mask=live[:, None])
     if STORE_FINAL:
         tl.store(HT + state_offsets, S)
-
-
-def check_short_shapes(q: Tensor, v: Tensor, block_v: int, chunk: int, precision: str) -> None:
-    """Head dims must be powers of two >= 16 (Triton tiles); block_v divides Dv; chunk is 16, 32 or 64."""
-    dk, dv = q.shape[-1], v.shape[-1]
-    for name, d in (("Dk", dk), ("Dv", dv)):
-        if d < 16 or d & (d - 1):
-            raise ValueError(f"gdn_prefill_short: {name}={d} must be a power of two >= 16; use gdn_prefill")
-    if block_v < 16 or block_v & (block_v - 1) or dv % block_v:
-        raise ValueError(f"gdn_prefill_short: block_v={block_v} must be a power of two >= 16 dividing Dv={dv}")
-    if chunk not in (16, 32, 64):
-        raise ValueError(f"gdn_prefill_short: chunk={chunk} must be 16, 32 or 64")
-    if precision not in PRECISIONS:
-        raise ValueError(f"gdn_prefill_short: precision={precision!r} must be one of {PRECISIONS}")
 
 
 def gdn_short_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,

@@ -1,0 +1,160 @@
+"""torch.ops.hf_openjev.gdn_prefill_short: the CPU path is the reference, opcheck, fake, the level switch; GPU:
+the one-launch Triton kernel against the fp32 reference and the chunked fla op, varlen, states, graph capture."""
+
+import random
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, to_device
+from hf_openjev.ops.gdn_prefill import gdn_prefill_reference
+from hf_openjev.ops.gdn_prefill_short import SHORT_GDN_MAX_TOKENS, check_short_shapes, use_short_gdn
+
+from conftest import random_lengths
+
+OP = torch.ops.hf_openjev.gdn_prefill_short
+CHUNKED = torch.ops.hf_openjev.gdn_prefill
+HK, HV, DK, DV = 2, 6, 16, 32  # Hv = 3 * Hk
+ODD = [1, 2, 63, 64, 65, 107, 200]
+
+
+@pytest.mark.parametrize("state", [False, True])
+def test_cpu_op_is_the_reference_and_the_chunked_op(state):
+    args = gdn_inputs([33, 90, 1, 64], HK, HV, DK, DV, state=state, seed=2)
+    out = OP(**args)
+    for ref in (gdn_prefill_reference(**args), CHUNKED(**args)):
+        for a, b in zip(out, ref):
+            assert torch.equal(a, b)
+    assert out[0].abs().max() > 1e-2 and out[1].shape == (4, HV, DK, DV)
+
+
+def test_opcheck():
+    torch.library.opcheck(OP, tuple(gdn_inputs([10, 70], HK, HV, DK, DV, seed=4).values()))
+
+
+def test_opcheck_no_state_and_no_final_state():
+    args = gdn_inputs([5, 64, 13], HK, HV, DK, DV, dtype=torch.bfloat16, state=False, seed=3)
+    o, s = OP(**{**args, "initial_state": None}, output_final_state=False)
+    assert o.dtype == torch.bfloat16 and s.shape == (0, HV, DK, DV) and s.dtype == torch.float32
+    torch.library.opcheck(OP, (), {**args, "initial_state": None, "output_final_state": False})
+
+
+def test_fake_gives_the_shapes_and_dtypes_of_the_results():
+    args = gdn_inputs([7, 9], HK, HV, DK, DV, dtype=torch.bfloat16, seed=1)
+    with FakeTensorMode() as mode:
+        fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+        o, s = OP(**fake)
+    assert o.shape == (16, HV, DV) and o.dtype == torch.bfloat16
+    assert s.shape == (2, HV, DK, DV) and s.dtype == torch.float32
+
+
+def test_compile_fullgraph():
+    args = gdn_inputs([20, 65], HK, HV, DK, DV, seed=6)
+
+    def f(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices):
+        o, s = OP(q * 2.0, k, v, g, beta, cu_seqlens, initial_state, chunk_indices)
+        return o + 1.0, s
+
+    torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="aot_eager")(**args), f(**args))
+
+
+def test_bad_state_shape_raises():
+    args = gdn_inputs([10], HK, HV, DK, DV)
+    with pytest.raises(ValueError, match="initial_state"):
+        OP(**{**args, "initial_state": args["initial_state"][:, :-1]})
+
+
+def test_use_short_gdn_switches_at_the_threshold():
+    assert use_short_gdn(1) and use_short_gdn(SHORT_GDN_MAX_TOKENS)
+    assert not use_short_gdn(SHORT_GDN_MAX_TOKENS + 1)
+    assert use_short_gdn(300, threshold=512) and not use_short_gdn(65, threshold=64)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        use_short_gdn(-1)
+
+
+@pytest.mark.parametrize("dk, dv, block_v, chunk, precision, message", [
+    (96, 128, 32, 16, "ieee", "Dk=96"),
+    (128, 8, 8, 16, "ieee", "Dv=8"),
+    (128, 128, 48, 16, "ieee", "block_v=48"),
+    (64, 32, 64, 16, "ieee", "block_v=64"),
+    (128, 128, 32, 8, "ieee", "chunk=8"),
+    (128, 128, 32, 16, "bf16", "precision"),
+])
+def test_kernel_limits_are_checked_with_a_message(dk, dv, block_v, chunk, precision, message):
+    q, v = torch.empty(3, 2, dk), torch.empty(3, 6, dv)
+    with pytest.raises(ValueError, match=message):
+        check_short_shapes(q, v, block_v, chunk, precision)
+    check_short_shapes(torch.empty(3, 2, 128), torch.empty(3, 6, 128), 32, 16, "ieee")  # the defaults pass
+
+
+# ------------------------------------------------------------------------------------------------------- GPU
+
+GPU_SHAPES = {"27b": (16, 48, 128, 128), "9b": (16, 32, 128, 128), "2b": (16, 16, 128, 128)}
+TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}  # max |err| / max |ref|, against the fp32 reference
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _check_against_reference(args, out, dtype=torch.bfloat16):
+    o_ref, s_ref = gdn_prefill_reference(**args)
+    assert out[0].dtype == o_ref.dtype and out[1].dtype == torch.float32 and out[1].shape == s_ref.shape
+    assert max_errors(out[0], o_ref)[1] < TOL[dtype] and max_errors(out[1], s_ref)[1] < TOL[dtype]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", list(GPU_SHAPES))
+@pytest.mark.parametrize("state", [False, True])
+def test_cuda_matches_reference_and_chunked_op(shape, dtype, state):
+    lengths = ODD + random_lengths(random.Random(shape + str(state)), 3, hi=300)
+    args = gdn_inputs(lengths, *GPU_SHAPES[shape], dtype=dtype, state=state, seed=9)
+    out = OP(**to_device(args, "cuda"))
+    _check_against_reference(args, out, dtype)
+    o_fla, s_fla = CHUNKED(**to_device(args, "cuda"))
+    # the chunked op rounds its intermediates to the input dtype: compare at its own tolerance
+    assert max_errors(out[0], o_fla)[1] < 3e-2 and max_errors(out[1], s_fla)[1] < 3e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("block_v, chunk, num_warps, precision", [
+    (64, 16, 4, "ieee"), (32, 32, 4, "ieee"), (128, 64, 8, "ieee"), (32, 16, 8, "tf32x3"), (64, 16, 4, "tf32"),
+])
+def test_cuda_kernel_variants_match_reference(block_v, chunk, num_warps, precision):
+    from hf_openjev.ops.gdn_short_triton import gdn_short_forward
+
+    args = gdn_inputs([107, 1, 64, 65], *GPU_SHAPES["27b"], dtype=torch.bfloat16, state=True, seed=3)
+    cuda = to_device(args, "cuda")
+    out = gdn_short_forward(*(cuda[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state")),
+                            block_v=block_v, chunk=chunk, num_warps=num_warps, precision=precision)
+    _check_against_reference(args, out)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_empty_sequence_keeps_its_state_and_no_state_is_zeros():
+    args = gdn_inputs([5, 7], *GPU_SHAPES["9b"], dtype=torch.bfloat16, state=True, seed=5)
+    args["cu_seqlens"] = torch.tensor([0, 5, 5, 12], dtype=torch.int32)
+    h0 = args["initial_state"]
+    args["initial_state"] = torch.cat([h0[:1], torch.randn(1, *h0.shape[1:]), h0[1:]])
+    cuda = to_device(args, "cuda")
+    o, s = OP(**cuda)
+    assert torch.equal(s[1].cpu(), args["initial_state"][1])
+    _check_against_reference(args, (o, s))
+    zeros = {**cuda, "initial_state": torch.zeros_like(cuda["initial_state"])}
+    o_none, s_none = OP(**{**cuda, "initial_state": None})
+    o_zeros, s_zeros = OP(**zeros)
+    o_no_final, s_empty = OP(**{**cuda, "initial_state": None}, output_final_state=False)
+    assert torch.equal(o_none, o_zeros) and torch.equal(s_none, s_zeros) and torch.equal(o_no_final, o_zeros)
+    assert s_empty.shape == (0, *s.shape[1:])
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_graph_capture_replay():
+    lengths = [107, 40, 3, 64, 65]
+    a = to_device(gdn_inputs(lengths, *GPU_SHAPES["27b"], dtype=torch.bfloat16, seed=1), "cuda")
+    b = to_device(gdn_inputs(lengths[::-1], *GPU_SHAPES["27b"], dtype=torch.bfloat16, seed=2), "cuda")
+    replayed, eager = capture_replay(OP, a, b)
+    assert max_errors(replayed, eager)[0] == 0.0
