@@ -17,11 +17,12 @@ the serial solve short (15 row steps) and the inter-chunk coupling goes through 
 the same per token at any chunk length. GVA is native: value head h reads key head h // (Hv // Hk). Every Dv
 block recomputes A and T (they depend only on k, beta and g).
 
-Precision: the two Gram matrices (k k^T, q k^T) are taken on the raw inputs and scaled by the inverse norms
-afterwards, so for bf16/fp16 inputs their products are exact (tensor cores, fp32 accumulation). Every product
-with an fp32 operand (the state, T, v') is a ``tl.dot`` with ``input_precision=precision``: "ieee" (default, fp32
-FMA), "tf32x3" (three tf32 MMAs, close to fp32) or "tf32" (tensor cores, 10-bit mantissa inputs: the fast and
-coarse variant, for the fidelity gate to judge). Everything accumulates in fp32; the state never leaves fp32.
+Precision: inputs are converted to fp32 on load and every product is a ``tl.dot`` of fp32 tiles with
+``input_precision=precision``: "ieee" (default, fp32 FMA), "tf32x3" (three tf32 MMAs, close to fp32) or "tf32"
+(tensor cores on 10-bit-mantissa inputs: the fast and coarse variant, for the fidelity gate to judge; where it
+would matter most is the solve's T (rhs) and the state products). Everything accumulates in fp32; the state never
+leaves fp32. (The Gram matrices k k^T and q k^T could run on the raw bf16 inputs, exact products on tensor cores,
+with the norms applied afterwards; Triton's interpreter miscomputes bf16 ``tl.dot``, so they stay fp32 here.)
 """
 
 from __future__ import annotations
@@ -71,24 +72,21 @@ def _gdn_short_kernel(Q, K, V, G, BETA, CU, H0, OUT, HT, scale, Hk, Hv, GROUP,
     for c in range(0, tl.cdiv(eos - bos, BT)):
         t = bos + c * BT + rows
         live = t < eos
-        q = _load_rows(Q, t, live, Hk * DK, hk * DK, dk)
-        k = _load_rows(K, t, live, Hk * DK, hk * DK, dk)
+        q = _load_rows(Q, t, live, Hk * DK, hk * DK, dk).to(tl.float32)
+        k = _load_rows(K, t, live, Hk * DK, hk * DK, dk).to(tl.float32)
         v = _load_rows(V, t, live, Hv * DV, h * DV, dv).to(tl.float32)
         g = tl.load(G + t * Hv + h, mask=live, other=0.0).to(tl.float32)
         beta = tl.load(BETA + t * Hv + h, mask=live, other=0.0).to(tl.float32)
-        # prologue: inverse L2 norms (q's with the scale) and the chunk-local gate cumsum
-        rk = tl.rsqrt(tl.sum(k.to(tl.float32) * k.to(tl.float32), 1) + 1e-6)
-        rq = tl.rsqrt(tl.sum(q.to(tl.float32) * q.to(tl.float32), 1) + 1e-6) * scale
+        # prologue: L2 norms (q also scaled) and the chunk-local gate cumsum
+        kn = k * tl.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
+        qn = q * (tl.rsqrt(tl.sum(q * q, 1) + 1e-6) * scale)[:, None]
         gc = tl.cumsum(g, 0)
         g_last = tl.sum(g, 0)
         decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))
-        kk = tl.dot(k, tl.trans(k), input_precision=PREC) * (rk[:, None] * rk[None, :])
-        qk = tl.dot(q, tl.trans(k), input_precision=PREC) * (rq[:, None] * rk[None, :])
+        kk = tl.dot(kn, tl.trans(kn), input_precision=PREC)
         A = tl.where(rows[:, None] > rows[None, :], kk * decay * beta[:, None], 0.0)
         inv = _unit_lower_inverse(A, BT)
-        attn = tl.where(causal, qk * decay, 0.0)
-        kn = k.to(tl.float32) * rk[:, None]
-        qn = q.to(tl.float32) * rq[:, None]
+        attn = tl.where(causal, tl.dot(qn, tl.trans(kn), input_precision=PREC) * decay, 0.0)
         # WY form against the entering state, then output and state update
         k_in = kn * (beta * tl.exp(gc))[:, None]
         rhs = v * beta[:, None] - tl.dot(k_in, S, input_precision=PREC)

@@ -1,0 +1,183 @@
+"""Check (and, on a GPU, time) the one-launch short-sequence GDN kernel against the fp32 reference and fla's chunks.
+
+    python3 recipes/gdn_short_check.py --out "$OUT/gdn"                       # CUDA: accuracy + graph-replayed timing
+    TRITON_INTERPRET=1 python3 recipes/gdn_short_check.py --out /tmp/gdn      # CPU: Triton's interpreter, small shapes
+
+CUDA (torch + triton + fla-core 0.6): every variant (``--variants``, ``bv<block_v>-c<chunk>-w<num_warps>-<precision>``)
+and the op ``hf_openjev::gdn_prefill_short`` (its defaults) against ``gdn_prefill_reference`` (fp32, on the host)
+and the chunked ``hf_openjev::gdn_prefill`` (fla) at the 27B GDN shape (16 key heads, 48 value heads, dims 128),
+bf16 and fp32, lengths 1, 2, 63, 64, 65, 107, 200 packed, initial state on and off; then each captured in a CUDA
+graph (the chunked op with its precomputed chunk offsets), its replay checked against eager and timed (median of
+CUDA-event replays) at 1 x 107, 5 x 40, 6 x 60, 16 x 64, 1 x 256, 5 x 100, 1 x 512 (``--batches``).
+
+CPU (no CUDA; ``TRITON_INTERPRET=1`` is set here before triton loads): the same accuracy check at Hk=2, Hv=6,
+Dk=Dv=32 on CPU tensors; slow, so run it with ``nice`` in a separate venv holding torch, triton and numpy.
+
+Writes ``gdn_short.json`` and ``gdn_short.md`` under --out; exits 1 when an accuracy or replay check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+from gpu_ops_check import graph_of, median_ms
+
+from hf_openjev.ops import gdn_prefill_short as short_op
+from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, to_device
+from hf_openjev.ops.gdn_prefill import gdn_prefill_reference
+from hf_openjev.ops.varlen import prepare_varlen_metadata
+
+OPS = torch.ops.hf_openjev
+SHAPES = {"gpu": (16, 48, 128, 128), "interpret": (2, 6, 32, 32)}
+ODD = [1, 2, 63, 64, 65, 107, 200]
+INTERPRET_CASES = [[1, 2, 63], [64, 65], [107], [200], [5, 0, 40]]  # the interpreter is slow: one case at a time
+BATCHES = "1x107,5x40,6x60,16x64,1x256,5x100,1x512"
+VARIANTS = "bv32-c16-w4-ieee,bv64-c16-w4-ieee,bv32-c16-w8-ieee,bv64-c16-w8-ieee,bv32-c32-w4-ieee,bv64-c64-w8-ieee,"\
+           "bv32-c16-w4-tf32x3,bv32-c16-w4-tf32"
+INTERPRET_VARIANTS = "bv16-c16-w4-ieee,bv32-c64-w4-ieee"
+TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}  # max |err| / max |ref| against the fp32 reference
+NAMES = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state")
+
+
+def parse_variant(name: str) -> dict:
+    """``bv32-c16-w4-ieee`` -> dict(block_v=32, chunk=16, num_warps=4, precision="ieee")."""
+    bv, c, w, precision = name.split("-")
+    if not (bv.startswith("bv") and c.startswith("c") and w.startswith("w")):
+        raise ValueError(f"variant {name!r}: write it as bv<block_v>-c<chunk>-w<num_warps>-<precision>")
+    return dict(block_v=int(bv[2:]), chunk=int(c[1:]), num_warps=int(w[1:]), precision=precision)
+
+
+def kernel_of(variant: str | None):
+    """A callable with the op's keyword arguments: the op itself (None) or ``gdn_short_forward`` with a variant."""
+    if variant is None:
+        return OPS.gdn_prefill_short
+    from hf_openjev.ops.gdn_short_triton import gdn_short_forward
+
+    options = parse_variant(variant)
+
+    def run(**args):
+        return gdn_short_forward(*(args[n] for n in NAMES), args.get("output_final_state", True), **options)
+
+    return run
+
+
+def accuracy_rows(variants: list[str | None], device: str, dtypes) -> list[dict]:
+    shape = SHAPES["gpu" if device == "cuda" else "interpret"]
+    cases = [ODD] if device == "cuda" else INTERPRET_CASES
+    rows = []
+    for lengths in cases:
+        for dtype in dtypes:
+            for state in (False, True):
+                args = gdn_inputs(lengths, *shape, dtype=dtype, state=state, seed=len(lengths))
+                o_ref, s_ref = gdn_prefill_reference(**args)
+                chunked = OPS.gdn_prefill(**to_device(args, device)) if device == "cuda" else None
+                for variant in variants:
+                    started = time.perf_counter()
+                    out = kernel_of(variant)(**to_device(args, device))
+                    (o_abs, o_rel), (s_abs, s_rel) = max_errors(out[0], o_ref), max_errors(out[1], s_ref)
+                    finite = bool(out[0].float().isfinite().all() and out[1].isfinite().all())
+                    row = dict(kernel=variant or "op", lengths=lengths, dtype=str(dtype).split(".")[-1],
+                               state=state, o_abs=o_abs, o_rel=o_rel, s_abs=s_abs, s_rel=s_rel,
+                               ok=finite and max(o_rel, s_rel) < TOL[dtype], seconds=time.perf_counter() - started)
+                    if chunked is not None:
+                        row["vs_chunked_o_rel"] = max_errors(out[0], chunked[0])[1]
+                        row["vs_chunked_s_rel"] = max_errors(out[1], chunked[1])[1]
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    return rows
+
+
+def batch_args(n: int, length: int, seed: int) -> dict:
+    args = to_device(gdn_inputs([length] * n, *SHAPES["gpu"], dtype=torch.bfloat16, state=True, seed=seed), "cuda")
+    meta = prepare_varlen_metadata([length * i for i in range(n + 1)], device="cuda")
+    return {**args, "chunk_offsets": meta.chunk_offsets}
+
+
+def timing_rows(variants: list[str | None], batches: list[tuple[int, int]], reps: int) -> list[dict]:
+    """Per batch: the chunked op and each variant captured in a CUDA graph and timed (median replay); for the
+    kernels also a capture with other data copied in, whose replay must equal eager bit for bit."""
+    rows = []
+    for n, length in batches:
+        args, other = batch_args(n, length, seed=1), batch_args(n, length, seed=2)
+        row = dict(batch=f"{n}x{length}", sequences=n, length=length)
+        for name, fn in [("chunked", OPS.gdn_prefill), *((v or "op", kernel_of(v)) for v in variants)]:
+            keep = (lambda a: a) if name == "chunked" else (lambda a: {k: v for k, v in a.items() if k != "chunk_offsets"})
+            graph = graph_of(fn, keep(args))
+            row[f"{name}_us"] = 1000 * median_ms(graph.replay, reps)
+            del graph
+            if name != "chunked":
+                replayed, eager = capture_replay(fn, keep(args), keep(other))
+                row[f"{name}_replay_ok"] = max_errors(replayed, eager)[0] == 0.0
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# gdn_prefill_short check ({result['device']})", "", f"versions: {result['versions']}", "",
+             "## Accuracy (max |err| / max |ref| vs the fp32 reference; vs the chunked op where run)", "",
+             "| kernel | lengths | dtype | state | o rel | state rel | vs chunked o | ok |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["accuracy"]:
+        lines.append(f"| {r['kernel']} | {r['lengths']} | {r['dtype']} | {r['state']} | {r['o_rel']:.2e} | "
+                     f"{r['s_rel']:.2e} | {r.get('vs_chunked_o_rel', float('nan')):.2e} | {r['ok']} |")
+    if result["timing"]:
+        names = [k[:-3] for k in result["timing"][0] if k.endswith("_us")]
+        lines += ["", "## Graph-replayed time per call (us, median), bf16, 27B shape", "",
+                  "| batch | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for r in result["timing"]:
+            lines.append(f"| {r['batch']} | " + " | ".join(f"{r[n + '_us']:.1f}" for n in names) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for gdn_short.json and gdn_short.md")
+    parser.add_argument("--variants", default=None, help="comma-separated bv<B>-c<C>-w<W>-<precision> names "
+                        f"(CUDA default {VARIANTS}; interpreter default {INTERPRET_VARIANTS})")
+    parser.add_argument("--batches", default=BATCHES, help="comma-separated <sequences>x<length> for the timing")
+    parser.add_argument("--reps", type=int, default=200, help="timed graph replays per kernel and batch")
+    parser.add_argument("--no-timing", action="store_true", help="accuracy only")
+    opts = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    names = (opts.variants or (VARIANTS if device == "cuda" else INTERPRET_VARIANTS)).split(",")
+    dk, dv = SHAPES["gpu" if device == "cuda" else "interpret"][2:]
+    for name in names:
+        options = parse_variant(name)
+        short_op.check_short_shapes(torch.empty(1, 1, dk), torch.empty(1, 1, dv), options["block_v"],
+                                    options["chunk"], options["precision"])
+    variants = [None, *names] if device == "cuda" else names  # on the CPU the op itself is the reference
+    import triton
+
+    result = dict(device=torch.cuda.get_device_name(0) if device == "cuda" else "cpu (Triton interpreter)",
+                  versions=dict(torch=torch.__version__, triton=triton.__version__), accuracy=[], timing=[])
+    dtypes = (torch.bfloat16, torch.float32)
+    opts.out.mkdir(parents=True, exist_ok=True)
+
+    def save():
+        (opts.out / "gdn_short.json").write_text(json.dumps(result, indent=1))
+        (opts.out / "gdn_short.md").write_text(markdown(result))
+
+    result["accuracy"] = accuracy_rows(variants, device, dtypes)
+    save()
+    if device == "cuda" and not opts.no_timing:
+        batches = [tuple(int(x) for x in b.split("x")) for b in opts.batches.split(",")]
+        result["timing"] = timing_rows(variants, batches, opts.reps)
+        save()
+    print(markdown(result))
+    failed = [r for r in result["accuracy"] if not r["ok"]] + [
+        r for r in result["timing"] for k, v in r.items() if k.endswith("_replay_ok") and not v]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
