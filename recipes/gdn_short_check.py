@@ -6,7 +6,7 @@
 CUDA (torch + triton + fla-core 0.6): every variant (``--variants``, ``bv<block_v>-c<chunk>-w<num_warps>-<precision>``)
 and the op ``hf_openjev::gdn_prefill_short`` (its defaults) against ``gdn_prefill_reference`` (fp32, on the host)
 and the chunked ``hf_openjev::gdn_prefill`` (fla) at the 27B GDN shape (16 key heads, 48 value heads, dims 128),
-bf16 and fp32, lengths 1, 2, 63, 64, 65, 107, 200 packed, initial state on and off; then each captured in a CUDA
+bf16 and fp32, lengths 1, 2, 63, 64, 65, 107, 200 packed, initial state on and None; then each captured in a CUDA
 graph (the chunked op with its precomputed chunk offsets), its replay checked against eager and timed (median of
 CUDA-event replays) at 1 x 107, 5 x 40, 6 x 60, 16 x 64, 1 x 256, 5 x 100, 1 x 512 (``--batches``).
 
@@ -81,9 +81,10 @@ def accuracy_rows(variants: list[str | None], device: str, dtypes) -> list[dict]
                 args = gdn_inputs(lengths, *shape, dtype=dtype, state=state, seed=len(lengths))
                 o_ref, s_ref = gdn_prefill_reference(**args)
                 chunked = OPS.gdn_prefill(**to_device(args, device)) if device == "cuda" else None
+                kernel_args = {**to_device(args, device), **({} if state else {"initial_state": None})}
                 for variant in variants:
                     started = time.perf_counter()
-                    out = kernel_of(variant)(**to_device(args, device))
+                    out = kernel_of(variant)(**kernel_args)
                     (o_abs, o_rel), (s_abs, s_rel) = max_errors(out[0], o_ref), max_errors(out[1], s_ref)
                     finite = bool(out[0].float().isfinite().all() and out[1].isfinite().all())
                     row = dict(kernel=variant or "op", lengths=lengths, dtype=str(dtype).split(".")[-1],
