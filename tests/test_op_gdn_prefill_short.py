@@ -160,3 +160,21 @@ def test_cuda_graph_capture_replay():
     b = to_device(gdn_inputs(lengths[::-1], *GPU_SHAPES["27b"], dtype=torch.bfloat16, seed=2), "cuda")
     replayed, eager = capture_replay(OP, a, b)
     assert max_errors(replayed, eager)[0] == 0.0
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_rerunning_a_tail_from_the_aligned_state_equals_the_full_sequence():
+    """The planner's shared tails re-run their rows from the state at the last multiple of 64: with 16-token
+    chunks every such point is a chunk boundary, so the re-run equals the full sequence bit for bit."""
+    args = to_device(gdn_inputs([150], *GPU_SHAPES["27b"], dtype=torch.bfloat16, state=False, seed=5), "cuda")
+
+    def run(lo, hi, state):
+        part = {n: args[n][lo:hi] for n in ("q", "k", "v", "g", "beta")}
+        cu = torch.tensor([0, hi - lo], dtype=torch.int32, device="cuda")
+        return OP(**part, cu_seqlens=cu, initial_state=state, chunk_indices=args["chunk_indices"])
+
+    full, _ = run(0, 150, None)
+    _, at_128 = run(0, 128, None)
+    rerun, _ = run(128, 150, at_128)
+    assert torch.equal(rerun, full[128:])
