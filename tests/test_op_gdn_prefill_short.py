@@ -10,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, to_device
 from hf_openjev.ops.gdn_prefill import gdn_prefill_reference
 from hf_openjev.ops.gdn_prefill_short import SHORT_GDN_MAX_TOKENS, check_short_shapes, use_short_gdn
+from hf_openjev.ops.varlen import prepare_varlen_metadata
 
 from conftest import random_lengths
 
@@ -31,6 +32,14 @@ def test_cpu_op_is_the_reference_and_the_chunked_op(state):
 
 def test_opcheck():
     torch.library.opcheck(OP, tuple(gdn_inputs([10, 70], HK, HV, DK, DV, seed=4).values()))
+
+
+def test_opcheck_with_chunk_offsets_like_the_chunked_op():
+    args = gdn_inputs([10, 70, 1], HK, HV, DK, DV, seed=5)
+    offsets = prepare_varlen_metadata(args["cu_seqlens"].tolist()).chunk_offsets
+    for a, b in zip(OP(**args, chunk_offsets=offsets), CHUNKED(**args, chunk_offsets=offsets)):
+        assert torch.equal(a, b)
+    torch.library.opcheck(OP, (), {**args, "chunk_offsets": offsets})
 
 
 def test_opcheck_no_state_and_no_final_state():
