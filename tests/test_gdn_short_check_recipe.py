@@ -1,0 +1,42 @@
+"""recipes/gdn_short_check.py without triton: variant names, the default variants' limits, the report."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_openjev.ops.gdn_prefill_short import check_short_shapes
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+@pytest.fixture
+def recipe(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # what the recipe sets on a machine without CUDA
+    monkeypatch.syspath_prepend(str(RECIPES))
+    module = importlib.import_module("gdn_short_check")
+    yield module
+    sys.modules.pop("gdn_short_check", None)
+
+
+def test_variant_names_parse_and_the_defaults_are_within_the_kernel_limits(recipe):
+    assert recipe.parse_variant("bv64-c32-w8-tf32x3") == dict(block_v=64, chunk=32, num_warps=8, precision="tf32x3")
+    with pytest.raises(ValueError, match="bv<block_v>"):
+        recipe.parse_variant("32-c16-w4-ieee")
+    for names, (dk, dv) in ((recipe.VARIANTS, (128, 128)), (recipe.INTERPRET_VARIANTS, (32, 32))):
+        for name in names.split(","):
+            options = recipe.parse_variant(name)
+            check_short_shapes(torch.empty(1, 1, dk), torch.empty(1, 1, dv), options["block_v"], options["chunk"],
+                               options["precision"])
+
+
+def test_report_has_a_row_per_check_and_a_column_per_kernel(recipe):
+    row = dict(kernel="op", lengths=[1, 2], dtype="bfloat16", state=True, o_rel=1e-3, s_rel=2e-6, ok=True)
+    timing = dict(batch="1x107", chunked_us=42.0, op_us=10.5, op_replay_ok=True)
+    text = recipe.markdown(dict(device="H200", versions={}, accuracy=[row, {**row, "state": False}], timing=[timing]))
+    assert text.count("| op | [1, 2] | bfloat16 |") == 2
+    assert "| batch | chunked | op |" in text and "| 1x107 | 42.0 | 10.5 |" in text
