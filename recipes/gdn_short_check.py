@@ -42,8 +42,8 @@ SHAPES = {"gpu": (16, 48, 128, 128), "interpret": (2, 6, 32, 32)}
 ODD = [1, 2, 63, 64, 65, 107, 200]
 INTERPRET_CASES = [[1, 2, 63], [64, 65], [107], [200], [5, 0, 40]]  # the interpreter is slow: one case at a time
 BATCHES = "1x107,5x40,6x60,16x64,1x256,5x100,1x512"
-VARIANTS = "bv32-c16-w4-ieee,bv64-c16-w4-ieee,bv32-c16-w8-ieee,bv64-c16-w8-ieee,bv32-c32-w4-ieee,bv64-c64-w8-ieee,"\
-           "bv32-c16-w4-tf32x3,bv32-c16-w4-tf32"
+VARIANTS = "bv32-c16-w4-ieee,bv64-c16-w4-ieee,bv16-c16-w2-ieee,bv32-c16-w8-ieee,bv64-c16-w8-ieee,bv32-c32-w4-ieee,"\
+           "bv64-c64-w8-ieee,bv32-c16-w4-tf32x3,bv16-c16-w4-tf32x3,bv32-c16-w4-tf32"
 INTERPRET_VARIANTS = "bv16-c16-w4-ieee,bv32-c64-w4-ieee"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}  # max |err| / max |ref| against the fp32 reference
 NAMES = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state")
