@@ -108,6 +108,7 @@ def _check_against_reference(args, out, dtype=torch.bfloat16, tol=None):
     o_ref, s_ref = gdn_prefill_reference(**args)
     tol = tol or TOL[dtype]
     assert out[0].dtype == o_ref.dtype and out[1].dtype == torch.float32 and out[1].shape == s_ref.shape
+    assert out[0].float().isfinite().all() and out[1].isfinite().all()  # max_errors' max() would hide a NaN
     assert max_errors(out[0], o_ref)[1] < tol and max_errors(out[1], s_ref)[1] < tol
 
 
@@ -123,6 +124,7 @@ def test_cuda_matches_reference_and_chunked_op(shape, dtype, state):
     _check_against_reference(args, out, dtype)
     o_fla, s_fla = CHUNKED(**to_device(args, "cuda"))
     # the chunked op rounds its intermediates to the input dtype: compare at its own tolerance
+    assert o_fla.float().isfinite().all()
     bound = 3e-2 + TOL[dtype]  # the chunked op's own tolerance against the reference, plus ours
     assert max_errors(out[0], o_fla)[1] < bound and max_errors(out[1], s_fla)[1] < bound
 
