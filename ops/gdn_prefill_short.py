@@ -1,9 +1,10 @@
 """Gated DeltaNet prefill for short sequences in one kernel: ``torch.ops.hf_openjev.gdn_prefill_short``.
 
 Same arguments, results and math as ``torch.ops.hf_openjev.gdn_prefill`` (``gdn_prefill.py``), so a level can use
-either: CPU runs the same fp32 reference (``gdn_prefill_reference``); CUDA runs one Triton launch
-(``gdn_short_triton.py``: a program per value head, Dv block and sequence, the fp32 state on chip) instead of fla's
-six chunked kernels. ``chunk_indices`` and ``chunk_offsets`` are accepted for parity and unused: the kernel reads
+either: CPU runs the same fp32 reference (``gdn_prefill_reference``); CUDA runs two Triton launches
+(``gdn_wy_triton.py``: the chunk-parallel WY prep, then a program per value head, Dv block and sequence walking
+its chunks of 64 with the fp32 state on chip) instead of fla's six chunked kernels. ``gdn_short_triton.py``, the
+first one-launch design, stays for comparison in ``recipes/gdn_short_check.py``. ``chunk_indices`` and ``chunk_offsets`` are accepted for parity and unused: the kernel reads
 the sequence bounds from ``cu_seqlens`` on the device, so it needs no host metadata and is graph-capturable.
 
 :func:`use_short_gdn` says which of the two ops a level should call, from its longest sequence.
@@ -19,8 +20,9 @@ from hf_openjev.ops.gdn_prefill import _check, _final_states_shape, gdn_prefill_
 # Longest sequence a level may have for the fused kernel (one program walks its sequence serially, so long
 # sequences belong to the chunked op). Provisional: recipes/gdn_short_check.py's table sets it.
 SHORT_GDN_MAX_TOKENS = 256
-# The CUDA kernel's launch parameters (recipes/gdn_short_check.py compares the alternatives)
-BLOCK_V, CHUNK, NUM_WARPS, PRECISION = 32, 16, 4, "ieee"
+# The CUDA kernels' launch parameters (recipes/gdn_short_check.py compares the alternatives): the state walk's
+# Dv block and warps, the prep's warps, the precision of the products with an fp32 operand. CHUNK is fixed.
+BLOCK_V, CHUNK, NUM_WARPS, PREP_WARPS, PRECISION = 32, 64, 4, 4, "tf32x3"
 PRECISIONS = ("ieee", "tf32x3", "tf32")  # tl.dot input precisions of the products with an fp32 operand
 
 
@@ -75,7 +77,7 @@ def _gdn_prefill_short_cuda(q, k, v, g, beta, cu_seqlens, initial_state, chunk_i
                             chunk_offsets=None):
     _check(q, k, v, g, beta, cu_seqlens, initial_state)
     check_short_shapes(q, v, BLOCK_V, CHUNK, PRECISION)
-    from hf_openjev.ops.gdn_short_triton import gdn_short_forward
+    from hf_openjev.ops.gdn_wy_triton import gdn_wy_forward
 
-    return gdn_short_forward(q, k, v, g, beta, cu_seqlens, initial_state, output_final_state, block_v=BLOCK_V,
-                             chunk=CHUNK, num_warps=NUM_WARPS, precision=PRECISION)
+    return gdn_wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, output_final_state, block_v=BLOCK_V,
+                          num_warps=NUM_WARPS, prep_warps=PREP_WARPS, precision=PRECISION)

@@ -124,9 +124,3 @@ def gdn_short_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
         STORE_FINAL=output_final_state, PREC=precision, num_warps=num_warps,
     )  # (o stands in for the pointers the constexpr flags leave unread)
     return o, final
-    _gdn_short_kernel[(Dv // block_v, Hv, N)](
-        q, k, v, g, beta, cu_seqlens, h0 if h0 is not None else final, o, final, Dk ** -0.5, Hk, Hv, Hv // Hk,
-        DK=Dk, DV=Dv, BV=block_v, BT=chunk, HAS_H0=h0 is not None, STORE_FINAL=output_final_state, PREC=precision,
-        num_warps=num_warps,
-    )
-    return o, final

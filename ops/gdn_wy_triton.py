@@ -221,6 +221,47 @@ def _gdn_wy_state_kernel(Q, K, G, W, U, CU, H0, OUT, HT, scale, Hk, Hv, GROUP, D
         tl.store(HT + state_offsets, S)
 
 
+@triton.jit
+def _unit_lower_inverse_kernel(A, T, PREC: tl.constexpr):
+    """T = (I + A)^-1 for one strictly lower [64, 64] fp32 A (row-major), by the prep kernel's blocked solve."""
+    BS: tl.constexpr = 16
+    r, c = tl.arange(0, BS)[:, None], tl.arange(0, BS)[None, :]
+    A00, A11 = tl.load(A + r * 64 + c), tl.load(A + (BS + r) * 64 + BS + c)
+    A22, A33 = tl.load(A + (2 * BS + r) * 64 + 2 * BS + c), tl.load(A + (3 * BS + r) * 64 + 3 * BS + c)
+    A10, A20 = tl.load(A + (BS + r) * 64 + c), tl.load(A + (2 * BS + r) * 64 + c)
+    A21, A30 = tl.load(A + (2 * BS + r) * 64 + BS + c), tl.load(A + (3 * BS + r) * 64 + c)
+    A31, A32 = tl.load(A + (3 * BS + r) * 64 + BS + c), tl.load(A + (3 * BS + r) * 64 + 2 * BS + c)
+    T0, T1, T2, T3 = _inverse4(A00, A11, A22, A33, BS)
+    T10, T20, T21, T30, T31, T32 = _merge_blocks(A10, A20, A21, A30, A31, A32, T0, T1, T2, T3, PREC)
+    _store_block(T, 0, 0, T0, BS)
+    _store_block(T, 1, 1, T1, BS)
+    _store_block(T, 2, 2, T2, BS)
+    _store_block(T, 3, 3, T3, BS)
+    _store_block(T, 1, 0, T10, BS)
+    _store_block(T, 2, 0, T20, BS)
+    _store_block(T, 2, 1, T21, BS)
+    _store_block(T, 3, 0, T30, BS)
+    _store_block(T, 3, 1, T31, BS)
+    _store_block(T, 3, 2, T32, BS)
+
+
+@triton.jit
+def _store_block(T, i: tl.constexpr, j: tl.constexpr, B, BS: tl.constexpr):
+    r, c = tl.arange(0, BS)[:, None], tl.arange(0, BS)[None, :]
+    tl.store(T + (i * BS + r) * 64 + j * BS + c, B)
+
+
+def invert_unit_lower(a: Tensor, precision: str = "ieee") -> Tensor:
+    """(I + a)^-1 for a strictly lower [64, 64] fp32 ``a``, by the prep kernel's blocked solve (a check of it:
+    the blocks above the diagonal of the result are zeros from ``torch.zeros``)."""
+    if a.shape != (CHUNK, CHUNK):
+        raise ValueError(f"invert_unit_lower: a must be [{CHUNK}, {CHUNK}], got {tuple(a.shape)}")
+    a = a.float().tril(-1).contiguous()
+    out = torch.zeros_like(a)
+    _unit_lower_inverse_kernel[(1,)](a, out, PREC=precision)
+    return out
+
+
 def gdn_wy_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
                    initial_state: Tensor | None, output_final_state: bool = True, *, block_v: int = 32,
                    num_warps: int = 4, precision: str = "ieee", prep_warps: int = 4,

@@ -1,17 +1,23 @@
-"""Check (and, on a GPU, time) the one-launch short-sequence GDN kernel against the fp32 reference and fla's chunks.
+"""Check (and, on a GPU, time) the short-sequence GDN kernels against the fp32 reference and fla's chunks.
 
     python3 recipes/gdn_short_check.py --out "$OUT/gdn"                       # CUDA: accuracy + graph-replayed timing
     TRITON_INTERPRET=1 python3 recipes/gdn_short_check.py --out /tmp/gdn      # CPU: Triton's interpreter, small shapes
 
-CUDA (torch + triton + fla-core 0.6): every variant (``--variants``, ``bv<block_v>-c<chunk>-w<num_warps>-<precision>``)
-and the op ``hf_openjev::gdn_prefill_short`` (its defaults) against ``gdn_prefill_reference`` (fp32, on the host)
+CUDA (torch + triton + fla-core 0.6): every variant (``--variants``: ``wy-bv<block_v>-w<num_warps>-p<prep_warps>-
+<precision>`` for the two-launch kernels of ``gdn_wy_triton.py``, ``bv<block_v>-c<chunk>-w<num_warps>-<precision>``
+for the one-launch v1 of ``gdn_short_triton.py``) and the op ``hf_openjev::gdn_prefill_short`` (its defaults) against ``gdn_prefill_reference`` (fp32, on the host)
 and the chunked ``hf_openjev::gdn_prefill`` (fla) at the 27B GDN shape (16 key heads, 48 value heads, dims 128),
 bf16 and fp32, lengths 1, 2, 63, 64, 65, 107, 200 packed, initial state on and None; then each captured in a CUDA
 graph (the chunked op with its precomputed chunk offsets), its replay checked against eager and timed (median of
 CUDA-event replays) at 1 x 107, 5 x 40, 6 x 60, 16 x 64, 1 x 256, 5 x 100, 1 x 512 (``--batches``).
 
 CPU (no CUDA; ``TRITON_INTERPRET=1`` is set here before triton loads): the same accuracy check at Hk=2, Hv=6,
-Dk=Dv=32 on CPU tensors; slow, so run it with ``nice`` in a separate venv holding torch, triton and numpy.
+Dk=Dv=32 on CPU tensors; slow, so run it with ``nice`` in a separate venv holding torch, triton and numpy. The
+interpreter computes bf16 ``tl.dot`` wrongly, so there the Gram matrices of bf16 inputs are upcast (the kernels'
+``native_gram`` off); the GPU runs them natively.
+
+Both devices also check the two-launch prep's blocked 64 x 64 solve (``invert_unit_lower``) against
+``torch.linalg.solve_triangular`` on systems built like the kernel's (beta k k^T decay, k L2-normalised).
 
 Writes ``gdn_short.json`` and ``gdn_short.md`` under --out; exits 1 when an accuracy or replay check fails.
 """
@@ -42,15 +48,23 @@ SHAPES = {"gpu": (16, 48, 128, 128), "interpret": (2, 6, 32, 32)}
 ODD = [1, 2, 63, 64, 65, 107, 200]
 INTERPRET_CASES = [[1, 2, 63], [64, 65], [107], [200], [5, 0, 40]]  # the interpreter is slow: one case at a time
 BATCHES = "1x107,5x40,6x60,16x64,1x256,5x100,1x512"
-VARIANTS = "bv32-c16-w4-ieee,bv64-c16-w4-ieee,bv16-c16-w2-ieee,bv32-c16-w8-ieee,bv64-c16-w8-ieee,bv32-c32-w4-ieee,"\
-           "bv64-c64-w8-ieee,bv32-c16-w4-tf32x3,bv16-c16-w4-tf32x3,bv32-c16-w4-tf32"
-INTERPRET_VARIANTS = "bv16-c16-w4-ieee,bv32-c64-w4-ieee"
+VARIANTS = "wy-bv32-w4-p4-ieee,wy-bv32-w8-p8-ieee,wy-bv32-w4-p4-tf32x3,wy-bv32-w8-p8-tf32x3,wy-bv64-w8-p4-tf32x3,"\
+           "wy-bv16-w4-p4-tf32x3,wy-bv32-w4-p4-tf32,bv32-c16-w4-ieee,bv32-c16-w4-tf32"
+INTERPRET_VARIANTS = "wy-bv16-w4-p4-ieee,bv16-c16-w4-ieee"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}  # max |err| / max |ref| against the fp32 reference
 NAMES = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state")
 
 
 def parse_variant(name: str) -> dict:
-    """``bv32-c16-w4-ieee`` -> dict(block_v=32, chunk=16, num_warps=4, precision="ieee")."""
+    """``bv32-c16-w4-ieee`` -> dict(block_v=32, chunk=16, num_warps=4, precision="ieee") (one launch, v1);
+    ``wy-bv32-w4-p8-tf32x3`` -> dict(design="wy", block_v=32, chunk=64, num_warps=4, prep_warps=8,
+    precision="tf32x3") (two launches)."""
+    if name.startswith("wy-"):
+        parts = name.split("-")
+        if len(parts) != 5 or not (parts[1].startswith("bv") and parts[2].startswith("w") and parts[3].startswith("p")):
+            raise ValueError(f"variant {name!r}: write it as wy-bv<block_v>-w<num_warps>-p<prep_warps>-<precision>")
+        return dict(design="wy", block_v=int(parts[1][2:]), chunk=64, num_warps=int(parts[2][1:]),
+                    prep_warps=int(parts[3][1:]), precision=parts[4])
     bv, c, w, precision = name.split("-")
     if not (bv.startswith("bv") and c.startswith("c") and w.startswith("w")):
         raise ValueError(f"variant {name!r}: write it as bv<block_v>-c<chunk>-w<num_warps>-<precision>")
@@ -61,12 +75,16 @@ def kernel_of(variant: str | None):
     """A callable with the op's keyword arguments: the op itself (None) or ``gdn_short_forward`` with a variant."""
     if variant is None:
         return OPS.gdn_prefill_short
-    from hf_openjev.ops.gdn_short_triton import gdn_short_forward
-
     options = parse_variant(variant)
+    if options.pop("design", None) == "wy":
+        from hf_openjev.ops.gdn_wy_triton import gdn_wy_forward as forward
+
+        del options["chunk"]
+    else:
+        from hf_openjev.ops.gdn_short_triton import gdn_short_forward as forward
 
     def run(**args):
-        return gdn_short_forward(*(args[n] for n in NAMES), args.get("output_final_state", True), **options)
+        return forward(*(args[n] for n in NAMES), args.get("output_final_state", True), **options)
 
     return run
 
@@ -95,6 +113,37 @@ def accuracy_rows(variants: list[str | None], device: str, dtypes) -> list[dict]
                         row["vs_chunked_s_rel"] = max_errors(out[1], chunked[1])[1]
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+    return rows
+
+
+def solve_system(case: str, dk: int, seed: int) -> torch.Tensor:
+    """A strictly lower [64, 64] system as the prep kernel builds it: beta_i (k_i . k_j) exp(gc_i - gc_j) with k
+    L2-normalised; "random": the recipe's inputs; "close": near-parallel keys, beta 1, no decay (entries near 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(64, dk, generator=gen)
+    beta, g = torch.sigmoid(torch.randn(64, generator=gen)), -torch.nn.functional.softplus(torch.randn(64, generator=gen))
+    if case == "close":
+        k, beta, g = k[:1] + 0.3 * k, torch.ones(64), torch.zeros(64)
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    gc = g.cumsum(0)
+    return (beta[:, None] * (k @ k.T) * (gc[:, None] - gc[None, :]).exp()).tril(-1)
+
+
+def solve_rows(device: str) -> list[dict]:
+    """The prep kernel's blocked solve (``invert_unit_lower``) against ``torch.linalg.solve_triangular`` (fp64)."""
+    from hf_openjev.ops.gdn_wy_triton import invert_unit_lower
+
+    rows = []
+    for case in ("random", "close"):
+        for seed in range(3):
+            a = solve_system(case, 32, seed)
+            ref = torch.linalg.solve_triangular(torch.eye(64, dtype=torch.float64) + a.double(),
+                                                torch.eye(64, dtype=torch.float64), upper=False, unitriangular=True)
+            for precision in ("ieee", "tf32x3") if device == "cuda" else ("ieee",):
+                inverse = invert_unit_lower(a.to(device), precision).cpu().double()
+                rel = float((inverse - ref).abs().max() / ref.abs().max())
+                rows.append(dict(case=case, seed=seed, precision=precision, rel=rel, ok=rel < 1e-4))
+                print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -131,6 +180,10 @@ def markdown(result: dict) -> str:
     for r in result["accuracy"]:
         lines.append(f"| {r['kernel']} | {r['lengths']} | {r['dtype']} | {r['state']} | {r['o_rel']:.2e} | "
                      f"{r['s_rel']:.2e} | {r.get('vs_chunked_o_rel', float('nan')):.2e} | {r['ok']} |")
+    if result.get("solve"):
+        lines += ["", "## Blocked 64 x 64 solve vs torch.linalg.solve_triangular (fp64; max |err| / max |ref|)", "",
+                  "| system | seed | precision | rel | ok |", "|---|---|---|---|---|"]
+        lines += [f"| {r['case']} | {r['seed']} | {r['precision']} | {r['rel']:.2e} | {r['ok']} |" for r in result["solve"]]
     if result["timing"]:
         names = [k[:-3] for k in result["timing"][0] if k.endswith("_us")]
         lines += ["", "## Graph-replayed time per call (us, median), bf16, 27B shape", "",
@@ -168,6 +221,7 @@ def main() -> int:
         (opts.out / "gdn_short.json").write_text(json.dumps(result, indent=1))
         (opts.out / "gdn_short.md").write_text(markdown(result))
 
+    result["solve"] = solve_rows(device)
     result["accuracy"] = accuracy_rows(variants, device, dtypes)
     save()
     if device == "cuda" and not opts.no_timing:
@@ -175,7 +229,7 @@ def main() -> int:
         result["timing"] = timing_rows(variants, batches, opts.reps)
         save()
     print(markdown(result))
-    failed = [r for r in result["accuracy"] if not r["ok"]] + [
+    failed = [r for r in result["accuracy"] + result["solve"] if not r["ok"]] + [
         r for r in result["timing"] for k, v in r.items() if k.endswith("_replay_ok") and not v]
     return 1 if failed else 0
 

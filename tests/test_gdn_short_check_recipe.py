@@ -34,6 +34,30 @@ def test_variant_names_parse_and_the_defaults_are_within_the_kernel_limits(recip
                                options["precision"])
 
 
+def test_two_launch_variant_names_parse(recipe):
+    assert recipe.parse_variant("wy-bv64-w8-p4-tf32x3") == dict(design="wy", block_v=64, chunk=64, num_warps=8,
+                                                                prep_warps=4, precision="tf32x3")
+    for bad in ("wy-bv32-w4-ieee", "wy-32-w4-p4-ieee", "wy-bv32-p4-w4-ieee"):
+        with pytest.raises(ValueError, match="wy-bv<block_v>-w<num_warps>-p<prep_warps>"):
+            recipe.parse_variant(bad)
+    defaults = recipe.VARIANTS.split(",")
+    assert "bv32-c16-w4-ieee" in defaults and "bv32-c16-w4-tf32" in defaults  # the v1 references stay
+    assert any(name.startswith("wy-") for name in recipe.INTERPRET_VARIANTS.split(","))
+
+
+def test_solve_systems_are_strictly_lower_and_the_close_one_has_entries_near_one(recipe):
+    easy, close = recipe.solve_system("random", 32, 0), recipe.solve_system("close", 32, 0)
+    for a in (easy, close):
+        assert a.shape == (64, 64) and torch.equal(a, a.tril(-1)) and a.abs().max() <= 1.0
+    assert easy.abs().max() < 0.5 < 0.9 < close.abs().max()
+
+
+def test_report_has_a_solve_section(recipe):
+    solve = [dict(case="close", seed=0, precision="ieee", rel=2.7e-7, ok=True)]
+    text = recipe.markdown(dict(device="cpu", versions={}, accuracy=[], timing=[], solve=solve))
+    assert "## Blocked 64 x 64 solve" in text and "| close | 0 | ieee | 2.70e-07 | True |" in text
+
+
 def test_report_has_a_row_per_check_and_a_column_per_kernel(recipe):
     row = dict(kernel="op", lengths=[1, 2], dtype="bfloat16", state=True, o_rel=1e-3, s_rel=2e-6, ok=True)
     timing = dict(batch="1x107", chunked_us=42.0, op_us=10.5, op_replay_ok=True)

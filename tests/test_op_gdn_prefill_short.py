@@ -1,5 +1,5 @@
 """torch.ops.hf_openjev.gdn_prefill_short: the CPU path is the reference, opcheck, fake, the level switch; GPU:
-the one-launch Triton kernel against the fp32 reference and the chunked fla op, varlen, states, graph capture."""
+the Triton kernels (two-launch op, one-launch v1) against the fp32 reference and the chunked fla op, varlen, states, graph capture."""
 
 import random
 
@@ -9,7 +9,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, to_device
 from hf_openjev.ops.gdn_prefill import gdn_prefill_reference
-from hf_openjev.ops.gdn_prefill_short import SHORT_GDN_MAX_TOKENS, check_short_shapes, use_short_gdn
+from hf_openjev.ops.gdn_prefill_short import (BLOCK_V, CHUNK, PRECISION, SHORT_GDN_MAX_TOKENS, check_short_shapes,
+                                              use_short_gdn)
 from hf_openjev.ops.varlen import prepare_varlen_metadata
 
 from conftest import random_lengths
@@ -94,7 +95,7 @@ def test_kernel_limits_are_checked_with_a_message(dk, dv, block_v, chunk, precis
     q, v = torch.empty(3, 2, dk), torch.empty(3, 6, dv)
     with pytest.raises(ValueError, match=message):
         check_short_shapes(q, v, block_v, chunk, precision)
-    check_short_shapes(torch.empty(3, 2, 128), torch.empty(3, 6, 128), 32, 16, "ieee")  # the defaults pass
+    check_short_shapes(torch.empty(3, 2, 128), torch.empty(3, 6, 128), BLOCK_V, CHUNK, PRECISION)  # the defaults
 
 
 # ------------------------------------------------------------------------------------------------------- GPU
@@ -146,6 +147,22 @@ def test_cuda_kernel_variants_match_reference(block_v, chunk, num_warps, precisi
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("block_v, num_warps, prep_warps, precision, native_gram", [
+    (32, 4, 4, "ieee", True), (16, 4, 8, "tf32x3", True), (64, 8, 4, "tf32x3", False), (32, 8, 8, "tf32", True),
+])
+def test_cuda_two_launch_variants_match_reference(block_v, num_warps, prep_warps, precision, native_gram):
+    from hf_openjev.ops.gdn_wy_triton import gdn_wy_forward
+
+    args = gdn_inputs([107, 1, 0, 64, 65, 200], *GPU_SHAPES["27b"], dtype=torch.bfloat16, state=True, seed=4)
+    cuda = to_device(args, "cuda")
+    out = gdn_wy_forward(*(cuda[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state")),
+                         block_v=block_v, num_warps=num_warps, prep_warps=prep_warps, precision=precision,
+                         native_gram=native_gram)
+    _check_against_reference(args, out, tol=3e-2 if precision == "tf32" else None)  # tf32: 10-bit inputs
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_cuda_empty_sequence_keeps_its_state_and_no_state_is_zeros():
     args = gdn_inputs([5, 7], *GPU_SHAPES["9b"], dtype=torch.bfloat16, state=True, seed=5)
     args["cu_seqlens"] = torch.tensor([0, 5, 5, 12], dtype=torch.int32)
@@ -176,7 +193,7 @@ def test_cuda_graph_capture_replay():
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_rerunning_a_tail_from_the_aligned_state_equals_the_full_sequence():
-    """The planner's shared tails re-run their rows from the state at the last multiple of 64: with 16-token
+    """The planner's shared tails re-run their rows from the state at the last multiple of 64: with 64-token
     chunks every such point is a chunk boundary, so the re-run equals the full sequence bit for bit."""
     args = to_device(gdn_inputs([150], *GPU_SHAPES["27b"], dtype=torch.bfloat16, state=False, seed=5), "cuda")
 
