@@ -23,7 +23,9 @@ SHORT_GDN_MAX_TOKENS = 256
 # The CUDA kernels' launch parameters (recipes/gdn_short_check.py compares the alternatives): the state walk's
 # Dv block and warps, the prep's warps, the precision of the products with an fp32 operand. CHUNK is fixed.
 BLOCK_V, CHUNK, NUM_WARPS, PREP_WARPS, PRECISION = 32, 64, 4, 4, "tf32x3"
-PRECISIONS = ("ieee", "tf32x3", "tf32")  # tl.dot input precisions of the products with an fp32 operand
+# tl.dot input precisions of the products with an fp32 operand (Triton's NVIDIA backend): fp32 FMA, three tf32
+# MMAs, one tf32 MMA, three or six bf16 MMAs on the split operands
+PRECISIONS = ("ieee", "tf32x3", "tf32", "bf16x3", "bf16x6")
 
 
 def use_short_gdn(max_seq_len: int, threshold: int = SHORT_GDN_MAX_TOKENS) -> bool:
@@ -46,6 +48,12 @@ def check_short_shapes(q: Tensor, v: Tensor, block_v: int, chunk: int, precision
         raise ValueError(f"gdn_prefill_short: chunk={chunk} must be 16, 32 or 64")
     if precision not in PRECISIONS:
         raise ValueError(f"gdn_prefill_short: precision={precision!r} must be one of {PRECISIONS}")
+
+
+def dot_precision(precision: str, on_cuda: bool) -> str:
+    """The ``input_precision`` the kernels pass to ``tl.dot``: Triton's interpreter (off CUDA) lacks the bf16
+    splits, so there "bf16x3" and "bf16x6" run as "ieee"."""
+    return precision if on_cuda or not precision.startswith("bf16") else "ieee"
 
 
 @torch.library.custom_op("hf_openjev::gdn_prefill_short", mutates_args=())

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from hf_openjev.ops.gdn_prefill_short import check_short_shapes
+from hf_openjev.ops.gdn_prefill_short import check_short_shapes, dot_precision
 
 
 @triton.jit
@@ -107,6 +107,7 @@ def gdn_short_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     device; initial_state [N, Hv, Dk, Dv] fp32 or None (zeros). Returns (o [T, Hv, Dv] in q.dtype, final state
     [N, Hv, Dk, Dv] fp32, or [0, Hv, Dk, Dv] without ``output_final_state``). Grid: (Dv / block_v, Hv, N)."""
     check_short_shapes(q, v, block_v, chunk, precision)
+    precision = dot_precision(precision, q.is_cuda)
     T, Hk, Dk = q.shape
     Hv, Dv = v.shape[1], v.shape[2]
     N = cu_seqlens.shape[0] - 1

@@ -21,7 +21,8 @@ With q, k L2-normalised (eps 1e-6), q scaled by Dk ** -0.5 and gc the inclusive 
 The Gram matrices k k^T and q k^T run on the raw inputs (``NATIVE``: bf16/fp16 tiles, fp32 accumulate, exact
 products on tensor cores) with the norms applied afterwards as row and column scales; without ``NATIVE`` (fp32
 inputs, or Triton's interpreter, which miscomputes bf16 ``tl.dot``) they are fp32 dots at ``precision``. Every
-other product is a ``tl.dot`` of fp32 tiles at ``precision`` ("ieee", "tf32x3" or "tf32"), accumulating in fp32.
+other product is a ``tl.dot`` of fp32 tiles at ``precision`` (``gdn_prefill_short.PRECISIONS``), accumulating in
+fp32; the state never leaves fp32.
 """
 
 from __future__ import annotations
@@ -270,9 +271,10 @@ def gdn_wy_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_
     the device; initial_state [N, Hv, Dk, Dv] fp32 or None (zeros). Returns (o [T, Hv, Dv] in q.dtype, final
     state [N, Hv, Dk, Dv] fp32, or [0, Hv, Dk, Dv] without ``output_final_state``). ``native_gram`` None: on for
     16-bit inputs on CUDA. Grids: prep (cdiv(T, 64) + N, Hv), state walk (Dv / block_v, Hv, N)."""
-    from hf_openjev.ops.gdn_prefill_short import check_short_shapes
+    from hf_openjev.ops.gdn_prefill_short import check_short_shapes, dot_precision
 
     check_short_shapes(q, v, block_v, CHUNK, precision)
+    precision = dot_precision(precision, q.is_cuda)
     T, Hk, Dk = q.shape
     Hv, Dv = v.shape[1], v.shape[2]
     N = cu_seqlens.shape[0] - 1
@@ -289,7 +291,7 @@ def gdn_wy_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_
     w = q.new_empty((T, Hv, Dk), dtype=torch.float32)
     u = q.new_empty((T, Hv, Dv), dtype=torch.float32)
     _gdn_wy_prep_kernel[(triton.cdiv(T, CHUNK) + N, Hv)](
-        k, v, g, beta, cu_seqlens, w, u, N, Hk, Hv, Hv // Hk, DK=Dk, DV=Dv, BN=triton.next_power_of_2(N),
+        k, v, g, beta, cu_seqlens, w, u, N, Hk, Hv, Hv // Hk, DK=Dk, DV=Dv, BN=max(16, triton.next_power_of_2(N)),
         PREC=precision, NATIVE=native_gram, num_warps=prep_warps)
     _gdn_wy_state_kernel[(Dv // block_v, Hv, N)](
         q, k, g, w, u, cu_seqlens, o if h0 is None else h0, o, final if output_final_state else o,

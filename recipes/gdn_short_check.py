@@ -49,10 +49,12 @@ ODD = [1, 2, 63, 64, 65, 107, 200]
 INTERPRET_CASES = [[1, 2, 63], [64, 65], [107], [200], [5, 0, 40]]  # the interpreter is slow: one case at a time
 BATCHES = "1x107,5x40,6x60,16x64,1x256,5x100,1x512"
 VARIANTS = "wy-bv32-w4-p4-ieee,wy-bv32-w8-p8-ieee,wy-bv32-w4-p4-tf32x3,wy-bv32-w8-p8-tf32x3,wy-bv64-w8-p4-tf32x3,"\
-           "wy-bv16-w4-p4-tf32x3,wy-bv32-w4-p4-tf32,bv32-c16-w4-ieee,bv32-c16-w4-tf32"
+           "wy-bv16-w4-p4-tf32x3,wy-bv32-w4-p4-bf16x3,wy-bv32-w4-p4-bf16x6,wy-bv32-w4-p4-tf32,bv32-c16-w4-ieee,"\
+           "bv32-c16-w4-tf32"
 INTERPRET_VARIANTS = "wy-bv16-w4-p4-ieee,bv16-c16-w4-ieee"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}  # max |err| / max |ref| against the fp32 reference
 NAMES = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state")
+NAN = float("nan")
 
 
 def parse_variant(name: str) -> dict:
@@ -101,19 +103,29 @@ def accuracy_rows(variants: list[str | None], device: str, dtypes) -> list[dict]
                 chunked = OPS.gdn_prefill(**to_device(args, device)) if device == "cuda" else None
                 kernel_args = {**to_device(args, device), **({} if state else {"initial_state": None})}
                 for variant in variants:
-                    started = time.perf_counter()
-                    out = kernel_of(variant)(**kernel_args)
-                    (o_abs, o_rel), (s_abs, s_rel) = max_errors(out[0], o_ref), max_errors(out[1], s_ref)
-                    finite = bool(out[0].float().isfinite().all() and out[1].isfinite().all())
-                    row = dict(kernel=variant or "op", lengths=lengths, dtype=str(dtype).split(".")[-1],
-                               state=state, o_abs=o_abs, o_rel=o_rel, s_abs=s_abs, s_rel=s_rel,
-                               ok=finite and max(o_rel, s_rel) < TOL[dtype], seconds=time.perf_counter() - started)
-                    if chunked is not None:
-                        row["vs_chunked_o_rel"] = max_errors(out[0], chunked[0])[1]
-                        row["vs_chunked_s_rel"] = max_errors(out[1], chunked[1])[1]
+                    row = dict(kernel=variant or "op", lengths=lengths, dtype=str(dtype).split(".")[-1], state=state)
+                    row.update(check_variant(variant, kernel_args, (o_ref, s_ref), chunked, TOL[dtype]))
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     return rows
+
+
+def check_variant(variant: str | None, kernel_args: dict, reference, chunked, tol: float) -> dict:
+    """One run of a kernel against the reference (and the chunked op's results): errors, ok, seconds; a kernel
+    that fails to build or run gives ok False and its error, and the other variants still run."""
+    started = time.perf_counter()
+    try:
+        out = kernel_of(variant)(**kernel_args)
+    except Exception as exc:  # noqa: BLE001 (a variant that does not compile must not end the GPU call)
+        return dict(o_abs=NAN, o_rel=NAN, s_abs=NAN, s_rel=NAN, ok=False, error=f"{type(exc).__name__}: {exc}"[:500])
+    (o_abs, o_rel), (s_abs, s_rel) = max_errors(out[0], reference[0]), max_errors(out[1], reference[1])
+    finite = bool(out[0].float().isfinite().all() and out[1].isfinite().all())
+    row = dict(o_abs=o_abs, o_rel=o_rel, s_abs=s_abs, s_rel=s_rel, ok=finite and max(o_rel, s_rel) < tol,
+               seconds=time.perf_counter() - started)
+    if chunked is not None:
+        row["vs_chunked_o_rel"] = max_errors(out[0], chunked[0])[1]
+        row["vs_chunked_s_rel"] = max_errors(out[1], chunked[1])[1]
+    return row
 
 
 def solve_system(case: str, dk: int, seed: int) -> torch.Tensor:
@@ -153,14 +165,19 @@ def batch_args(n: int, length: int, seed: int) -> dict:
     return {**args, "chunk_offsets": meta.chunk_offsets}
 
 
-def timing_rows(variants: list[str | None], batches: list[tuple[int, int]], reps: int) -> list[dict]:
+def timing_rows(variants: list[str | None], batches: list[tuple[int, int]], reps: int,
+                broken: frozenset = frozenset()) -> list[dict]:
     """Per batch: the chunked op and each variant captured in a CUDA graph and timed (median replay); for the
-    kernels also a capture with other data copied in, whose replay must equal eager bit for bit."""
+    kernels also a capture with other data copied in, whose replay must equal eager bit for bit. ``broken``
+    names the kernels that raised in the accuracy check: their times are NaN."""
     rows = []
     for n, length in batches:
         args, other = batch_args(n, length, seed=1), batch_args(n, length, seed=2)
         row = dict(batch=f"{n}x{length}", sequences=n, length=length)
         for name, fn in [("chunked", OPS.gdn_prefill), *((v or "op", kernel_of(v)) for v in variants)]:
+            if name in broken:
+                row[f"{name}_us"] = NAN
+                continue
             keep = (lambda a: a) if name == "chunked" else (lambda a: {k: v for k, v in a.items() if k != "chunk_offsets"})
             graph = graph_of(fn, keep(args))
             row[f"{name}_us"] = 1000 * median_ms(graph.replay, reps)
@@ -180,6 +197,9 @@ def markdown(result: dict) -> str:
     for r in result["accuracy"]:
         lines.append(f"| {r['kernel']} | {r['lengths']} | {r['dtype']} | {r['state']} | {r['o_rel']:.2e} | "
                      f"{r['s_rel']:.2e} | {r.get('vs_chunked_o_rel', float('nan')):.2e} | {r['ok']} |")
+    errors = {r["kernel"]: r["error"] for r in result["accuracy"] if "error" in r}
+    if errors:
+        lines += ["", "## Kernels that failed to build or run", ""] + [f"- {k}: `{e}`" for k, e in errors.items()]
     if result.get("solve"):
         lines += ["", "## Blocked 64 x 64 solve vs torch.linalg.solve_triangular (fp64; max |err| / max |ref|)", "",
                   "| system | seed | precision | rel | ok |", "|---|---|---|---|---|"]
@@ -226,7 +246,8 @@ def main() -> int:
     save()
     if device == "cuda" and not opts.no_timing:
         batches = [tuple(int(x) for x in b.split("x")) for b in opts.batches.split(",")]
-        result["timing"] = timing_rows(variants, batches, opts.reps)
+        broken = frozenset(r["kernel"] for r in result["accuracy"] if "error" in r)
+        result["timing"] = timing_rows(variants, batches, opts.reps, broken)
         save()
     print(markdown(result))
     failed = [r for r in result["accuracy"] + result["solve"] if not r["ok"]] + [

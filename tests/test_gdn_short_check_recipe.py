@@ -58,6 +58,20 @@ def test_report_has_a_solve_section(recipe):
     assert "## Blocked 64 x 64 solve" in text and "| close | 0 | ieee | 2.70e-07 | True |" in text
 
 
+def test_a_kernel_that_raises_is_reported_and_the_check_goes_on(recipe, monkeypatch):
+    def broken(variant):
+        def run(**args):
+            raise RuntimeError("PTX does not compile")
+        return run
+
+    monkeypatch.setattr(recipe, "kernel_of", broken)
+    row = recipe.check_variant("wy-bv32-w4-p4-bf16x3", {}, (None, None), None, 1e-2)
+    assert row["ok"] is False and row["error"] == "RuntimeError: PTX does not compile"
+    accuracy = [dict(kernel="wy-bv32-w4-p4-bf16x3", lengths=[1], dtype="bfloat16", state=True, **row)]
+    text = recipe.markdown(dict(device="H200", versions={}, accuracy=accuracy, timing=[]))
+    assert "- wy-bv32-w4-p4-bf16x3: `RuntimeError: PTX does not compile`" in text
+
+
 def test_report_has_a_row_per_check_and_a_column_per_kernel(recipe):
     row = dict(kernel="op", lengths=[1, 2], dtype="bfloat16", state=True, o_rel=1e-3, s_rel=2e-6, ok=True)
     timing = dict(batch="1x107", chunked_us=42.0, op_us=10.5, op_replay_ok=True)

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, to_device
 from hf_openjev.ops.gdn_prefill import gdn_prefill_reference
 from hf_openjev.ops.gdn_prefill_short import (BLOCK_V, CHUNK, PRECISION, SHORT_GDN_MAX_TOKENS, check_short_shapes,
-                                              use_short_gdn)
+                                              dot_precision, use_short_gdn)
 from hf_openjev.ops.varlen import prepare_varlen_metadata
 
 from conftest import random_lengths
@@ -96,6 +96,14 @@ def test_kernel_limits_are_checked_with_a_message(dk, dv, block_v, chunk, precis
     with pytest.raises(ValueError, match=message):
         check_short_shapes(q, v, block_v, chunk, precision)
     check_short_shapes(torch.empty(3, 2, 128), torch.empty(3, 6, 128), BLOCK_V, CHUNK, PRECISION)  # the defaults
+
+
+def test_bf16_split_precisions_are_accepted_and_run_as_ieee_off_cuda():
+    for precision in ("bf16x3", "bf16x6"):
+        check_short_shapes(torch.empty(3, 2, 128), torch.empty(3, 6, 128), 32, 64, precision)
+        assert dot_precision(precision, on_cuda=True) == precision
+        assert dot_precision(precision, on_cuda=False) == "ieee"  # Triton's interpreter lacks the bf16 splits
+    assert dot_precision("tf32x3", on_cuda=False) == "tf32x3"
 
 
 # ------------------------------------------------------------------------------------------------------- GPU
