@@ -9,7 +9,8 @@ With q, k L2-normalised (eps 1e-6), q scaled by Dk ** -0.5 and gc the inclusive 
     A = strict_lower(beta_i (k_i . k_j) exp(gc_i - gc_j)), T = (I + A)^-1 blocked: the four 16 x 16 diagonal
     blocks by forward substitution (in one loop), the off-diagonal blocks by
     T_ij = -T_ii sum_{j <= m < i} A_im T_mj; then w = T (beta exp(gc) k) and u = T (beta v), written in fp32 at
-    their tokens' rows ([T, Hv, Dk] and [T, Hv, Dv]). The program finds its (sequence, chunk) from
+    their tokens' rows ([T, Hv, Dk] and [T, Hv, Dv]; fp32, not bf16, because they meet the fp32 state in
+    v' = u - w S, and a bf16 w would add the rounding the chunked op has). The program finds its (sequence, chunk) from
     ``cu_seqlens`` on the device; the grid, cdiv(T, 64) + N chunks, bounds the real count, and the extra
     programs return at once.
 (B) ``_gdn_wy_state_kernel``, one program per (Dv block, value head, sequence), the fp32 [Dk, BV] state on chip:
