@@ -21,8 +21,9 @@ from hf_openjev.ops.gdn_prefill import _check, _final_states_shape, gdn_prefill_
 # sequences belong to the chunked op). Provisional: recipes/gdn_short_check.py's table sets it.
 SHORT_GDN_MAX_TOKENS = 256
 # The CUDA kernels' launch parameters (recipes/gdn_short_check.py compares the alternatives): the state walk's
-# Dv block and warps, the prep's warps, the precision of the products with an fp32 operand. CHUNK is fixed.
-BLOCK_V, CHUNK, NUM_WARPS, PREP_WARPS, PRECISION = 32, 64, 4, 4, "tf32x3"
+# Dv block, warps and pipeline stages, the prep's warps, the precision of the products with an fp32 operand.
+# CHUNK is fixed.
+BLOCK_V, CHUNK, NUM_WARPS, NUM_STAGES, PREP_WARPS, PRECISION = 32, 64, 8, 1, 8, "tf32x3"
 # tl.dot input precisions of the products with an fp32 operand (Triton's NVIDIA backend): fp32 FMA, three tf32
 # MMAs, one tf32 MMA, three or six bf16 MMAs on the split operands
 PRECISIONS = ("ieee", "tf32x3", "tf32", "bf16x3", "bf16x6")
@@ -88,4 +89,4 @@ def _gdn_prefill_short_cuda(q, k, v, g, beta, cu_seqlens, initial_state, chunk_i
     from hf_openjev.ops.gdn_wy_triton import gdn_wy_forward
 
     return gdn_wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, output_final_state, block_v=BLOCK_V,
-                          num_warps=NUM_WARPS, prep_warps=PREP_WARPS, precision=PRECISION)
+                          num_warps=NUM_WARPS, num_stages=NUM_STAGES, prep_warps=PREP_WARPS, precision=PRECISION)

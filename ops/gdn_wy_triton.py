@@ -266,12 +266,14 @@ def invert_unit_lower(a: Tensor, precision: str = "ieee") -> Tensor:
 
 def gdn_wy_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
                    initial_state: Tensor | None, output_final_state: bool = True, *, block_v: int = 32,
-                   num_warps: int = 4, precision: str = "ieee", prep_warps: int = 4,
+                   num_warps: int = 8, precision: str = "tf32x3", prep_warps: int = 8, num_stages: int = 1,
                    native_gram: bool | None = None) -> tuple[Tensor, Tensor]:
     """Two launches. q, k [T, Hk, Dk]; v [T, Hv, Dv]; g [T, Hv] (log decay); beta [T, Hv]; cu_seqlens [N+1] on
     the device; initial_state [N, Hv, Dk, Dv] fp32 or None (zeros). Returns (o [T, Hv, Dv] in q.dtype, final
     state [N, Hv, Dk, Dv] fp32, or [0, Hv, Dk, Dv] without ``output_final_state``). ``native_gram`` None: on for
-    16-bit inputs on CUDA. Grids: prep (cdiv(T, 64) + N, Hv), state walk (Dv / block_v, Hv, N)."""
+    16-bit inputs on CUDA. ``num_stages``: Triton's software pipelining of the state walk's chunk loop (more
+    stages prefetch the next chunk, at the cost of registers). Grids: prep (cdiv(T, 64) + N, Hv), state walk
+    (Dv / block_v, Hv, N)."""
     from hf_openjev.ops.gdn_prefill_short import check_short_shapes, dot_precision
 
     check_short_shapes(q, v, block_v, CHUNK, precision)
@@ -298,5 +300,6 @@ def gdn_wy_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_
         q, k, g, w, u, cu_seqlens, o if h0 is None else h0, o, final if output_final_state else o,
         Dk ** -0.5, Hk, Hv, Hv // Hk, DK=Dk, DV=Dv, BV=block_v, HAS_H0=h0 is not None,
         STORE_FINAL=output_final_state, PREC=precision, NATIVE=native_gram, num_warps=num_warps,
+        num_stages=num_stages,
     )  # (o stands in for the pointers the constexpr flags leave unread)
     return o, final

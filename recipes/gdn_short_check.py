@@ -4,7 +4,7 @@
     TRITON_INTERPRET=1 python3 recipes/gdn_short_check.py --out /tmp/gdn      # CPU: Triton's interpreter, small shapes
 
 CUDA (torch + triton + fla-core 0.6): every variant (``--variants``: ``wy-bv<block_v>-w<num_warps>-p<prep_warps>-
-<precision>`` for the two-launch kernels of ``gdn_wy_triton.py``, ``bv<block_v>-c<chunk>-w<num_warps>-<precision>``
+s<num_stages>-<precision>`` for the two-launch kernels of ``gdn_wy_triton.py``, ``bv<block_v>-c<chunk>-w<num_warps>-<precision>``
 for the one-launch v1 of ``gdn_short_triton.py``) and the op ``hf_openjev::gdn_prefill_short`` (its defaults) against ``gdn_prefill_reference`` (fp32, on the host)
 and the chunked ``hf_openjev::gdn_prefill`` (fla) at the 27B GDN shape (16 key heads, 48 value heads, dims 128),
 bf16 and fp32, lengths 1, 2, 63, 64, 65, 107, 200 packed, initial state on and None; then each captured in a CUDA
@@ -48,10 +48,10 @@ SHAPES = {"gpu": (16, 48, 128, 128), "interpret": (2, 6, 32, 32)}
 ODD = [1, 2, 63, 64, 65, 107, 200]
 INTERPRET_CASES = [[1, 2, 63], [64, 65], [107], [200], [5, 0, 40]]  # the interpreter is slow: one case at a time
 BATCHES = "1x107,5x40,6x60,16x64,1x256,5x100,1x512"
-VARIANTS = "wy-bv32-w4-p4-ieee,wy-bv32-w8-p8-ieee,wy-bv32-w4-p4-tf32x3,wy-bv32-w8-p8-tf32x3,wy-bv64-w8-p4-tf32x3,"\
-           "wy-bv16-w4-p4-tf32x3,wy-bv32-w4-p4-bf16x3,wy-bv32-w4-p4-bf16x6,wy-bv32-w4-p4-tf32,bv32-c16-w4-ieee,"\
-           "bv32-c16-w4-tf32"
-INTERPRET_VARIANTS = "wy-bv16-w4-p4-ieee,bv16-c16-w4-ieee"
+VARIANTS = "wy-bv32-w8-p8-s1-ieee,wy-bv32-w4-p4-s1-tf32x3,wy-bv32-w8-p8-s3-tf32x3,wy-bv16-w8-p8-s1-tf32x3,"\
+           "wy-bv64-w8-p8-s1-tf32x3,wy-bv32-w8-p8-s1-bf16x3,wy-bv16-w4-p8-s1-bf16x3,wy-bv32-w8-p8-s1-bf16x6,"\
+           "wy-bv32-w8-p8-s1-tf32,bv32-c16-w4-ieee,bv32-c16-w4-tf32"
+INTERPRET_VARIANTS = "wy-bv16-w4-p4-s1-ieee,bv16-c16-w4-ieee"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}  # max |err| / max |ref| against the fp32 reference
 NAMES = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state")
 NAN = float("nan")
@@ -59,14 +59,15 @@ NAN = float("nan")
 
 def parse_variant(name: str) -> dict:
     """``bv32-c16-w4-ieee`` -> dict(block_v=32, chunk=16, num_warps=4, precision="ieee") (one launch, v1);
-    ``wy-bv32-w4-p8-tf32x3`` -> dict(design="wy", block_v=32, chunk=64, num_warps=4, prep_warps=8,
-    precision="tf32x3") (two launches)."""
+    ``wy-bv32-w4-p8-s1-tf32x3`` -> dict(design="wy", block_v=32, chunk=64, num_warps=4, prep_warps=8,
+    num_stages=1, precision="tf32x3") (two launches)."""
     if name.startswith("wy-"):
         parts = name.split("-")
-        if len(parts) != 5 or not (parts[1].startswith("bv") and parts[2].startswith("w") and parts[3].startswith("p")):
-            raise ValueError(f"variant {name!r}: write it as wy-bv<block_v>-w<num_warps>-p<prep_warps>-<precision>")
+        if len(parts) != 6 or [p[:1] for p in parts[1:5]] != ["b", "w", "p", "s"] or not parts[1].startswith("bv"):
+            raise ValueError(f"variant {name!r}: write it as wy-bv<block_v>-w<num_warps>-p<prep_warps>-s<num_stages>-"
+                             "<precision>")
         return dict(design="wy", block_v=int(parts[1][2:]), chunk=64, num_warps=int(parts[2][1:]),
-                    prep_warps=int(parts[3][1:]), precision=parts[4])
+                    prep_warps=int(parts[3][1:]), num_stages=int(parts[4][1:]), precision=parts[5])
     bv, c, w, precision = name.split("-")
     if not (bv.startswith("bv") and c.startswith("c") and w.startswith("w")):
         raise ValueError(f"variant {name!r}: write it as bv<block_v>-c<chunk>-w<num_warps>-<precision>")
@@ -216,7 +217,8 @@ def markdown(result: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gdn_short.json and gdn_short.md")
-    parser.add_argument("--variants", default=None, help="comma-separated bv<B>-c<C>-w<W>-<precision> names "
+    parser.add_argument("--variants", default=None, help="comma-separated wy-bv<B>-w<W>-p<P>-s<S>-<precision> "
+                        "(two launches) or bv<B>-c<C>-w<W>-<precision> (one launch, v1) names "
                         f"(CUDA default {VARIANTS}; interpreter default {INTERPRET_VARIANTS})")
     parser.add_argument("--batches", default=BATCHES, help="comma-separated <sequences>x<length> for the timing")
     parser.add_argument("--reps", type=int, default=200, help="timed graph replays per kernel and batch")

@@ -35,10 +35,10 @@ def test_variant_names_parse_and_the_defaults_are_within_the_kernel_limits(recip
 
 
 def test_two_launch_variant_names_parse(recipe):
-    assert recipe.parse_variant("wy-bv64-w8-p4-tf32x3") == dict(design="wy", block_v=64, chunk=64, num_warps=8,
-                                                                prep_warps=4, precision="tf32x3")
-    for bad in ("wy-bv32-w4-ieee", "wy-32-w4-p4-ieee", "wy-bv32-p4-w4-ieee"):
-        with pytest.raises(ValueError, match="wy-bv<block_v>-w<num_warps>-p<prep_warps>"):
+    assert recipe.parse_variant("wy-bv64-w8-p4-s3-tf32x3") == dict(
+        design="wy", block_v=64, chunk=64, num_warps=8, prep_warps=4, num_stages=3, precision="tf32x3")
+    for bad in ("wy-bv32-w4-p4-ieee", "wy-32-w4-p4-s1-ieee", "wy-bv32-p4-w4-s1-ieee", "wy-bv32-w4-p4-1-ieee"):
+        with pytest.raises(ValueError, match="wy-bv<block_v>-w<num_warps>-p<prep_warps>-s<num_stages>"):
             recipe.parse_variant(bad)
     defaults = recipe.VARIANTS.split(",")
     assert "bv32-c16-w4-ieee" in defaults and "bv32-c16-w4-tf32" in defaults  # the v1 references stay
@@ -65,11 +65,11 @@ def test_a_kernel_that_raises_is_reported_and_the_check_goes_on(recipe, monkeypa
         return run
 
     monkeypatch.setattr(recipe, "kernel_of", broken)
-    row = recipe.check_variant("wy-bv32-w4-p4-bf16x3", {}, (None, None), None, 1e-2)
+    row = recipe.check_variant("wy-bv32-w4-p4-s1-bf16x3", {}, (None, None), None, 1e-2)
     assert row["ok"] is False and row["error"] == "RuntimeError: PTX does not compile"
-    accuracy = [dict(kernel="wy-bv32-w4-p4-bf16x3", lengths=[1], dtype="bfloat16", state=True, **row)]
+    accuracy = [dict(kernel="wy-bv32-w4-p4-s1-bf16x3", lengths=[1], dtype="bfloat16", state=True, **row)]
     text = recipe.markdown(dict(device="H200", versions={}, accuracy=accuracy, timing=[]))
-    assert "- wy-bv32-w4-p4-bf16x3: `RuntimeError: PTX does not compile`" in text
+    assert "- wy-bv32-w4-p4-s1-bf16x3: `RuntimeError: PTX does not compile`" in text
 
 
 def test_report_has_a_row_per_check_and_a_column_per_kernel(recipe):

@@ -157,6 +157,7 @@ def test_cuda_kernel_variants_match_reference(block_v, chunk, num_warps, precisi
 @needs_cuda
 @pytest.mark.parametrize("block_v, num_warps, prep_warps, precision, native_gram", [
     (32, 4, 4, "ieee", True), (16, 4, 8, "tf32x3", True), (64, 8, 4, "tf32x3", False), (32, 8, 8, "tf32", True),
+    (32, 8, 8, "bf16x3", True),
 ])
 def test_cuda_two_launch_variants_match_reference(block_v, num_warps, prep_warps, precision, native_gram):
     from hf_openjev.ops.gdn_wy_triton import gdn_wy_forward
