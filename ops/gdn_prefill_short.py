@@ -36,15 +36,22 @@ def use_short_gdn(max_seq_len: int, threshold: int = SHORT_GDN_MAX_TOKENS) -> bo
     return max_seq_len <= threshold
 
 
-def check_short_shapes(q: Tensor, v: Tensor, block_v: int, chunk: int, precision: str) -> None:
+def check_short_shapes(q: Tensor, v: Tensor, block_v: int, chunk: int, precision: str, num_warps: int = 4) -> None:
     """The kernel's limits: head dims powers of two >= 16 (Triton tiles); block_v a power of two >= 16 dividing
-    Dv; chunk 16, 32 or 64; precision one of ``PRECISIONS``."""
+    Dv and >= 4 * num_warps; chunk 16, 32 or 64; precision one of ``PRECISIONS``.
+
+    block_v < 4 * num_warps (e.g. 16 with 8 warps) splits the [64, block_v] products over two Hopper warp groups
+    into 8-column wgmma tiles, and that build faulted on an H200 ("illegal memory access"; Triton issue 10629
+    reports the same for N=8 tf32 MMAs), so it is refused rather than run."""
     dk, dv = q.shape[-1], v.shape[-1]
     for name, d in (("Dk", dk), ("Dv", dv)):
         if d < 16 or d & (d - 1):
             raise ValueError(f"gdn_prefill_short: {name}={d} must be a power of two >= 16; use gdn_prefill")
     if block_v < 16 or block_v & (block_v - 1) or dv % block_v:
         raise ValueError(f"gdn_prefill_short: block_v={block_v} must be a power of two >= 16 dividing Dv={dv}")
+    if block_v < 4 * num_warps:
+        raise ValueError(f"gdn_prefill_short: block_v={block_v} with num_warps={num_warps} faults on Hopper; "
+                         f"use block_v >= {4 * num_warps} or num_warps <= {max(block_v // 4, 1)}")
     if chunk not in (16, 32, 64):
         raise ValueError(f"gdn_prefill_short: chunk={chunk} must be 16, 32 or 64")
     if precision not in PRECISIONS:
@@ -85,7 +92,7 @@ def _(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_s
 def _gdn_prefill_short_cuda(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True,
                             chunk_offsets=None):
     _check(q, k, v, g, beta, cu_seqlens, initial_state)
-    check_short_shapes(q, v, BLOCK_V, CHUNK, PRECISION)
+    check_short_shapes(q, v, BLOCK_V, CHUNK, PRECISION, NUM_WARPS)
     from hf_openjev.ops.gdn_wy_triton import gdn_wy_forward
 
     return gdn_wy_forward(q, k, v, g, beta, cu_seqlens, initial_state, output_final_state, block_v=BLOCK_V,

@@ -106,7 +106,7 @@ def gdn_short_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     """One launch. q, k [T, Hk, Dk]; v [T, Hv, Dv]; g [T, Hv] (log decay); beta [T, Hv]; cu_seqlens [N+1] on the
     device; initial_state [N, Hv, Dk, Dv] fp32 or None (zeros). Returns (o [T, Hv, Dv] in q.dtype, final state
     [N, Hv, Dk, Dv] fp32, or [0, Hv, Dk, Dv] without ``output_final_state``). Grid: (Dv / block_v, Hv, N)."""
-    check_short_shapes(q, v, block_v, chunk, precision)
+    check_short_shapes(q, v, block_v, chunk, precision, num_warps)
     precision = dot_precision(precision, q.is_cuda)
     T, Hk, Dk = q.shape
     Hv, Dv = v.shape[1], v.shape[2]

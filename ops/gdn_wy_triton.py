@@ -276,7 +276,7 @@ def gdn_wy_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_
     (Dv / block_v, Hv, N)."""
     from hf_openjev.ops.gdn_prefill_short import check_short_shapes, dot_precision
 
-    check_short_shapes(q, v, block_v, CHUNK, precision)
+    check_short_shapes(q, v, block_v, CHUNK, precision, num_warps)
     precision = dot_precision(precision, q.is_cuda)
     T, Hk, Dk = q.shape
     Hv, Dv = v.shape[1], v.shape[2]

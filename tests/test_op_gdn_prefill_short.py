@@ -98,6 +98,15 @@ def test_kernel_limits_are_checked_with_a_message(dk, dv, block_v, chunk, precis
     check_short_shapes(torch.empty(3, 2, 128), torch.empty(3, 6, 128), BLOCK_V, CHUNK, PRECISION)  # the defaults
 
 
+def test_dv_blocks_narrower_than_four_columns_per_warp_are_refused():
+    """wy-bv16-w8-p8-s1-tf32x3 faulted on an H200 (illegal memory access): block_v 16 with 8 warps is refused."""
+    q, v = torch.empty(3, 2, 128), torch.empty(3, 6, 128)
+    with pytest.raises(ValueError, match="block_v=16 with num_warps=8"):
+        check_short_shapes(q, v, 16, 64, "tf32x3", num_warps=8)
+    check_short_shapes(q, v, 16, 64, "tf32x3", num_warps=4)
+    check_short_shapes(q, v, 32, 64, "tf32x3", num_warps=8)
+
+
 def test_bf16_split_precisions_are_accepted_and_run_as_ieee_off_cuda():
     for precision in ("bf16x3", "bf16x6"):
         check_short_shapes(torch.empty(3, 2, 128), torch.empty(3, 6, 128), 32, 64, precision)
