@@ -19,7 +19,13 @@ interpreter computes bf16 ``tl.dot`` wrongly, so there the Gram matrices of bf16
 Both devices also check the two-launch prep's blocked 64 x 64 solve (``invert_unit_lower``) against
 ``torch.linalg.solve_triangular`` on systems built like the kernel's (beta k k^T decay, k L2-normalised).
 
-Writes ``gdn_short.json`` and ``gdn_short.md`` under --out; exits 1 when an accuracy or replay check fails.
+On CUDA every part (the solve check, the op, each variant) runs in a process of its own (this script with
+``--part``, its files under --out/parts/<name>), so a variant that faults the device (an illegal memory access
+poisons the CUDA context for the rest of the process) or fails to build is recorded as a failed row with its
+error, and the next part goes on; ``--part-timeout`` bounds each.
+
+Writes ``gdn_short.json`` and ``gdn_short.md`` under --out (after each part); exits 1 when an accuracy, solve
+or replay check fails.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,9 +55,9 @@ SHAPES = {"gpu": (16, 48, 128, 128), "interpret": (2, 6, 32, 32)}
 ODD = [1, 2, 63, 64, 65, 107, 200]
 INTERPRET_CASES = [[1, 2, 63], [64, 65], [107], [200], [5, 0, 40]]  # the interpreter is slow: one case at a time
 BATCHES = "1x107,5x40,6x60,16x64,1x256,5x100,1x512"
-# the op itself runs wy-bv32-w8-p8-s1-tf32x3 (gdn_prefill_short's defaults); eight more keep one call short
-VARIANTS = "wy-bv32-w8-p8-s1-ieee,wy-bv32-w8-p8-s3-tf32x3,wy-bv16-w8-p8-s1-tf32x3,wy-bv64-w8-p8-s1-tf32x3,"\
-           "wy-bv32-w8-p8-s1-bf16x3,wy-bv32-w8-p8-s1-tf32,bv32-c16-w4-ieee,bv32-c16-w4-tf32"
+# the op itself runs wy-bv32-w8-p8-s1-tf32x3 (gdn_prefill_short's defaults); three more keep one call short (each
+# variant compiles in a process of its own); s3 builds exceed the H200's shared memory
+VARIANTS = "wy-bv32-w8-p8-s1-ieee,wy-bv32-w8-p8-s1-bf16x3,bv32-c16-w4-tf32"
 INTERPRET_VARIANTS = "wy-bv16-w4-p4-s1-ieee,bv16-c16-w4-ieee"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}  # max |err| / max |ref| against the fp32 reference
 NAMES = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state")
@@ -167,18 +174,16 @@ def batch_args(n: int, length: int, seed: int) -> dict:
 
 
 def timing_rows(variants: list[str | None], batches: list[tuple[int, int]], reps: int,
-                broken: frozenset = frozenset()) -> list[dict]:
-    """Per batch: the chunked op and each variant captured in a CUDA graph and timed (median replay); for the
-    kernels also a capture with other data copied in, whose replay must equal eager bit for bit. ``broken``
-    names the kernels that raised in the accuracy check: their times are NaN."""
+                with_chunked: bool = True) -> list[dict]:
+    """Per batch: the chunked op (``with_chunked``) and each variant captured in a CUDA graph and timed (median
+    replay); for the kernels also a capture with other data copied in, whose replay must equal eager bit for
+    bit."""
     rows = []
     for n, length in batches:
         args, other = batch_args(n, length, seed=1), batch_args(n, length, seed=2)
         row = dict(batch=f"{n}x{length}", sequences=n, length=length)
-        for name, fn in [("chunked", OPS.gdn_prefill), *((v or "op", kernel_of(v)) for v in variants)]:
-            if name in broken:
-                row[f"{name}_us"] = NAN
-                continue
+        chunked = [("chunked", OPS.gdn_prefill)] if with_chunked else []
+        for name, fn in [*chunked, *((v or "op", kernel_of(v)) for v in variants)]:
             keep = (lambda a: a) if name == "chunked" else (lambda a: {k: v for k, v in a.items() if k != "chunk_offsets"})
             graph = graph_of(fn, keep(args))
             row[f"{name}_us"] = 1000 * median_ms(graph.replay, reps)
@@ -198,7 +203,7 @@ def markdown(result: dict) -> str:
     for r in result["accuracy"]:
         lines.append(f"| {r['kernel']} | {r['lengths']} | {r['dtype']} | {r['state']} | {r['o_rel']:.2e} | "
                      f"{r['s_rel']:.2e} | {r.get('vs_chunked_o_rel', float('nan')):.2e} | {r['ok']} |")
-    errors = {r["kernel"]: r["error"] for r in result["accuracy"] if "error" in r}
+    errors = {r.get("kernel", "solve"): r["error"] for r in result["accuracy"] + result.get("solve", []) if "error" in r}
     if errors:
         lines += ["", "## Kernels that failed to build or run", ""] + [f"- {k}: `{e}`" for k, e in errors.items()]
     if result.get("solve"):
@@ -206,12 +211,61 @@ def markdown(result: dict) -> str:
                   "| system | seed | precision | rel | ok |", "|---|---|---|---|---|"]
         lines += [f"| {r['case']} | {r['seed']} | {r['precision']} | {r['rel']:.2e} | {r['ok']} |" for r in result["solve"]]
     if result["timing"]:
-        names = [k[:-3] for k in result["timing"][0] if k.endswith("_us")]
+        names = list(dict.fromkeys(k[:-3] for r in result["timing"] for k in r if k.endswith("_us")))
         lines += ["", "## Graph-replayed time per call (us, median), bf16, 27B shape", "",
                   "| batch | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         for r in result["timing"]:
-            lines.append(f"| {r['batch']} | " + " | ".join(f"{r[n + '_us']:.1f}" for n in names) + " |")
+            lines.append(f"| {r['batch']} | " + " | ".join(f"{r.get(n + '_us', NAN):.1f}" for n in names) + " |")
     return "\n".join(lines) + "\n"
+
+
+def isolated_part(part: str, opts, out: Path) -> dict:
+    """One part ("solve", "op" or a variant name) run by this script in a child process (``--part``), so that a
+    CUDA fault or a failed build ends only that process: its results, or rows saying how it died."""
+    result_file = out / "part.json"
+    result_file.unlink(missing_ok=True)
+    try:
+        done = subprocess.run(part_command(part, opts, out), capture_output=True, text=True,
+                              timeout=opts.part_timeout)
+    except subprocess.TimeoutExpired:
+        done = subprocess.CompletedProcess((), "timeout", "", f"ran over --part-timeout {opts.part_timeout} s")
+    sys.stdout.write(done.stdout)
+    if done.returncode == 0 and result_file.exists():
+        return json.loads(result_file.read_text())
+    lines = done.stderr.strip().splitlines() or ["no output"]
+    cause = next((line for line in reversed(lines) if "Error" in line), lines[-1])
+    error = f"child process exit {done.returncode}: {cause}"[:500]
+    if part == "solve":
+        return dict(solve=[dict(case="-", seed=-1, precision="-", rel=NAN, ok=False, error=error)])
+    return dict(accuracy=[dict(kernel=part, lengths=ODD, dtype="-", state="-", o_abs=NAN, o_rel=NAN, s_abs=NAN,
+                               s_rel=NAN, ok=False, error=error)], timing=[])
+
+
+def part_command(part: str, opts, out: Path) -> list[str]:
+    """The command line of a child running one part, its results in ``out``."""
+    return [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--part", part,
+            "--batches", opts.batches, "--reps", str(opts.reps), *(["--no-timing"] if opts.no_timing else [])]
+
+
+def merge_timing(rows: list[dict], new: list[dict]) -> list[dict]:
+    """Timing rows of several parts joined per batch (columns side by side, in the order the parts ran)."""
+    by_batch = {r["batch"]: r for r in rows}
+    for r in new:
+        by_batch.setdefault(r["batch"], {}).update(r)
+    return list(by_batch.values())
+
+
+def run_part(part: str, device: str, opts) -> dict:
+    """In this process: the solve check, or one kernel's accuracy (and, on CUDA, timing; the chunked op's with
+    the op's part)."""
+    if part == "solve":
+        return dict(solve=solve_rows(device))
+    variant = None if part == "op" else part
+    result = dict(accuracy=accuracy_rows([variant], device, (torch.bfloat16, torch.float32)), timing=[])
+    if device == "cuda" and not opts.no_timing and not any("error" in r for r in result["accuracy"]):
+        batches = [tuple(int(x) for x in b.split("x")) for b in opts.batches.split(",")]
+        result["timing"] = timing_rows([variant], batches, opts.reps, with_chunked=part == "op")
+    return result
 
 
 def main() -> int:
@@ -223,34 +277,32 @@ def main() -> int:
     parser.add_argument("--batches", default=BATCHES, help="comma-separated <sequences>x<length> for the timing")
     parser.add_argument("--reps", type=int, default=200, help="timed graph replays per kernel and batch")
     parser.add_argument("--no-timing", action="store_true", help="accuracy only")
+    parser.add_argument("--part-timeout", type=float, default=300.0, help="seconds one variant's process may run")
+    parser.add_argument("--part", default=None, help=argparse.SUPPRESS)  # a child: one part, results in part.json
     opts = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    opts.out.mkdir(parents=True, exist_ok=True)
+    if opts.part is not None:
+        (opts.out / "part.json").write_text(json.dumps(run_part(opts.part, device, opts), indent=1))
+        return 0
     names = (opts.variants or (VARIANTS if device == "cuda" else INTERPRET_VARIANTS)).split(",")
     dk, dv = SHAPES["gpu" if device == "cuda" else "interpret"][2:]
     for name in names:
         options = parse_variant(name)
         short_op.check_short_shapes(torch.empty(1, 1, dk), torch.empty(1, 1, dv), options["block_v"],
-                                    options["chunk"], options["precision"])
-    variants = [None, *names] if device == "cuda" else names  # on the CPU the op itself is the reference
+                                    options["chunk"], options["precision"], options["num_warps"])
+    parts = ["solve", "op", *names] if device == "cuda" else ["solve", *names]  # on the CPU the op is the reference
     import triton
 
     result = dict(device=torch.cuda.get_device_name(0) if device == "cuda" else "cpu (Triton interpreter)",
-                  versions=dict(torch=torch.__version__, triton=triton.__version__), accuracy=[], timing=[])
-    dtypes = (torch.bfloat16, torch.float32)
-    opts.out.mkdir(parents=True, exist_ok=True)
-
-    def save():
+                  versions=dict(torch=torch.__version__, triton=triton.__version__), solve=[], accuracy=[], timing=[])
+    for part in parts:  # CUDA: each in its own process; the interpreter cannot fault the device
+        got = isolated_part(part, opts, opts.out / "parts" / part) if device == "cuda" else run_part(part, device, opts)
+        result["solve"] += got.get("solve", [])
+        result["accuracy"] += got.get("accuracy", [])
+        result["timing"] = merge_timing(result["timing"], got.get("timing", []))
         (opts.out / "gdn_short.json").write_text(json.dumps(result, indent=1))
         (opts.out / "gdn_short.md").write_text(markdown(result))
-
-    result["solve"] = solve_rows(device)
-    result["accuracy"] = accuracy_rows(variants, device, dtypes)
-    save()
-    if device == "cuda" and not opts.no_timing:
-        batches = [tuple(int(x) for x in b.split("x")) for b in opts.batches.split(",")]
-        broken = frozenset(r["kernel"] for r in result["accuracy"] if "error" in r)
-        result["timing"] = timing_rows(variants, batches, opts.reps, broken)
-        save()
     print(markdown(result))
     failed = [r for r in result["accuracy"] + result["solve"] if not r["ok"]] + [
         r for r in result["timing"] for k, v in r.items() if k.endswith("_replay_ok") and not v]
