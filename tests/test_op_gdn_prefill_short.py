@@ -1,5 +1,6 @@
 """torch.ops.hf_openjev.gdn_prefill_short: the CPU path is the reference, opcheck, fake, the level switch; GPU:
-the Triton kernels (two-launch op, one-launch v1) against the fp32 reference and the chunked fla op, varlen, states, graph capture."""
+the two-launch op at its defaults (27B, 9B, 2B heads) and two more variants against the fp32 reference and the
+chunked fla op, varlen, states, graph capture (the one-launch v1 is checked by recipes/gdn_short_check.py)."""
 
 import random
 
@@ -115,10 +116,27 @@ def test_bf16_split_precisions_are_accepted_and_run_as_ieee_off_cuda():
     assert dot_precision("tf32x3", on_cuda=False) == "tf32x3"
 
 
+def test_gpu_checks_cover_the_op_shapes_states_and_dtypes_with_at_most_two_variants():
+    assert {c[0] for c in GPU_CASES} == set(GPU_SHAPES) and {c[1] for c in GPU_CASES} == set(TOL)
+    assert {c[2] for c in GPU_CASES} == {False, True} and len(GPU_CASES) <= 5
+    assert len(EXTRA_VARIANTS) <= 2
+    for variant in EXTRA_VARIANTS:
+        assert variant["precision"] != PRECISION and variant["num_stages"] == 1
+        check_short_shapes(torch.empty(1, 16, 128), torch.empty(1, 48, 128), variant["block_v"], CHUNK,
+                           variant["precision"], variant["num_warps"])
+
+
 # ------------------------------------------------------------------------------------------------------- GPU
 
 GPU_SHAPES = {"27b": (16, 48, 128, 128), "9b": (16, 32, 128, 128), "2b": (16, 16, 128, 128)}
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}  # max |err| / max |ref|, against the fp32 reference
+# (shape, dtype, state) of the op's GPU checks: each distinct dtype, state flag and GROUP == 1 (2B) is one more
+# Triton build, and builds dominate the file's time, so fp32 runs at one shape
+GPU_CASES = [("27b", torch.bfloat16, False), ("27b", torch.bfloat16, True), ("9b", torch.bfloat16, True),
+             ("2b", torch.bfloat16, True), ("27b", torch.float32, True)]
+# gdn_wy_forward variants beside the op's defaults (at most two: each is two more builds)
+EXTRA_VARIANTS = [dict(block_v=32, num_warps=8, prep_warps=8, num_stages=1, precision="ieee"),
+                  dict(block_v=32, num_warps=8, prep_warps=8, num_stages=1, precision="bf16x3")]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -132,9 +150,7 @@ def _check_against_reference(args, out, dtype=torch.bfloat16, tol=None):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("shape", list(GPU_SHAPES))
-@pytest.mark.parametrize("state", [False, True])
+@pytest.mark.parametrize("shape, dtype, state", GPU_CASES)
 def test_cuda_matches_reference_and_chunked_op(shape, dtype, state):
     lengths = ODD + random_lengths(random.Random(shape + str(state)), 3, hi=300)
     args = gdn_inputs(lengths, *GPU_SHAPES[shape], dtype=dtype, state=state, seed=9)
@@ -149,34 +165,14 @@ def test_cuda_matches_reference_and_chunked_op(shape, dtype, state):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("block_v, chunk, num_warps, precision", [
-    (64, 16, 4, "ieee"), (32, 32, 4, "ieee"), (128, 64, 8, "ieee"), (32, 16, 8, "tf32x3"), (64, 16, 4, "tf32"),
-])
-def test_cuda_kernel_variants_match_reference(block_v, chunk, num_warps, precision):
-    from hf_openjev.ops.gdn_short_triton import gdn_short_forward
-
-    args = gdn_inputs([107, 1, 64, 65], *GPU_SHAPES["27b"], dtype=torch.bfloat16, state=True, seed=3)
-    cuda = to_device(args, "cuda")
-    out = gdn_short_forward(*(cuda[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state")),
-                            block_v=block_v, chunk=chunk, num_warps=num_warps, precision=precision)
-    _check_against_reference(args, out, tol=3e-2 if precision == "tf32" else None)  # tf32: 10-bit inputs
-
-
-@pytest.mark.gpu
-@needs_cuda
-@pytest.mark.parametrize("block_v, num_warps, prep_warps, precision, native_gram", [
-    (32, 4, 4, "ieee", True), (16, 4, 8, "tf32x3", True), (64, 8, 4, "tf32x3", False), (32, 8, 8, "tf32", True),
-    (32, 8, 8, "bf16x3", True),
-])
-def test_cuda_two_launch_variants_match_reference(block_v, num_warps, prep_warps, precision, native_gram):
+@pytest.mark.parametrize("variant", EXTRA_VARIANTS, ids=lambda v: f"{v['precision']}-bv{v['block_v']}")
+def test_cuda_two_launch_variants_match_reference(variant):
     from hf_openjev.ops.gdn_wy_triton import gdn_wy_forward
 
     args = gdn_inputs([107, 1, 0, 64, 65, 200], *GPU_SHAPES["27b"], dtype=torch.bfloat16, state=True, seed=4)
     cuda = to_device(args, "cuda")
-    out = gdn_wy_forward(*(cuda[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state")),
-                         block_v=block_v, num_warps=num_warps, prep_warps=prep_warps, precision=precision,
-                         native_gram=native_gram)
-    _check_against_reference(args, out, tol=3e-2 if precision == "tf32" else None)  # tf32: 10-bit inputs
+    out = gdn_wy_forward(*(cuda[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state")), **variant)
+    _check_against_reference(args, out)
 
 
 @pytest.mark.gpu
