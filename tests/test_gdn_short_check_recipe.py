@@ -32,7 +32,7 @@ def test_variant_names_parse_and_the_defaults_are_within_the_kernel_limits(recip
         for name in names.split(","):
             options = recipe.parse_variant(name)
             check_short_shapes(torch.empty(1, 1, dk), torch.empty(1, 1, dv), options["block_v"], options["chunk"],
-                               options["precision"])
+                               options["precision"], options["num_warps"])
 
 
 def test_two_launch_variant_names_parse(recipe):
