@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from hf_openjev.ops.gdn_prefill_short import check_short_shapes, dot_precision
+from hf_openjev.ops.gdn_short_limits import check_short_shapes, dot_precision
 
 
 @triton.jit

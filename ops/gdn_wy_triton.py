@@ -22,7 +22,7 @@ With q, k L2-normalised (eps 1e-6), q scaled by Dk ** -0.5 and gc the inclusive 
 The Gram matrices k k^T and q k^T run on the raw inputs (``NATIVE``: bf16/fp16 tiles, fp32 accumulate, exact
 products on tensor cores) with the norms applied afterwards as row and column scales; without ``NATIVE`` (fp32
 inputs, or Triton's interpreter, which miscomputes bf16 ``tl.dot``) they are fp32 dots at ``precision``. Every
-other product is a ``tl.dot`` of fp32 tiles at ``precision`` (``gdn_prefill_short.PRECISIONS``), accumulating in
+other product is a ``tl.dot`` of fp32 tiles at ``precision`` (``gdn_short_limits.PRECISIONS``), accumulating in
 fp32; the state never leaves fp32.
 """
 
@@ -274,7 +274,7 @@ def gdn_wy_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_
     16-bit inputs on CUDA. ``num_stages``: Triton's software pipelining of the state walk's chunk loop (more
     stages prefetch the next chunk, at the cost of registers). Grids: prep (cdiv(T, 64) + N, Hv), state walk
     (Dv / block_v, Hv, N)."""
-    from hf_openjev.ops.gdn_prefill_short import check_short_shapes, dot_precision
+    from hf_openjev.ops.gdn_short_limits import check_short_shapes, dot_precision
 
     check_short_shapes(q, v, block_v, CHUNK, precision, num_warps)
     precision = dot_precision(precision, q.is_cuda)

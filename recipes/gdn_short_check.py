@@ -45,9 +45,9 @@ if not torch.cuda.is_available():
 
 from gpu_ops_check import graph_of, median_ms
 
-from hf_openjev.ops import gdn_prefill_short as short_op
 from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, to_device
 from hf_openjev.ops.gdn_prefill import gdn_prefill_reference
+from hf_openjev.ops.gdn_short_limits import check_short_shapes
 from hf_openjev.ops.varlen import prepare_varlen_metadata
 
 OPS = torch.ops.hf_openjev
@@ -289,7 +289,7 @@ def main() -> int:
     dk, dv = SHAPES["gpu" if device == "cuda" else "interpret"][2:]
     for name in names:
         options = parse_variant(name)
-        short_op.check_short_shapes(torch.empty(1, 1, dk), torch.empty(1, 1, dv), options["block_v"],
+        check_short_shapes(torch.empty(1, 1, dk), torch.empty(1, 1, dv), options["block_v"],
                                     options["chunk"], options["precision"], options["num_warps"])
     parts = ["solve", "op", *names] if device == "cuda" else ["solve", *names]  # on the CPU the op is the reference
     import triton

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_openjev.ops.gdn_prefill_short import check_short_shapes
+from hf_openjev.ops.gdn_short_limits import check_short_shapes
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
