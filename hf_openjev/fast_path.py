@@ -14,11 +14,11 @@ from collections.abc import Sequence
 
 import torch
 
+from .family import text_model_of
 from .fast_options import FastPathOptions
 from .packing.pack_context import build_pack_context
 from .packing.planner import plan_requests
 from .patches.cuda_graphs import graph_ready
-from .family import text_model_of
 from .patches.record import require_patches
 
 

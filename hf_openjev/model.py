@@ -22,11 +22,11 @@ from .checkpoint.backbone import load_backbone, make_head, read_export_config
 from .checkpoint.files import load_tokenizer
 from .checkpoint.manifest import ExportManifest, read_manifest
 from .checkpoint.package import read_base_text_config, read_package
+from .checkpoint.unmerged_lora import apply_lora_unmerged
 from .devices import check_device
 from .dtypes import resolve_dtype
 from .errors import CheckpointError
 from .family import check_family_member, is_test_package, package_names
-from .checkpoint.unmerged_lora import apply_lora_unmerged
 
 SERVED_ALIASES = ("open-jev", "jev-latest")
 
@@ -185,8 +185,8 @@ def load_reference(base_dir: str | Path, package_dir: str | Path, *, dtype="auto
                    max_length: int | None = None, allow_unknown_shape: bool = False) -> JevModel:
     """The published package + base directory as the unmerged PEFT reference model (fp32 adapter on the backbone).
     The base's shape must be an Open-Jev model's, as for :func:`load_export`, unless ``allow_unknown_shape``."""
-    from .tokenizer.chat import render_chat_halves
     from .checkpoint.manifest import check_max_length
+    from .tokenizer.chat import render_chat_halves
 
     check_device(device)
     base_dir = Path(base_dir)

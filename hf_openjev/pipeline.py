@@ -18,8 +18,8 @@ from transformers.pipelines import PIPELINE_REGISTRY
 from .dtypes import resolve_dtype
 from .fast_options import FastPathOptions, check_int
 from .model import JevModel, load_export
-from .work_tokens import DEFAULT_BATCH_TOKENS, split_by_tokens, task_cost
 from .scoring import build_answer, prepare_path, prepare_request, prepare_requests, score_prepared, use_fast_path
+from .work_tokens import DEFAULT_BATCH_TOKENS, split_by_tokens, task_cost
 
 TASK = "jev-decision"
 DEFAULT_INPUTS_PER_BATCH = 16  # requests per scoring call for a list, as hf-openjev eval's default

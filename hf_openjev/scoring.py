@@ -170,9 +170,8 @@ def score_prepared(model, prepared: Sequence[PreparedRequest], *, fast: bool | N
     with). ``batch_size``: candidates per reference forward; ``batch_tokens``: the padded size of one reference
     forward (default :data:`hf_openjev.work_tokens.DEFAULT_BATCH_TOKENS`). The reference path ignores
     ``options``, the fast path ``batch_size`` and ``batch_tokens`` (its callers bound what they give it)."""
-    from .work_tokens import DEFAULT_BATCH_TOKENS
-
     from .reference import score_reference
+    from .work_tokens import DEFAULT_BATCH_TOKENS
 
     path = "fast" if use_fast_path(model, fast) else "reference"
     if path == "fast":

@@ -8,8 +8,16 @@ apply_patches(model, FastPathOptions(share_tails=True))  # the model is set up f
 ```
 """
 
-from .record import (PatchRecord, apply_patches, patch_record, patched, read_graph_stats, read_options,
-                     require_patches, revert_patches)
+from .record import (
+                     PatchRecord,
+                     apply_patches,
+                     patch_record,
+                     patched,
+                     read_graph_stats,
+                     read_options,
+                     require_patches,
+                     revert_patches,
+)
 
 __all__ = ["PatchRecord", "apply_patches", "patch_record", "patched", "read_graph_stats",
            "read_options", "require_patches", "revert_patches"]

@@ -25,10 +25,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
 from benchlib.provenance import command_line, versions
 from benchlib.tables import save_table
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HEADS, KV_HEADS, HEAD_DIM = 24, 4, 256  # 27B full attention (docs/checkpoints.md)
 

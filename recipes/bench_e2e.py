@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from benchlib.groups import native_comparison_lines, table
 from benchlib.local_server import free_port
 from benchlib.provenance import command_line, git_commit, versions
@@ -110,8 +109,8 @@ def load_tokenizer(path: Path | None):
 
 def attach_tokenizer(model, tokenizer) -> None:
     """Give the random model ``tokenizer`` and the chat halves its template renders (Qwen3.5's own without one)."""
-    from hf_openjev.tokenizer.chat import render_chat_halves
     from hf_openjev.errors import CheckpointError
+    from hf_openjev.tokenizer.chat import render_chat_halves
 
     try:
         prefix, suffix = render_chat_halves(tokenizer)

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from benchlib.bench_fidelity import add_fidelity, configuration_name, open_oracle, start_fidelity
 from benchlib.bench_fp8 import add_fp8_arguments, check_fp8_arguments, quantize_for_fast_path
 from benchlib.bench_report import bench_stem, write_markdown
@@ -52,8 +51,14 @@ from benchlib.random_model import add_model_arguments, build_model, default_devi
 from benchlib.shapes import SHAPES, VOCAB  # noqa: F401  (SHAPES: the --shape choices, for callers of this script)
 from benchlib.timing import peak_gb, reset_peak, run_pass, summarize, time_single
 from benchlib.warmth import covers_every_shape, warmth_note
-from benchlib.workload import (ESTIMATED_MANIFEST, MANIFEST, add_manifest_argument, build_workload, check_manifest,
-                               manifest_identity)
+from benchlib.workload import (
+    ESTIMATED_MANIFEST,
+    MANIFEST,
+    add_manifest_argument,
+    build_workload,
+    check_manifest,
+    manifest_identity,
+)
 
 SHAPES_FILE = ESTIMATED_MANIFEST  # the fp32 oracles' workload (tests rebuild an oracle's requests from it)
 ARMS = ("A", "B", "C", "E", "A1", "B1")

@@ -24,7 +24,6 @@ import sys
 import time
 
 import torch
-
 from benchlib.provenance import command_line, git_commit
 from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES
@@ -43,9 +42,9 @@ def peak_rss_gb() -> float:
 
 
 def measure(shape: str, dtype: str) -> dict:
-    import hf_openjev  # noqa: F401 - registers the "jev-decision" task
     from transformers import pipeline
 
+    import hf_openjev  # noqa: F401 - registers the "jev-decision" task
     from hf_openjev.tokenizer.qwen_tokenizer import load_qwen_tokenizer
 
     started = time.perf_counter()

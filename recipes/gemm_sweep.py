@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from benchlib.provenance import command_line, versions
 from benchlib.shapes import SHAPES, gemm_shapes, layer_kinds
 from benchlib.tables import save_table

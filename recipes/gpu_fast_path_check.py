@@ -10,7 +10,6 @@ import time
 import traceback
 
 import torch
-
 from benchlib.random_model import build_model
 from benchlib.shapes import VOCAB
 from benchlib.workload import MANIFEST, build_workload

@@ -27,7 +27,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-
 from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
 from benchlib.timing import add_ms_to, sync

@@ -35,7 +35,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-
 from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES, TEMPERATURES, VOCAB
@@ -83,9 +82,8 @@ def stand_in_graphs(text_model):
 @contextmanager
 def timed_steps(times: dict[str, float]):
     """Wrap score_fast's steps so that each call adds its ms to ``times`` (restored on exit)."""
-    from hf_openjev.patches.cuda_graphs import PackGraphs
-
     from hf_openjev import fast_path
+    from hf_openjev.patches.cuda_graphs import PackGraphs
 
     saved = fast_path.plan_requests, fast_path.build_pack_context, PackGraphs.run
     fast_path.plan_requests = add_ms_to(times, "plan", saved[0])
@@ -185,8 +183,8 @@ def main(argv=None) -> int:
     if args.repeats < 1 or args.layers < 4 or args.layers % 4:
         parser.error("--repeats must be at least 1 and --layers a multiple of 4")
     indices = [int(x) for x in args.requests.split(",") if x]
-    from hf_openjev.patches import apply_patches, patch_record
     from hf_openjev.family import text_model_of
+    from hf_openjev.patches import apply_patches, patch_record
 
     torch.set_num_threads(1)
     SHAPES[SHAPE] = {**SHAPES[SHAPE], "num_hidden_layers": args.layers}

@@ -16,7 +16,6 @@ import random
 import sys
 
 import torch
-
 from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
 from benchlib.shapes import VOCAB
@@ -60,10 +59,10 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--patch-options", default="{}", help="JSON of FastPathOptions")
     args = parser.parse_args(argv)
+    from hf_openjev.family import text_model_of
     from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.fast_path import score_fast
     from hf_openjev.patches import apply_patches, revert_patches
-    from hf_openjev.family import text_model_of
 
     out, device, model = prepare_recipe(args)
     text_model = text_model_of(model)

@@ -29,16 +29,26 @@ import time
 from pathlib import Path
 
 import torch
-
 from benchlib.fla_binding import bind_fla
 from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES, VOCAB
 from benchlib.workload import ESTIMATED_MANIFEST, add_manifest_argument, build_workload, check_manifest_argument
 
-from hf_openjev.fidelity_check.gate import ORACLE_FORMAT, hash_tokens, load_oracle, verify_oracle_identity, weights_identity
-from hf_openjev.fidelity_check.oracle import (check_oracle_progress, exact_numerics, read_oracle_progress,
-                                              score_oracle_request, write_oracle)
+from hf_openjev.fidelity_check.gate import (
+    ORACLE_FORMAT,
+    hash_tokens,
+    load_oracle,
+    verify_oracle_identity,
+    weights_identity,
+)
+from hf_openjev.fidelity_check.oracle import (
+    check_oracle_progress,
+    exact_numerics,
+    read_oracle_progress,
+    score_oracle_request,
+    write_oracle,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -30,13 +30,17 @@ import sys
 from pathlib import Path
 
 import torch
-
 from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
 from benchlib.shapes import VOCAB
 from benchlib.timing import sync, time_fast_calls
-from benchlib.workload import (MANIFEST, add_manifest_argument, build_workload, check_manifest_argument,
-                               single_candidate_request)
+from benchlib.workload import (
+    MANIFEST,
+    add_manifest_argument,
+    build_workload,
+    check_manifest_argument,
+    single_candidate_request,
+)
 
 SHAPES_FILE = MANIFEST  # the default workload of --requests (--manifest)
 

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES
 

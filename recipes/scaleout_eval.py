@@ -29,15 +29,20 @@ import time
 from pathlib import Path
 
 import torch
-
 from benchlib.provenance import versions
 from benchlib.random_model import build_model
 from benchlib.shapes import SHAPES, VOCAB
 from benchlib.timing import sync
-from benchlib.workload import (MANIFEST, add_manifest_argument, build_workload, check_manifest_argument,
-                               manifest_identity)
+from benchlib.workload import (
+    MANIFEST,
+    add_manifest_argument,
+    build_workload,
+    check_manifest_argument,
+    manifest_identity,
+)
 
 from hf_openjev.contract import KINDS
+
 
 def workload_tasks(work, *, manifest: Path = MANIFEST) -> tuple[list, dict]:
     """(Tasks, (tier, id) -> (PreparedRequest, 0.0)) of bench_jevbench workload items, as eval's loop takes them:

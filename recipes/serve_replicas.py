@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from benchlib.closed_loop import closed_loop
 from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, build_model

@@ -13,9 +13,9 @@ candidate (tails under tails, no state handed on).
 
 from __future__ import annotations
 
-from hf_openjev.packing.layout_steps import ExternalBlocks
-
 from aligned_plans import plan_requests  # the aligned layout these plans describe (tails: TAILS)
+
+from hf_openjev.packing.layout_steps import ExternalBlocks
 
 STATE = list(range(100, 180))  # 80 tokens
 CANDIDATES = [[[STATE + [7, 8, 9], STATE + [5, 6]]]]

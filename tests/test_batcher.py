@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_openjev.serve.batcher import Batcher, BatcherClosed, QueueFull
 from hf_openjev.errors import InferenceError
+from hf_openjev.serve.batcher import Batcher, BatcherClosed, QueueFull
 
 
 @dataclass

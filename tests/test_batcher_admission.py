@@ -7,10 +7,10 @@ import asyncio
 import threading
 from types import SimpleNamespace
 
+from test_batcher import Scorer, request
+
 from hf_openjev.serve.batcher import Batcher, QueueFull
 from hf_openjev.serve.batching_policy import FairQueue
-
-from test_batcher import Scorer, request
 
 
 def _item(client, tokens, t):

@@ -11,8 +11,8 @@ import pytest
 import torch
 from repo_data import load_recipe
 
-from hf_openjev.fidelity_check.gate import ORACLE_FORMAT, weights_identity
 from hf_openjev.fidelity_check import entries_from_responses, items_from_workload, judge_against_oracle
+from hf_openjev.fidelity_check.gate import ORACLE_FORMAT, weights_identity
 
 
 @pytest.fixture(scope="module")

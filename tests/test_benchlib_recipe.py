@@ -15,7 +15,7 @@ KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_
 
 def test_the_family_shapes_and_their_temperatures():
     load_recipe("bench_jevbench")  # recipes/ on the path
-    from benchlib.shapes import SHAPES, TEMPERATURES, T27, layer_kinds
+    from benchlib.shapes import SHAPES, T27, TEMPERATURES, layer_kinds
 
     assert tuple(SHAPES["9b"][k] for k in KEYS) == (4096, 12288, 32, 16, 4, 16, 32)  # the native server's check
     assert tuple(SHAPES["2b"][k] for k in KEYS) == (2048, 6144, 24, 8, 2, 16, 16)

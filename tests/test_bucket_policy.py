@@ -11,12 +11,12 @@ from repo_data import load_recipe, repo_path
 from hf_openjev.family import MEMBERS, text_config_of
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.packing import pack_context as pc
-from hf_openjev.packing.naive_layout import build_naive_pack_context
 from hf_openjev.packing.bucket_policy import BucketPolicy, bucket_policy_for, table_policy
 from hf_openjev.packing.gemm_costs import GEMM_COSTS
 from hf_openjev.packing.graph_buckets import bucket_sequences, bucket_tokens, chunks, pad_level
 from hf_openjev.packing.layout import lay_out_template
 from hf_openjev.packing.layout_cache import TEMPLATES
+from hf_openjev.packing.naive_layout import build_naive_pack_context
 from hf_openjev.packing.planner import plan_requests
 
 torch.set_num_threads(1)
@@ -176,8 +176,8 @@ def test_score_fast_lays_packs_out_with_the_records_policy(tiny_model, monkeypat
 
 def test_packs_padded_under_a_policy_give_the_same_rows(tiny_checkpoint):
     from hf_openjev import load_export
-    from hf_openjev.patches import apply_patches, revert_patches
     from hf_openjev.family import text_model_of
+    from hf_openjev.patches import apply_patches, revert_patches
 
     model = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")
     apply_patches(model)

@@ -9,8 +9,15 @@ import re
 import pytest
 from repo_data import REPO, load_recipe, repo_path
 
-from hf_openjev.contract import (DIFFERING_READINGS, KIND_NAMES, KINDS, NEAR_TIE_MARGIN, answers_from_scores,
-                                 first_argmax, parse_request)
+from hf_openjev.contract import (
+    DIFFERING_READINGS,
+    KIND_NAMES,
+    KINDS,
+    NEAR_TIE_MARGIN,
+    answers_from_scores,
+    first_argmax,
+    parse_request,
+)
 from hf_openjev.eval import metrics
 from hf_openjev.export.verify import _flat_probabilities
 from hf_openjev.fidelity_check.gate import find_flip, probabilities_from_response

@@ -6,18 +6,17 @@ import random
 
 import pytest
 import torch
+from aligned_plans import plan_requests  # dict() below: the aligned layout; tails are asked for
 
 from hf_openjev import load_export
+from hf_openjev.checkpoint.tiny import tiny_text_config
+from hf_openjev.export.tiny import build_tiny_checkpoint
+from hf_openjev.family import text_model_of
 from hf_openjev.fast_options import DENSE_ATTENTION_TOKENS, FastPathOptions
-from hf_openjev.patches import apply_patches, patch_record, read_options, revert_patches
 from hf_openjev.packing.layout_steps import SegmentState
 from hf_openjev.packing.pack_context import build_pack_context, move_inputs
-from hf_openjev.family import text_model_of
 from hf_openjev.packing.planner import Pack
-from hf_openjev.export.tiny import build_tiny_checkpoint
-from hf_openjev.checkpoint.tiny import tiny_text_config
-
-from aligned_plans import plan_requests  # dict() below: the aligned layout; tails are asked for
+from hf_openjev.patches import apply_patches, patch_record, read_options, revert_patches
 
 torch.set_num_threads(1)
 

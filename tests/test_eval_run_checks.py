@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
+from repo_data import JEVBENCH_EASY as EASY
 
 import hf_openjev.cli as cli
 from hf_openjev.errors import UsageError
 from hf_openjev.eval import evaluate as ev
 from hf_openjev.eval.evaluate import EvalInputError, evaluate
 from hf_openjev.eval.run_checks import drop_torn_records
-from repo_data import JEVBENCH_EASY as EASY
 
 CPU = {"device": "cpu", "progress": False}
 

@@ -24,8 +24,8 @@ from repo_data import JEVBENCH_EASY as EASY
 
 from hf_openjev.eval import evaluate as ev
 from hf_openjev.eval.sharding import rank_results_files, shard_by_tokens
-from hf_openjev.work_tokens import task_cost
 from hf_openjev.scoring import PreparedRequest
+from hf_openjev.work_tokens import task_cost
 
 CPU = {"device": "cpu", "dtype": "float32", "progress": False, "batch_size": 1}
 TESTS = Path(__file__).resolve().parent

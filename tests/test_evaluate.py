@@ -9,13 +9,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from repo_data import JEVBENCH_EASY as EASY
 
 from hf_openjev.eval import cli as eval_cli
 from hf_openjev.eval import evaluate as ev
-from hf_openjev.eval.tasks import task_from_row
 from hf_openjev.eval.evaluate import EvalInputError, evaluate
+from hf_openjev.eval.tasks import task_from_row
 
-from repo_data import JEVBENCH_EASY as EASY
 TOL = 1e-12
 CPU = {"device": "cpu", "dtype": "float32", "progress": False}
 

@@ -6,18 +6,24 @@ import shutil
 
 import pytest
 import torch
+from export_tensors import bits as _bits
+from export_tensors import stored_tensors as _tensors
 from safetensors.torch import load_file, save_file
 
 from hf_openjev.checkpoint.files import base_weight_files
+from hf_openjev.checkpoint.fp8_scheme import (
+    FP8_EXPORT_FORMAT,
+    GDN_IN_BF16,
+    QUANTIZABLE,
+    read_fp8_quantization,
+    target_of,
+)
+from hf_openjev.checkpoint.manifest import read_manifest
 from hf_openjev.errors import CheckpointError
+from hf_openjev.export.merge import merge_lora
 from hf_openjev.fp8 import quantize as fp8_export
 from hf_openjev.fp8.quantize import quantize_export
-from hf_openjev.export.merge import merge_lora
-from hf_openjev.checkpoint.fp8_scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, read_fp8_quantization, target_of
-from hf_openjev.checkpoint.manifest import read_manifest
 from hf_openjev.ops.fp8_linear import dequantize_weight, quantize_weight_per_channel
-
-from export_tensors import bits as _bits, stored_tensors as _tensors
 
 E4M3 = torch.float8_e4m3fn
 NEVER = ("embed_tokens", "norm", "in_proj_a", "in_proj_b", "conv1d", "A_log", "dt_bias")

@@ -12,16 +12,23 @@ import socket
 from types import SimpleNamespace
 
 import pytest
+from serve_cli_args import forbid_loading
 
 from hf_openjev import cli
+from hf_openjev.checkpoint.manifest import MANIFEST_NAME
 from hf_openjev.errors import CheckpointError
 from hf_openjev.export.merge import merge_lora
-from hf_openjev.family import (MEMBERS, ModelShape, backbone_parameters, check_export_shape, check_family_member,
-                               member_with_shape, shape_of, text_config_of)
-from hf_openjev.checkpoint.manifest import MANIFEST_NAME
+from hf_openjev.family import (
+    MEMBERS,
+    ModelShape,
+    backbone_parameters,
+    check_export_shape,
+    check_family_member,
+    member_with_shape,
+    shape_of,
+    text_config_of,
+)
 from hf_openjev.model import load_export, load_reference
-
-from serve_cli_args import forbid_loading
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 

@@ -21,19 +21,18 @@ import types
 
 import pytest
 import torch
+from aligned_plans import ALIGNED
 from transformers import Qwen3_5TextModel
 
-from hf_openjev.contract import answers_from_scores, parse_request
-from hf_openjev.checkpoint.manifest import ExportManifest
-from hf_openjev.model import JevModel
 from hf_openjev.checkpoint.backbone import make_head
-from hf_openjev.fast_options import FastPathOptions
-from hf_openjev.patches import apply_patches, patch_record, read_options
-from hf_openjev.packing.planner import plan_requests
-from hf_openjev.scoring import PreparedRequest, build_answer, score_prepared, use_fast_path
+from hf_openjev.checkpoint.manifest import ExportManifest
 from hf_openjev.checkpoint.tiny import tiny_text_config
-
-from aligned_plans import ALIGNED
+from hf_openjev.contract import answers_from_scores, parse_request
+from hf_openjev.fast_options import FastPathOptions
+from hf_openjev.model import JevModel
+from hf_openjev.packing.planner import plan_requests
+from hf_openjev.patches import apply_patches, patch_record, read_options
+from hf_openjev.scoring import PreparedRequest, build_answer, score_prepared, use_fast_path
 
 torch.set_num_threads(1)
 
@@ -534,8 +533,8 @@ def test_the_packed_forward_compiles_without_graph_breaks(case):
     """The plugin's promise to torch.compile: the patched text model's forward over one pack context traces as ONE
     graph (``fullgraph=True``: the custom ops with their fake implementations, the context's metadata) and gives
     the eager rows, and the same exported states, within fp32 rounding."""
-    from hf_openjev.packing.pack_context import build_pack_context
     from hf_openjev.family import text_model_of
+    from hf_openjev.packing.pack_context import build_pack_context
 
     model = build_model("l4-h64", 3)
     apply_patches(model)

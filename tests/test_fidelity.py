@@ -12,8 +12,17 @@ import pytest
 import torch
 
 from hf_openjev.fidelity_check import gate as fidelity
-from hf_openjev.fidelity_check.gate import (FidelityStats, compare_with_oracle, describe_request, find_flip, hash_tokens,
-                                 hash_weights, passes_gate, select_requests, verify_oracle_identity)
+from hf_openjev.fidelity_check.gate import (
+    FidelityStats,
+    compare_with_oracle,
+    describe_request,
+    find_flip,
+    hash_tokens,
+    hash_weights,
+    passes_gate,
+    select_requests,
+    verify_oracle_identity,
+)
 
 
 def entry(rid, kind, probs, **extra):
@@ -189,10 +198,10 @@ def tiny_jev_model():
     """A tiny random JevModel with bf16-stored weights (fp32 head), long GDN memory, non-zero norms."""
     from transformers import Qwen3_5TextModel
 
-    from hf_openjev.checkpoint.manifest import ExportManifest
-    from hf_openjev.model import JevModel
     from hf_openjev.checkpoint.backbone import make_head
+    from hf_openjev.checkpoint.manifest import ExportManifest
     from hf_openjev.checkpoint.tiny import tiny_text_config
+    from hf_openjev.model import JevModel
 
     torch.manual_seed(3)
     backbone = Qwen3_5TextModel(tiny_text_config(vocab_size=300, hidden_size=64, num_layers=4)).eval()

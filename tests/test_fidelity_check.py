@@ -11,15 +11,14 @@ import pytest
 import torch
 from repo_data import JEVBENCH_EASY, load_recipe
 
+from hf_openjev.checkpoint.tiny import tiny_text_config
 from hf_openjev.cli import main
 from hf_openjev.errors import UsageError
 from hf_openjev.export.tiny import build_tiny_checkpoint
-from hf_openjev.fidelity_check.gate import hash_tokens, hash_weights
 from hf_openjev.fidelity_check import check_fidelity
 from hf_openjev.fidelity_check import oracle as oracle_module
-from hf_openjev.fidelity_check.placement import (choose_oracle_placement, estimate_oracle_seconds,
-                                                 plan_device_map)
-from hf_openjev.checkpoint.tiny import tiny_text_config
+from hf_openjev.fidelity_check.gate import hash_tokens, hash_weights
+from hf_openjev.fidelity_check.placement import choose_oracle_placement, estimate_oracle_seconds, plan_device_map
 from hf_openjev.fidelity_check.workload import build_workload
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -58,9 +57,9 @@ def refuse_loading(monkeypatch):
 
 
 def test_the_oracle_is_fp32_one_candidate_at_a_time_on_the_stored_weights(first_run, export, spec):
+    from hf_openjev.eval.tasks import load_tasks, resolve_inputs
     from hf_openjev.model import load_export
     from hf_openjev.scoring import prepare_request
-    from hf_openjev.eval.tasks import load_tasks, resolve_inputs
 
     out, report = first_run
     oracle = json.loads((out / "oracle_export.json").read_text())
@@ -295,8 +294,8 @@ def test_the_benchmarks_oracle_is_reused_on_an_export_of_its_random_weights(tmp_
     weights: the fingerprints agree, nothing is scored again, and B's row is the benchmark's own B against it."""
     from test_oracle_recipe import run_oracle
 
-    from hf_openjev.fidelity_check.gate import compare_with_oracle, select_requests
     from hf_openjev.fidelity_check import entries_from_responses, items_from_workload
+    from hf_openjev.fidelity_check.gate import compare_with_oracle, select_requests
 
     assert run_oracle(["--shape", "tiny", "--limit", "2", "--out", str(tmp_path)]) == 0
     bench_oracle = tmp_path / "oracle_tiny.json"

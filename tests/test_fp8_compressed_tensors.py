@@ -8,13 +8,17 @@ import warnings
 
 import pytest
 import torch
-from compressed_tensors.quantization import (QuantizationConfig, QuantizationStatus, apply_quantization_config,
-                                             preset_name_to_scheme)
+from compressed_tensors.quantization import (
+    QuantizationConfig,
+    QuantizationStatus,
+    apply_quantization_config,
+    preset_name_to_scheme,
+)
 from safetensors.torch import load_file
 from transformers import CompressedTensorsConfig, Qwen3_5TextConfig, Qwen3_5TextModel
 
-from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.checkpoint.fp8_scheme import ALL_TARGETS, GDN_IN_BF16
+from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.fp8.state import load_fp8_state_dict
 
 VARIANTS = {"all": ALL_TARGETS, "gdn-bf16": GDN_IN_BF16}

@@ -22,25 +22,25 @@ import time
 import httpx
 import pytest
 import torch
+from conftest import random_token_requests as _requests
+from export_tensors import bits as _bits
+from export_tensors import stored_tensors as _tensors
+from serve_cli_args import forbid_loading, serve_parser
 
 import hf_openjev
+from hf_openjev.checkpoint.fp8_scheme import resolve_fp8_targets
 from hf_openjev.errors import CheckpointError, UsageError
-from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.fast_path import score_fast
-from hf_openjev.checkpoint.fp8_scheme import resolve_fp8_targets
+from hf_openjev.fp8 import swap as fp8_swap
+from hf_openjev.fp8.linear import Fp8Linear
+from hf_openjev.fp8.quantize import quantize_export
+from hf_openjev.fp8.swap import fp8_modules, quantize_model_fp8
 from hf_openjev.model import JevModel, load_export
 from hf_openjev.ops.fp8_linear import FP8_DTYPE
 from hf_openjev.patches import apply_patches, read_options
-from hf_openjev.fp8 import swap as fp8_swap
-from hf_openjev.fp8.linear import Fp8Linear
-from hf_openjev.fp8.swap import fp8_modules, quantize_model_fp8
 from hf_openjev.scoring import answer_requests
 from hf_openjev.serve import cli as serve_cli
-
-from conftest import random_token_requests as _requests
-from export_tensors import bits as _bits, stored_tensors as _tensors
-from serve_cli_args import forbid_loading, serve_parser
 
 SWAPPED = {"all": 25, "no-gdn": 16}  # Fp8Linear modules of the tiny model per mode
 FP8_EFFECT = 1e-3  # |Δp| that FP8 itself moves at least one probability of the tiny model by (checked below)

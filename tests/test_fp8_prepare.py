@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 import hf_openjev.fp8.prepare as prepare_module
+from hf_openjev.checkpoint.fp8_scheme import resolve_fp8_targets
 from hf_openjev.errors import UsageError
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.fp8 import prepare_model_for_fp8
 from hf_openjev.fp8.linear import Fp8Linear
-from hf_openjev.checkpoint.fp8_scheme import resolve_fp8_targets
 from hf_openjev.fp8.swap import fp8_modules
 from hf_openjev.model import load_export
 from hf_openjev.patches import apply_patches

@@ -21,26 +21,26 @@ import weakref
 
 import pytest
 import torch
+from conftest import random_token_requests as _requests
+from export_tensors import bits as _bits
+from export_tensors import stored_tensors as _tensors
 from repo_data import load_recipe
 from torch import nn
 
 import hf_openjev
+from hf_openjev.checkpoint.fp8_scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, resolve_fp8_targets, target_of
 from hf_openjev.errors import CheckpointError
-from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.fast_path import score_fast
-from hf_openjev.checkpoint.fp8_scheme import FP8_EXPORT_FORMAT, GDN_IN_BF16, QUANTIZABLE, resolve_fp8_targets, target_of
-from hf_openjev.fp8.state import load_fp8_state_dict
-from hf_openjev.ops.fp8_linear import FP8_DTYPE, quantize_weight_per_channel
-from hf_openjev.patches import apply_patches, patch_record, read_options, revert_patches
 from hf_openjev.fp8 import swap as fp8_swap
 from hf_openjev.fp8.linear import Fp8Linear, quantize_linear
+from hf_openjev.fp8.quantize import quantize_export
+from hf_openjev.fp8.state import load_fp8_state_dict
 from hf_openjev.fp8.swap import fp8_modules, quantize_model_fp8
+from hf_openjev.ops.fp8_linear import FP8_DTYPE, quantize_weight_per_channel
+from hf_openjev.patches import apply_patches, patch_record, read_options, revert_patches
 from hf_openjev.patches.stacked_projections import GROUPS, STACKED_ATTRIBUTE, projections, stack_projections
 from hf_openjev.reference import score_reference
-
-from conftest import random_token_requests as _requests
-from export_tensors import bits as _bits, stored_tensors as _tensors
 
 torch.set_num_threads(1)
 QDQ_SCORE_TOLERANCE = 0.05  # |Δscore|, fast FP8 vs plain quantize-dequantize, when an e4m3 rounding flips

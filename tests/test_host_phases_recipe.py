@@ -9,9 +9,8 @@ from repo_data import load_recipe
 def test_the_graph_paths_host_phases_are_timed_and_the_wrappers_removed(tmp_path):
     torch.set_num_threads(1)
     recipe = load_recipe("host_phases")
-    from hf_openjev.patches.cuda_graphs import PackGraphs
-
     from hf_openjev import fast_path
+    from hf_openjev.patches.cuda_graphs import PackGraphs
 
     originals = (fast_path.plan_requests, fast_path.build_pack_context, PackGraphs.run)
     assert recipe.main(["--layers", "4", "--requests", "0", "--repeats", "3", "--out", str(tmp_path)]) == 0

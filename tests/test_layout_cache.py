@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from same_layouts import assert_same_context
 
 from hf_openjev.packing import naive_layout as nl
 from hf_openjev.packing import pack_context as pc
@@ -13,8 +14,6 @@ from hf_openjev.packing.layout_cache import TEMPLATES, TemplateCache, shape_key
 from hf_openjev.packing.pack_context import build_pack_context
 from hf_openjev.packing.planner import plan_requests
 from hf_openjev.patches.cuda_graphs import copy_inputs
-
-from same_layouts import assert_same_context
 
 torch.set_num_threads(1)
 

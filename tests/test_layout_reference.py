@@ -15,6 +15,7 @@ import random
 
 import pytest
 import torch
+from same_layouts import assert_same_context, assert_same_template
 
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.packing import naive_layout as nl
@@ -24,8 +25,6 @@ from hf_openjev.packing.layout_cache import TEMPLATES, fill_template
 from hf_openjev.packing.layout_steps import SegmentState, index_external
 from hf_openjev.packing.pack_context import PackContext, attach_external_states, build_pack_context
 from hf_openjev.packing.planner import plan_requests
-
-from same_layouts import assert_same_context, assert_same_template
 
 torch.set_num_threads(1)
 

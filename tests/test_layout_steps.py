@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import pytest
+from aligned_plans import plan_requests
+from small_plans import NESTED, NO_EXTERNAL, SPLIT, STATE, TAILS, TWO
 
 from hf_openjev.packing import layout_steps as steps
 from hf_openjev.packing.graph_buckets import bucket_sequences
 from hf_openjev.packing.naive_layout import lay_out_levels
 from hf_openjev.packing.planner import Pack
-
-from aligned_plans import plan_requests
-from small_plans import NESTED, NO_EXTERNAL, SPLIT, STATE, TAILS, TWO
 
 
 def test_the_plans_are_the_ones_described():

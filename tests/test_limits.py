@@ -26,10 +26,10 @@ def test_bad_slice_and_deadline_values_are_refused_naming_their_option(field, va
 
 
 def test_serve_passes_slice_tokens_and_group_deadline_in_its_limits(monkeypatch):
+    from serve_cli_args import serve_parser
+
     from hf_openjev.serve import cli as serve_cli
     from hf_openjev.serve import startup
-
-    from serve_cli_args import serve_parser
 
     seen = {}
     monkeypatch.setattr(startup, "serve", lambda model_dir, **kw: seen.update(kw) or 0)

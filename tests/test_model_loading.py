@@ -9,17 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import hf_openjev
 from hf_openjev import CheckpointError, JevModel, load_export, load_reference
-from hf_openjev.tokenizer.chat import render_chat_halves
 from hf_openjev.checkpoint.manifest import MANIFEST_NAME
-from hf_openjev.reference import score_reference
 from hf_openjev.checkpoint.tiny import TINY_MODEL_ID, TINY_TEMPERATURE, build_tiny_tokenizer
-
-from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX
+from hf_openjev.reference import score_reference
+from hf_openjev.tokenizer.chat import render_chat_halves
 
 TEXTS = ["Context:\nhello\n\nQuestion: yes?\n", "a", "Über naïve café 🙂 " * 5]
 

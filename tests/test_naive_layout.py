@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import torch
+from small_plans import NO_EXTERNAL, SPLIT, TAILS, TWO
 
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.packing import naive_layout as nl
 from hf_openjev.packing.graph_buckets import bucket_tokens, pad_level
 from hf_openjev.packing.layout_steps import SegmentState, StateBank, find_anchors, group_levels, index_external
-
-from small_plans import NO_EXTERNAL, SPLIT, TAILS, TWO
 
 # --- prefix routing -----------------------------------------------------------------------------------------------
 

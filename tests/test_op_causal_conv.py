@@ -6,12 +6,11 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import random_lengths
 from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn, causal_conv1d_update
 
 from hf_openjev.ops._checks import capture_replay, conv_inputs, max_errors, split_lengths, to_device
 from hf_openjev.ops.causal_conv import causal_conv1d_packed_reference, causal_conv1d_packed_torch
-
-from conftest import random_lengths
 
 OP = torch.ops.hf_openjev.causal_conv1d_packed
 C, K = 37, 4

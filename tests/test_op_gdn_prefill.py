@@ -4,6 +4,7 @@ import random
 
 import pytest
 import torch
+from conftest import random_lengths
 from transformers.models.qwen3_5.modeling_qwen3_5 import (
     torch_chunk_gated_delta_rule,
     torch_recurrent_gated_delta_rule,
@@ -12,8 +13,6 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, split_lengths, to_device
 from hf_openjev.ops.gdn_prefill import _per_sequence, gdn_prefill_reference
 from hf_openjev.ops.varlen import prepare_varlen_metadata
-
-from conftest import random_lengths
 
 OP = torch.ops.hf_openjev.gdn_prefill
 HK, HV, DK, DV = 2, 6, 16, 12  # Hv = 3 * Hk, odd-ish head dims

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from conftest import random_lengths
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, to_device
@@ -13,8 +14,6 @@ from hf_openjev.ops.gdn_prefill import gdn_prefill_reference
 from hf_openjev.ops.gdn_prefill_short import BLOCK_V, CHUNK, PRECISION, SHORT_GDN_MAX_TOKENS, use_short_gdn
 from hf_openjev.ops.gdn_short_limits import check_short_shapes, dot_precision
 from hf_openjev.ops.varlen import prepare_varlen_metadata
-
-from conftest import random_lengths
 
 OP = torch.ops.hf_openjev.gdn_prefill_short
 CHUNKED = torch.ops.hf_openjev.gdn_prefill

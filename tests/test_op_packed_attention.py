@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import random_lengths
 from transformers.models.qwen3_5.modeling_qwen3_5 import eager_attention_forward
 
 from hf_openjev.ops import packed_attention as pa
@@ -17,8 +18,6 @@ from hf_openjev.ops._checks import (
     split_lengths,
     to_device,
 )
-
-from conftest import random_lengths
 
 PACKED, PREFIX = torch.ops.hf_openjev.packed_attention, torch.ops.hf_openjev.prefix_attention
 CAUSAL = torch.ops.hf_openjev.causal_attention

@@ -5,6 +5,8 @@ tests/test_layout_reference.py."""
 from __future__ import annotations
 
 import torch
+from same_layouts import assert_same_context
+from small_plans import NO_EXTERNAL, SPLIT, TAILS, TWO
 
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.packing import naive_layout as nl
@@ -12,9 +14,6 @@ from hf_openjev.packing import pack_context as pc
 from hf_openjev.packing.layout_cache import TEMPLATES
 from hf_openjev.packing.layout_steps import SegmentState
 from hf_openjev.packing.planner import plan_requests
-
-from same_layouts import assert_same_context
-from small_plans import NO_EXTERNAL, SPLIT, TAILS, TWO
 
 
 def test_build_pack_context_gives_the_steps_results():

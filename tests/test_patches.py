@@ -13,13 +13,13 @@ from transformers import pipeline
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 
 import hf_openjev
+from hf_openjev.family import text_model_of
 from hf_openjev.fast_options import FastPathOptions
+from hf_openjev.packing.planner import plan_requests
 from hf_openjev.patches import PatchRecord, apply_patches, patch_record, patched, revert_patches
 from hf_openjev.patches.final_row_mlp import PackedDecoderLayer, PackedTextModel
 from hf_openjev.patches.packed_candidates import PackedAttention, PackedGatedDeltaNet
-from hf_openjev.family import text_model_of
 from hf_openjev.patches.record import RECORD_ATTRIBUTE, check_transformers_version
-from hf_openjev.packing.planner import plan_requests
 from hf_openjev.scoring import answer_requests, prepare_request
 
 torch.set_num_threads(1)

@@ -9,15 +9,14 @@ import sys
 
 import pytest
 import torch
+from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, independent_score, spec_prompts, spec_softmax
+from repo_data import JEVBENCH_EASY as JEVBENCH
 from transformers import pipeline
 
 import hf_openjev
 from hf_openjev import InferenceError, JevDecisionPipeline, JevModel, RequestError
 from hf_openjev.checkpoint.tiny import TINY_MODEL_ID, TINY_TEMPERATURE
 
-from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, independent_score, spec_prompts, spec_softmax
-
-from repo_data import JEVBENCH_EASY as JEVBENCH
 RESPONSE_KEYS = ["model", "answers", "usage", "metadata"]
 METADATA_KEYS = ["method", "temperature", "candidate_sequences", "inference_seconds", "max_length", "base_revision",
                  "prefix_cache"]
@@ -497,8 +496,8 @@ def test_on_the_reference_path_batch_size_alone_keeps_its_answers(jev, tiny_mode
 
 def test_a_fast_path_plan_is_bounded_by_tokens_too(fast_jev, monkeypatch):
     import hf_openjev.pipeline as pipeline_module
-    from hf_openjev.work_tokens import task_cost
     from hf_openjev.scoring import prepare_request
+    from hf_openjev.work_tokens import task_cost
 
     requests = [REQUEST, GOOD, {"state": "other", "questions": REQUEST["questions"]}]
     costs = [task_cost(prepare_request(fast_jev.model, r), "fast") for r in requests]

@@ -11,12 +11,19 @@ import random
 
 import pytest
 import torch
+from aligned_plans import ALIGNED, build_tree, plan_requests  # most tests here describe the aligned layout
 
 from hf_openjev.packing import planner
-from hf_openjev.packing.planner import (ALIGN, DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, Pack, Plan, Segment,
-                                        common_prefix_length, shareable_length)
-
-from aligned_plans import ALIGNED, build_tree, plan_requests  # most tests here describe the aligned layout
+from hf_openjev.packing.planner import (
+    ALIGN,
+    DEFAULT_MAX_SEQUENCES,
+    DEFAULT_MAX_TOKENS,
+    Pack,
+    Plan,
+    Segment,
+    common_prefix_length,
+    shareable_length,
+)
 
 DEFAULT_MIN_SHARED_TOKENS = ALIGNED["min_shared_tokens"]
 

@@ -12,12 +12,19 @@ import time
 import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
 from hf_openjev.contract import EXACT_COUNT_CHARS, parse_request, tokenize_candidates
 from hf_openjev.errors import RequestError
-from hf_openjev.tokenizer.prefix_cuts import (GPT2_PATTERN, KNOWN_PATTERNS, LLAMA3_PATTERN, QWEN2_PATTERN,
-                                            QWEN35_PATTERN, explain_unclean, find_clean_cut)
+from hf_openjev.tokenizer.prefix_cuts import (
+    GPT2_PATTERN,
+    KNOWN_PATTERNS,
+    LLAMA3_PATTERN,
+    QWEN2_PATTERN,
+    QWEN35_PATTERN,
+    explain_unclean,
+    find_clean_cut,
+)
 from hf_openjev.tokenizer.tokenizer_analysis import prove_clean_cuts
-from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
 
 CORPUS = ["The customer's order isn't here; they'd like a refund (order #12345) by Friday!!",
           "Über naïve café — 日本語のテキスト, emoji 🙂 and numbers 0123456789.",

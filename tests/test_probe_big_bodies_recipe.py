@@ -4,7 +4,6 @@ a flood for a minute: ``tests/test_server_abuse.py`` runs its flood against an i
 import json
 
 import pytest
-
 from repo_data import load_recipe
 
 probe = load_recipe("probe_big_bodies")

@@ -5,13 +5,12 @@ small write timeout), its summary, its results files and its bounds (the probe i
 import json
 
 import pytest
-
-from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
-from hf_openjev.serve.app import create_app
-from hf_openjev.serve.startup import _uvicorn_config
-
 from live_server import listening_socket, serving
 from repo_data import load_recipe
+
+from hf_openjev.serve.app import create_app
+from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
+from hf_openjev.serve.startup import _uvicorn_config
 
 probe = load_recipe("probe_slow_readers")
 

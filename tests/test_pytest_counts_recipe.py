@@ -6,7 +6,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from repo_data import REPO
 
 SCRIPT = REPO / "recipes" / "pytest_counts.sh"

@@ -9,13 +9,12 @@ import json
 import sys
 
 import pytest
+from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, golden_ids
 
 import hf_openjev.tokenizer.qwen_tokenizer as qt
 from hf_openjev import contract
-from hf_openjev.tokenizer.chat import render_chat_halves
 from hf_openjev.errors import UsageError
-
-from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, golden_ids
+from hf_openjev.tokenizer.chat import render_chat_halves
 
 HINDI = "नमस्ते दुनिया"  # Devanagari vowel signs are \p{M}: Qwen3.5's regex keeps them with their letters
 TEXTS = [

@@ -8,16 +8,15 @@ import json
 import random
 
 import pytest
+from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, golden_ids
 from starlette.testclient import TestClient
 
 from hf_openjev.contract import parse_request
 from hf_openjev.errors import RequestError
-from hf_openjev.tokenizer.prefix_cuts import find_clean_cut
-from hf_openjev.tokenizer.tokenizer_analysis import prove_clean_cuts
-from hf_openjev.tokenizer.qwen_tokenizer import QWEN35_EMBEDDING_ROWS
 from hf_openjev.scoring import answer_requests, tokenize_request
-
-from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, golden_ids
+from hf_openjev.tokenizer.prefix_cuts import find_clean_cut
+from hf_openjev.tokenizer.qwen_tokenizer import QWEN35_EMBEDDING_ROWS
+from hf_openjev.tokenizer.tokenizer_analysis import prove_clean_cuts
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import independent_score
 
 from hf_openjev import load_export
 from hf_openjev.reference import DEFAULT_BATCH_SIZE, score_reference
-
-from conftest import independent_score
 
 # odd lengths, a length-1 sequence, lengths on both sides of the 64-token GDN chunk
 LENGTHS = [1, 3, 7, 17, 33, 63, 65, 70, 5, 129, 2, 11, 64, 31]

@@ -10,11 +10,11 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from test_batcher import Replica, ReplicaScorer, _submit_all, expected_scores, request
 
 from hf_openjev.errors import InferenceError
 from hf_openjev.serve.batcher import Batcher
 from hf_openjev.serve.replica_health import HealthPolicy, ReplicaHealth, check_finite_scores
-from test_batcher import Replica, ReplicaScorer, _submit_all, expected_scores, request
 
 
 class NanScorer(ReplicaScorer):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, spec_prompts, spec_softmax
 
 from hf_openjev import InferenceError, JevModel, RequestError
 from hf_openjev.checkpoint.tiny import TINY_MODEL_ID, TINY_TEMPERATURE
@@ -16,8 +17,6 @@ from hf_openjev.scoring import (
     score_prepared,
     use_fast_path,
 )
-
-from conftest import QWEN_CHAT_PREFIX, QWEN_CHAT_SUFFIX, spec_prompts, spec_softmax
 
 A = {"state": "The parcel is late.", "questions": {
     "c": {"type": "choice", "instructions": "Which?", "criteria": {"x": None, "y": "why not"}},

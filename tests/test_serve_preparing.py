@@ -11,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from test_server import JSON, NOUL, live_server, make_request
 
 from hf_openjev.scoring import prepare_request
-from hf_openjev.serve.preparing import DEFAULT_BIG_WORK, PreparePools, measure_tokenize_work
 from hf_openjev.serve.app import create_app
 from hf_openjev.serve.edge import MAX_BODY_BYTES
-from test_server import JSON, NOUL, live_server, make_request
+from hf_openjev.serve.preparing import DEFAULT_BIG_WORK, PreparePools, measure_tokenize_work
 
 
 def test_pools_by_size_and_shutdown():

@@ -16,14 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
+from serve_cli_args import forbid_loading, serve_parser
+from test_server import COMPANY_TOL, assert_same_answers, make_request
 
 from hf_openjev.errors import UsageError
 from hf_openjev.scoring import score_prepared
 from hf_openjev.serve import cli as serve_cli
-from hf_openjev.serve.replicas import load_replicas, parse_devices, warm_up_replicas
 from hf_openjev.serve.app import create_app
-from serve_cli_args import forbid_loading, serve_parser
-from test_server import COMPANY_TOL, assert_same_answers, make_request
+from hf_openjev.serve.replicas import load_replicas, parse_devices, warm_up_replicas
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
+from live_server import serving
 from starlette.testclient import TestClient
 
+from hf_openjev.export.tiny import build_tiny_checkpoint
 from hf_openjev.model import load_export
 from hf_openjev.scoring import answer_requests, score_prepared
 from hf_openjev.serve.app import create_app
 from hf_openjev.serve.edge import MAX_BODY_BYTES
-from hf_openjev.export.tiny import build_tiny_checkpoint
-
-from live_server import serving
 
 JSON = {"content-type": "application/json"}
 MSG_JSON = "request body is not valid JSON: "
@@ -263,8 +262,8 @@ def _run_async(coro):
 
 def test_the_fast_path_is_set_up_when_the_app_is_created_and_scores_with_its_options(tiny_checkpoint):
     from hf_openjev.fast_options import FastPathOptions
-    from hf_openjev.patches import patch_record
     from hf_openjev.packing.planner import plan_requests
+    from hf_openjev.patches import patch_record
     from hf_openjev.scoring import prepare_request
 
     own = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")

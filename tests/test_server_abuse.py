@@ -18,18 +18,17 @@ from pathlib import Path
 import httpx
 import pytest
 from jevcompat.checks import TICKET
-
-from hf_openjev.scoring import score_prepared
-from hf_openjev.serve import cli as serve_cli
-from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
-from hf_openjev.serve.limits import RequestLimits
-from hf_openjev.serve.middleware import ACCESS_LOGGER
-from hf_openjev.serve.app import create_app
-from hf_openjev.serve.startup import _uvicorn_config
-
 from live_server import serving
 from repo_data import load_recipe
 from serve_cli_args import forbid_loading, serve_parser
+
+from hf_openjev.scoring import score_prepared
+from hf_openjev.serve import cli as serve_cli
+from hf_openjev.serve.app import create_app
+from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
+from hf_openjev.serve.limits import RequestLimits
+from hf_openjev.serve.middleware import ACCESS_LOGGER
+from hf_openjev.serve.startup import _uvicorn_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -16,16 +16,15 @@ import time
 
 import httpx
 import pytest
+from live_server import listening_socket, serving
+from serve_cli_args import forbid_loading, serve_parser
 
 from hf_openjev.scoring import score_prepared
 from hf_openjev.serve import cli as serve_cli
+from hf_openjev.serve.app import create_app
 from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
 from hf_openjev.serve.middleware import ACCESS_LOGGER
-from hf_openjev.serve.app import create_app
 from hf_openjev.serve.startup import _uvicorn_config
-
-from live_server import listening_socket, serving
-from serve_cli_args import forbid_loading, serve_parser
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -16,16 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from live_server import serving
 from prometheus_client.parser import text_string_to_metric_families
 
 from hf_openjev.errors import CheckpointError, InputFileError, UsageError
 from hf_openjev.scoring import score_prepared
+from hf_openjev.serve.app import create_app
 from hf_openjev.serve.keys import API_KEYS_ENV, KeyChecker, read_api_keys
 from hf_openjev.serve.lifecycle import LoadingApp, begin_drain, build_server
 from hf_openjev.serve.middleware import ACCESS_LOGGER, OpsMiddleware, ServerOps
-from hf_openjev.serve.app import create_app
-
-from live_server import serving
 
 NOUL = {"type": "noul", "instructions": "Does the customer want money back?"}
 REQUEST = {"state": "I was charged twice.", "questions": {"refund": NOUL}}

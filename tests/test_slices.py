@@ -10,14 +10,13 @@ import threading
 import time
 
 import pytest
+from test_batcher import FakePrepared, Scorer, expected_scores, request
 
 from hf_openjev.contract import parse_request
 from hf_openjev.scoring import score_prepared, tokenize_request
 from hf_openjev.serve.batcher import Batcher
 from hf_openjev.serve.slices import RequestSlice, default_slice_tokens, join_scores, split_request
 from hf_openjev.work_tokens import count_work_tokens
-
-from test_batcher import FakePrepared, Scorer, expected_scores, request
 
 
 class Calls(Scorer):

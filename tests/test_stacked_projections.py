@@ -6,8 +6,8 @@ import torch
 from torch import nn
 from transformers import Qwen3_5TextModel
 
-from hf_openjev.patches.stacked_projections import GROUPS, STACKED_ATTRIBUTE, projections, stack_projections
 from hf_openjev.checkpoint.tiny import tiny_text_config
+from hf_openjev.patches.stacked_projections import GROUPS, STACKED_ATTRIBUTE, projections, stack_projections
 
 torch.set_num_threads(1)
 

@@ -14,21 +14,20 @@ import shutil
 
 import pytest
 import torch
+from conftest import independent_score, random_token_requests
+from export_tensors import bits, stored_tensors
 from safetensors.torch import load_file, save_file
 
-from hf_openjev.fp8.quantize import quantize_export
+from hf_openjev.checkpoint.package import PUBLISHED_TARGETS
+from hf_openjev.checkpoint.tiny import build_tiny_tokenizer, tiny_text_config, write_tiny_base_and_package
 from hf_openjev.export.merge import merge_lora
 from hf_openjev.export.verify import bf16_ulp_distance
 from hf_openjev.fast_path import score_fast
-from hf_openjev.model import load_export, load_reference
-from hf_openjev.checkpoint.package import PUBLISHED_TARGETS
-from hf_openjev.patches import apply_patches
 from hf_openjev.fp8.linear import Fp8Linear
+from hf_openjev.fp8.quantize import quantize_export
 from hf_openjev.fp8.swap import quantize_model_fp8
-from hf_openjev.checkpoint.tiny import build_tiny_tokenizer, tiny_text_config, write_tiny_base_and_package
-
-from conftest import independent_score, random_token_requests
-from export_tensors import bits, stored_tensors
+from hf_openjev.model import load_export, load_reference
+from hf_openjev.patches import apply_patches
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 

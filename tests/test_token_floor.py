@@ -12,9 +12,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
 from hf_openjev.contract import MSG_TOO_MANY_TOKENS, parse_request, tokenize_candidates
 from hf_openjev.errors import RequestError
-from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
 from hf_openjev.tokenizer.token_floor import BYTE_CLASSES, count_byte_classes
 from hf_openjev.tokenizer.tokenizer_analysis import prove_token_floor
 

@@ -8,11 +8,16 @@ import json
 import pytest
 from tokenizers import Tokenizer, normalizers
 
-from hf_openjev.tokenizer import token_floor, tokenizer_analysis
 from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
+from hf_openjev.tokenizer import token_floor, tokenizer_analysis
 from hf_openjev.tokenizer.prefix_cuts import find_clean_cut
-from hf_openjev.tokenizer.tokenizer_analysis import (analyse_tokenizer, analysis_path, prove_clean_cuts, prove_token_floor,
-                                          tokenizer_fingerprint)
+from hf_openjev.tokenizer.tokenizer_analysis import (
+    analyse_tokenizer,
+    analysis_path,
+    prove_clean_cuts,
+    prove_token_floor,
+    tokenizer_fingerprint,
+)
 
 
 def _fresh_copy(tok) -> Tokenizer:

@@ -7,14 +7,13 @@ import json
 
 import pytest
 import torch
+from live_server import run_lifespan_without_a_socket
 
 from hf_openjev import load_export
-from hf_openjev.serve import warmup
 from hf_openjev.cli import main as cli_main
 from hf_openjev.errors import InputFileError
 from hf_openjev.fast_options import FastPathOptions
-
-from live_server import run_lifespan_without_a_socket
+from hf_openjev.serve import warmup
 
 torch.set_num_threads(1)
 
@@ -126,8 +125,8 @@ def test_serve_proves_the_tokenizer_shortcuts_while_loading_not_on_the_first_req
 
 def test_prove_tokenizer_shortcuts_caches_both_proofs_for_the_models_tokenizer(tiny_checkpoint):
     import hf_openjev
-    from hf_openjev.tokenizer import tokenizer_analysis as ta
     from hf_openjev.scoring import prove_tokenizer_shortcuts
+    from hf_openjev.tokenizer import tokenizer_analysis as ta
 
     model = hf_openjev.load_export(tiny_checkpoint.export, dtype="float32", device="cpu")  # a tokenizer of its own
     assert model.tokenizer not in ta._token_floors and model.tokenizer not in ta._clean_cut_finders

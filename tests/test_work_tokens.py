@@ -7,16 +7,21 @@ from __future__ import annotations
 import random
 
 import pytest
+from test_server_abuse import ByteLevel, conformance_choice
 
 from hf_openjev.contract import MSG_TOO_MANY_TOKENS, RequestError, parse_request
 from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.packing.planner import plan_requests
 from hf_openjev.scoring import tokenize_request
 from hf_openjev.serve.limits import DEFAULT_MAX_REQUEST_TOKENS
-from hf_openjev.work_tokens import (DEFAULT_BATCH_TOKENS, WorkFloor, check_batch_tokens, count_work_tokens, split_by_tokens,
-                                    split_padded)
-
-from test_server_abuse import ByteLevel, conformance_choice
+from hf_openjev.work_tokens import (
+    DEFAULT_BATCH_TOKENS,
+    WorkFloor,
+    check_batch_tokens,
+    count_work_tokens,
+    split_by_tokens,
+    split_padded,
+)
 
 
 def random_request(rng: random.Random) -> list:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from .package import read_lora_pairs
 from ..errors import CheckpointError
+from .package import read_lora_pairs
 
 
 def apply_lora_unmerged(backbone: nn.Module, package) -> nn.Module:

@@ -57,6 +57,7 @@ def run_demo(*, cache_dir: str | Path | None = None, device: str | None = None, 
     from transformers import pipeline
 
     import hf_openjev  # noqa: F401 - registers the pipeline
+
     from ..checkpoint.tiny import default_cache_dir
     from ..devices import check_device
     from ..export.tiny import build_tiny_checkpoint

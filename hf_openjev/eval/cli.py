@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..fp8.option import FP8_CHOICES, FP8_HELP, select_fp8_path
 from ..family import UNKNOWN_SHAPE_HELP
+from ..fp8.option import FP8_CHOICES, FP8_HELP, select_fp8_path
 from ..work_tokens import DEFAULT_BATCH_TOKENS
 
 

@@ -37,17 +37,25 @@ import sys
 import time
 from pathlib import Path
 
-from . import metrics as M
-from .report import SUMMARY_NAME, _count_structural, build_summary, write_outputs
-from .sharding import (RESULTS_NAME, Processes, current_processes, merge_results, rank_device, rank_results_path,
-                       results_files, shard_by_tokens)
-from .tasks import EvalInputError, Task, _warn, load_tasks, resolve_inputs
+from ..devices import check_device
 from ..errors import RequestError
 from ..model import JevModel, load_export
-from ..devices import check_device
-from .run_checks import check_batch_size, check_dtype_name, check_out_dir, drop_torn_records
 from ..scoring import PreparedRequest, build_answer, prepare_path, prepare_request, score_prepared
 from ..work_tokens import DEFAULT_BATCH_TOKENS, check_batch_tokens, split_by_tokens, task_cost
+from . import metrics as M
+from .report import SUMMARY_NAME, _count_structural, build_summary, write_outputs
+from .run_checks import check_batch_size, check_dtype_name, check_out_dir, drop_torn_records
+from .sharding import (
+    RESULTS_NAME,
+    Processes,
+    current_processes,
+    merge_results,
+    rank_device,
+    rank_results_path,
+    results_files,
+    shard_by_tokens,
+)
+from .tasks import EvalInputError, Task, _warn, load_tasks, resolve_inputs
 
 RUN_NAME = "run.json"
 

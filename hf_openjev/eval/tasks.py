@@ -35,7 +35,6 @@ from pathlib import Path
 
 from ..contract import KIND_NAMES, MSG_TYPE
 
-
 DATASET_SUFFIXES = {".json": "json", ".parquet": "parquet"}
 
 

@@ -62,18 +62,29 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.files import (FLOAT_DTYPES, base_weight_files, expected_backbone_shapes, load_tokenizer,
-                                read_safetensors_headers, text_key)
+from ..checkpoint.files import (
+    FLOAT_DTYPES,
+    base_weight_files,
+    expected_backbone_shapes,
+    load_tokenizer,
+    read_safetensors_headers,
+    text_key,
+)
+from ..checkpoint.manifest import MANIFEST_NAME, ExportManifest, check_max_length, write_manifest
+from ..checkpoint.out_dir import (
+    check_free_space,
+    check_outside_inputs,
+    check_replaceable,
+    missing_parents,
+    remove_empty,
+)
+from ..checkpoint.package import read_base_text_config, read_lora_pairs, read_package
+from ..checkpoint.publish import claim_export_temp, put_back_interrupted_swap, put_in_place
+from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader
 from ..errors import GET_CHECKPOINT_DOCS, CheckpointError
 from ..family import check_family_member, is_test_package, package_names
 from .identity import BaseIdentity, check_base_identity
-from ..checkpoint.out_dir import (check_free_space, check_outside_inputs, check_replaceable, missing_parents,
-                                  remove_empty)
-from ..checkpoint.publish import claim_export_temp, put_back_interrupted_swap, put_in_place
-from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader
 from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
-from ..checkpoint.manifest import MANIFEST_NAME, ExportManifest, check_max_length, write_manifest
-from ..checkpoint.package import read_base_text_config, read_lora_pairs, read_package
 
 MAX_SHARD_BYTES = 5 * 1000**3  # "shards of at most 5 GB" (docs/checkpoints.md); a file's total size, header included
 DEFAULT_PROBE_MAX_PARAMS = 500_000_000  # two fp32 copies of the backbone: about 4 GB of host memory

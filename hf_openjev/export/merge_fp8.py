@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..checkpoint.fp8_scheme import ALL_TARGETS, resolve_targets
 from ..checkpoint.out_dir import check_outside_inputs, check_replaceable, missing_parents, remove_empty
 from ..checkpoint.publish import claim_temp_dir, put_back_interrupted_swap, remove_stale_temps
 from ..fp8.quantize import quantize_export
-from ..checkpoint.fp8_scheme import ALL_TARGETS, resolve_targets
 
 
 def merge_and_quantize(base_dir, package_dir, out_dir, *, targets: Iterable[str] | str = ALL_TARGETS,

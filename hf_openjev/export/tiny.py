@@ -16,10 +16,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checkpoint.manifest import MANIFEST_NAME
+from ..checkpoint.manifest import MANIFEST_NAME, TEST_CHECKPOINT_KEY
 from ..checkpoint.tiny import TINY_MODEL_ID, write_tiny_base_and_package
 from ..errors import UsageError
-from ..checkpoint.manifest import TEST_CHECKPOINT_KEY
 from .merge import merge_lora
 
 TOKENIZER_KINDS = ("toy", "qwen3.5")

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..contract import KINDS
-from .gate import build_fidelity_report, compare_with_oracle, select_requests, write_fidelity_report
 from .configs import REFERENCE
+from .gate import build_fidelity_report, compare_with_oracle, select_requests, write_fidelity_report
 from .oracle import check_oracle_progress
 
 

@@ -68,8 +68,8 @@ def check_report_not_replaced(out: Path, name: str, limit: int | None, overwrite
 def check_arguments(*, model, out, data, workload, configs, oracle, oracle_device, name, limit=None,
                     overwrite: bool = False) -> tuple[dict, list, str]:
     """(configurations, task sources, the run's name) once every argument is usable; a one-line UsageError."""
-    from ..eval.tasks import EvalInputError, resolve_inputs
     from ..checkpoint.manifest import read_manifest
+    from ..eval.tasks import EvalInputError, resolve_inputs
     from .workload import check_workload_file
 
     if (data is None) == (workload is None):
@@ -175,8 +175,8 @@ def _load_bf16(model, fp8: str, log, *, hash_it: bool = True):
     fingerprints (:func:`~hf_openjev.fidelity_check.gate.weights_identity`, before any patch)."""
     import torch
 
-    from .gate import weights_identity
     from ..model import load_export
+    from .gate import weights_identity
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
@@ -214,8 +214,13 @@ def _announce_placement(model, bf16, pending, oracle_device: str, log):
     """Choose where the fp32 oracle runs; log it and the estimated time."""
     import torch
 
-    from .placement import (activation_bytes, choose_oracle_placement, estimate_oracle_seconds, fp32_sizes,
-                            measure_free_memory)
+    from .placement import (
+        activation_bytes,
+        choose_oracle_placement,
+        estimate_oracle_seconds,
+        fp32_sizes,
+        measure_free_memory,
+    )
 
     layer_bytes, other_bytes = fp32_sizes(model)
     longest = max(len(seq) for item in pending for seq in item.prepared.sequences)

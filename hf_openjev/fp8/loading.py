@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from ..checkpoint.backbone import check_weight_shapes
+from ..checkpoint.fp8_scheme import read_fp8_quantization
 from ..errors import CheckpointError
 from ..log_filter import quiet_kernel_install_advice
-from ..checkpoint.fp8_scheme import read_fp8_quantization
 from .state import load_fp8_state_dict
 from .swap import attach_fp8_source
 

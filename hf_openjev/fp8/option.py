@@ -9,9 +9,9 @@ weights. Pure Python (no torch): a command line checks its flags before importin
 
 from __future__ import annotations
 
+from ..checkpoint.fp8_scheme import FP8_MODES
 from ..errors import UsageError
 from ..fast_options import check_choice
-from ..checkpoint.fp8_scheme import FP8_MODES
 
 FP8_CHOICES = tuple(FP8_MODES)  # "off", "all", "no-gdn"
 

@@ -33,13 +33,21 @@ from pathlib import Path
 import torch
 
 from ..checkpoint.files import base_weight_files
+from ..checkpoint.fp8_scheme import (
+    ALL_TARGETS,
+    FP8_EXPORT_FORMAT,
+    SOURCE_FORMAT,
+    manifest_block,
+    manifest_format,
+    quantization_config,
+    resolve_targets,
+    target_of,
+)
 from ..checkpoint.manifest import MANIFEST_NAME, read_json_object, read_manifest
 from ..checkpoint.out_dir import check_free_space, check_replaceable, missing_parents, remove_empty
 from ..checkpoint.publish import claim_export_temp, put_back_interrupted_swap, put_in_place
 from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader, TensorFileWriter, tensor_nbytes
 from ..errors import CheckpointError
-from ..checkpoint.fp8_scheme import (ALL_TARGETS, FP8_EXPORT_FORMAT, SOURCE_FORMAT, manifest_block, manifest_format,
-                     quantization_config, resolve_targets, target_of)
 
 _CHUNK_BYTES = 64 * 1024**2  # fp32 work per block of rows; bytes per piece of a copied tensor
 _INDEX_NAME = "model.safetensors.index.json"

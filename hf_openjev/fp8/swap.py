@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..checkpoint.fp8_scheme import ALL_TARGETS, FP8_MODES, QUANTIZABLE, resolve_fp8_targets, target_of
 from ..family import text_model_of
 from .linear import Fp8Linear, quantize_linear
-from ..checkpoint.fp8_scheme import ALL_TARGETS, FP8_MODES, QUANTIZABLE, resolve_fp8_targets, target_of
 
 FP8_ATTRIBUTE = "_hf_openjev_fp8"  # on the text model: the module suffixes that are Fp8Linear
 SOURCE_ATTRIBUTE = "_hf_openjev_fp8_source"  # on the text model: the Fp8Source it was loaded from

@@ -48,12 +48,11 @@ from .graph_buckets import pad_level
 from .input_buffer import plan_layout_of_shapes, write_host_buffer
 from .layout_cache import PackTemplate
 from .layout_steps import (
-    chain_prefix_blocks,
-    token_runs_of,
     GdnCall,
     Layout,
     LevelSpec,
     StateBank,
+    chain_prefix_blocks,
     find_anchors,
     gather_call_rows,
     group_gdn_levels,
@@ -61,6 +60,7 @@ from .layout_steps import (
     index_external,
     parent_chain,
     select_final_rows,
+    token_runs_of,
 )
 
 INT64, INT32 = torch.int64, torch.int32

@@ -69,12 +69,31 @@ from starlette.routing import Route
 
 from .. import contract
 from ..errors import InferenceError, RequestError
-from .batcher import (DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS, Batcher, BatcherClosed,
-                      QueueFull, use_device)
+from .batcher import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_WAIT_MS,
+    Batcher,
+    BatcherClosed,
+    QueueFull,
+    use_device,
+)
 from .bounded import ClientGone, DeadlinePassed, DrainExpired, run_bounded
-from .edge import (MSG_BUSY, MSG_DEADLINE, MSG_INFERENCE, MSG_INTERNAL, MSG_SHUTTING_DOWN, HTTPError,
-                   answer_http_exception, answer_internal_error, error_body, id_headers, json_response,
-                   read_body_in_time, request_id_of)
+from .edge import (
+    MSG_BUSY,
+    MSG_DEADLINE,
+    MSG_INFERENCE,
+    MSG_INTERNAL,
+    MSG_SHUTTING_DOWN,
+    HTTPError,
+    answer_http_exception,
+    answer_internal_error,
+    error_body,
+    id_headers,
+    json_response,
+    read_body_in_time,
+    request_id_of,
+)
 from .keys import KeyChecker
 from .lifecycle import begin_drain, finish_drain
 from .limits import RequestLimits

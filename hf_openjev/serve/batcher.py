@@ -45,9 +45,14 @@ from dataclasses import dataclass, field
 
 from ..errors import InferenceError
 from .batching_policy import FairQueue, GroupPolicy
+from .replica_health import (
+    DEFAULT_FAILURE_RATE,
+    DEFAULT_FAILURE_WINDOW,
+    HealthPolicy,
+    ReplicaHealth,
+    check_finite_scores,
+)
 from .slices import default_slice_tokens, join_scores, split_request
-from .replica_health import (DEFAULT_FAILURE_RATE, DEFAULT_FAILURE_WINDOW, HealthPolicy, ReplicaHealth,
-                             check_finite_scores)
 
 __all__ = ["BatchOutcome", "Batcher", "BatcherClosed", "QueueFull", "bind_device", "use_device"]
 

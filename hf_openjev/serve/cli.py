@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from ..fp8.option import FP8_CHOICES, FP8_HELP
 from ..family import UNKNOWN_SHAPE_HELP
+from ..fp8.option import FP8_CHOICES, FP8_HELP
 from .batcher import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS
-from .header_timeout import DEFAULT_HEADER_TIMEOUT_S
-from .limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_REQUEST_TOKENS,
-                     DEFAULT_REQUEST_TIMEOUT_S, GROUP_DEADLINE_SHARE)
 from .connection_limit import DEFAULT_MAX_CONNECTIONS
+from .header_timeout import DEFAULT_HEADER_TIMEOUT_S
+from .limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_REQUEST_TOKENS,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    GROUP_DEADLINE_SHARE,
+)
 from .slices import DEFAULT_SLICE_TOKENS
 from .write_timeout import DEFAULT_WRITE_TIMEOUT_S
 

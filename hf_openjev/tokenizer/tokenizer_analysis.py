@@ -24,10 +24,9 @@ import logging
 import os
 import tempfile
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from collections.abc import Callable
 
 from ..checkpoint.files import note_tokenizer_file, tokenizer_file_digest
 from .prefix_cuts import explain_unclean_spec, find_clean_cut

@@ -37,8 +37,8 @@ def start_fidelity(oracle, model, work, *, args, out: Path, results: dict) -> di
     """Hash this run's weights (as built, before any patch) and refuse (None, a message) unless they are the
     oracle's and the oracle holds every request of ``work`` with the same token ids; else the context
     add_fidelity fills: the oracle, the weights' fingerprints, the requests as fidelity items, the report's meta."""
-    from hf_openjev.fidelity_check.gate import verify_oracle_identity, weights_identity
     from hf_openjev.fidelity_check import items_from_workload, select_oracle_entries
+    from hf_openjev.fidelity_check.gate import verify_oracle_identity, weights_identity
 
     t0 = time.perf_counter()
     weights = weights_identity(model)

@@ -17,8 +17,8 @@ def closed_loop(model, work, in_flight: int, *, max_wait_ms: float = 2.0, replic
     """
     import asyncio
 
-    from hf_openjev.serve.batcher import Batcher
     from hf_openjev.scoring import build_answer
+    from hf_openjev.serve.batcher import Batcher
 
     async def run():
         batcher = Batcher(model, max_queue=4 * max(in_flight, 1), max_wait_ms=max_wait_ms, fast=True,

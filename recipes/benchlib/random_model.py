@@ -15,8 +15,8 @@ def build_model(shape: str, *, seed: int, device: str = "cuda", dtype: torch.dty
     (``benchlib.shapes.TEMPERATURES``). The same seed builds bit-identical weights on every run."""
     from transformers import Qwen3_5TextConfig, Qwen3_5TextModel
 
-    from hf_openjev.checkpoint.manifest import ExportManifest
     from hf_openjev.checkpoint.backbone import make_head as _make_head
+    from hf_openjev.checkpoint.manifest import ExportManifest
     from hf_openjev.model import JevModel
 
     config = Qwen3_5TextConfig(vocab_size=VOCAB, max_position_embeddings=32768, rms_norm_eps=1e-6,
