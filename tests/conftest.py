@@ -67,17 +67,25 @@ def one_torch_thread():
 
 @pytest.fixture(autouse=True)
 def process_settings_restored():
-    """A test that runs ``serve`` in-process sets torch's CPU threads (:mod:`hf_openjev.serve.cpu_threads`) and
-    freezes the objects alive at its start (:mod:`hf_openjev.serve.startup_gc`) as a server process would: the next
-    test gets the threads back as they were and nothing frozen."""
+    """A test that runs ``serve`` in-process sets torch's CPU threads (:mod:`hf_openjev.serve.cpu_threads`), freezes
+    the objects alive at its start (:mod:`hf_openjev.serve.startup_gc`) and configures logging (the package's level,
+    the access log's own handler without propagation) as a server process would: the next test gets the threads,
+    the loggers and the collector back as they were (else a later test's ``caplog`` sees no access line)."""
     import gc
+    import logging
 
     before = torch.get_num_threads()
+    package, access = logging.getLogger("hf_openjev"), logging.getLogger("hf_openjev.serve.access")
+    saved = (package.level, access.level, list(access.handlers), access.propagate)
     yield
     if torch.get_num_threads() != before:
         torch.set_num_threads(before)
     if gc.get_freeze_count():
         gc.unfreeze()
+    package.setLevel(saved[0])
+    access.setLevel(saved[1])
+    access.handlers[:] = saved[2]
+    access.propagate = saved[3]
 
 
 def random_token_requests(model, n: int = 3, seed: int = 0) -> list:

@@ -232,7 +232,8 @@ def test_eight_spellings_of_one_key_share_one_lane(tiny_model, keys):
     answers = asyncio.run(asyncio.wait_for(main(), 120))
     assert [a.status_code for a in answers] == [200] * 10
     order = [states[0] for states in scorer.groups]
-    assert order[:3] == ["third client", "A spelling 0", "B"], order  # B's request right after A's first
+    # B's request right after A's first (which spelling is first depends on the tokenizing threads, not the lanes)
+    assert order[0] == "third client" and order[1].startswith("A spelling") and order[2] == "B", order
 
 
 # ------------------------------------------------------------------------------ item 16: one log line
