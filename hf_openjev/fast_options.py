@@ -85,8 +85,9 @@ class FastPathOptions:
     # (cuDNN on CUDA); 0: never
     dense_attention_tokens: int = DENSE_ATTENTION_TOKENS
     # graphed packs padded to the cheapest measured row count of the model's shape (packing/bucket_policy.py; shapes
-    # without a table keep the steps); False: the fixed 32-token steps of packing/graph_buckets.py
-    measured_buckets: bool = True
+    # without a table keep the steps); False: the fixed 32-token steps of packing/graph_buckets.py. Opt-in: other
+    # padding changes the GEMMs' rounding, and this has not been through the fidelity gate yet (recipes/RESULTS.md)
+    measured_buckets: bool = False
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

@@ -27,7 +27,7 @@ def test_every_option_and_its_default():
     assert options.dense_attention_tokens == DENSE_ATTENTION_TOKENS == 2048
     assert [name for name in BOOLS if getattr(options, name)] == [
         "packed_candidates", "shared_prefix", "final_row_mlp", "stacked_projections", "cuda_graphs",
-        "fused_elementwise", "share_tails", "measured_buckets"]
+        "fused_elementwise", "share_tails"]
     # exact prefix sharing from 16 tokens: the fastest configuration that passes the fidelity gate (issue 21)
     assert (options.share_tails, options.min_shared_tokens) == (True, 16)
 
