@@ -48,10 +48,14 @@ class PackGraphs:
         self.pool = None
         self.captures = self.replays = self.evictions = 0
         self.capture_s = 0.0
+        # capture_s split (synchronized): the eager forward on the side stream (first-use costs: autotuning, Triton
+        # compiles, allocations), recording and instantiating the graph, its first replay
+        self.phases_s = {"eager": 0.0, "record": 0.0, "first_replay": 0.0}
 
     def stats(self) -> dict:
         return {"graphs": len(self.graphs), "capacity": self.capacity, "captures": self.captures,
-                "replays": self.replays, "evictions": self.evictions, "capture_s": round(self.capture_s, 3)}
+                "replays": self.replays, "evictions": self.evictions, "capture_s": round(self.capture_s, 3),
+                "capture_phases_s": {k: round(v, 3) for k, v in self.phases_s.items()}}
 
     def run(self, ctx) -> torch.Tensor:
         """Rows ``[R_b, hidden]`` of a padded context (``ctx.graph_key`` set); keep the first ``len(leaf_ids)``."""
@@ -76,13 +80,20 @@ class PackGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: autotuning and first-call allocations stay out of the graph
             self.text_model(pack=ctx)
+        side.synchronize()
         torch.cuda.current_stream().wait_stream(side)
+        marks = [time.perf_counter()]
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             output = self.text_model(pack=ctx)
+        marks.append(time.perf_counter())
         graph.replay()  # capture records the work without running it
+        torch.cuda.current_stream().synchronize()
+        marks.append(time.perf_counter())
+        for name, (a, b) in zip(self.phases_s, [(start, marks[0]), (marks[0], marks[1]), (marks[1], marks[2])]):
+            self.phases_s[name] += b - a
         self.graphs[ctx.graph_key] = (graph, ctx, output)
         self.captures += 1
         self.capture_s += time.perf_counter() - start

@@ -1,0 +1,154 @@
+"""Where C's warm-up goes (issue 39): the bench's warm-up pass, split into autotuning, Triton compiles and graph
+captures.
+
+    python recipes/warmup_breakdown.py --shape 27b --out results/warmup [--requests 231] [--profile]
+
+Runs what ``bench_jevbench.py`` runs as C's warm-up (one pass of the fast path with CUDA graphs over the exact
+workload's requests, in order) on the seeded random model, with timing hooks:
+
+- ``autotune``: Triton's autotuner benchmarking configurations for a key it has not seen (fla's kernels); counted per
+  kernel; it includes the compiles of the configurations it tries;
+- ``compile``: every Triton compile or on-disk cache load (``JITFunction._do_compile``), autotuning's included;
+- ``capture`` (``PackGraphs``' own counters): the eager forward on the side stream that precedes each capture (where
+  the autotuning and the compiles of a new shape happen), recording and instantiating the graph, its first replay;
+- ``other``: the rest of the pass (plans, layouts, the head, answers; the eager levels that take no graph).
+
+Run it twice in a row on one machine (each a fresh process, the same ``TRITON_CACHE_DIR``): the first run is the
+empty kernel cache, the second the warm one. ``--profile`` adds cProfile's top functions by own time. Writes
+``warmup_<shape>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import re
+import sys
+import time
+from collections import Counter
+from contextlib import contextmanager
+
+from benchlib.provenance import command_line, versions
+from benchlib.random_model import add_model_arguments, prepare_recipe
+from benchlib.shapes import VOCAB
+from benchlib.timing import run_pass
+from benchlib.workload import add_manifest_argument, build_workload, check_manifest_argument
+
+
+@contextmanager
+def triton_hooks(totals: dict, tuned: Counter):
+    """Time Triton's autotuning (per new key) and compiles while the block runs; no-op without Triton."""
+    try:
+        from triton.runtime import autotuner, jit
+    except ImportError:
+        yield
+        return
+    saved = []
+
+    def wrap(owner, name, on_call):
+        original = getattr(owner, name, None)
+        if original is None:
+            totals.setdefault("missing_hooks", []).append(f"{owner.__name__}.{name}")
+            return
+
+        def timed(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                on_call(self, time.perf_counter() - start)
+
+        saved.append((owner, name, original))
+        setattr(owner, name, timed)
+
+    def on_bench(self, seconds):
+        totals["autotune_s"] += seconds
+
+    def on_prune(self, seconds):  # called once per key the autotuner has not seen
+        tuned[getattr(getattr(self, "fn", None), "__name__", "?")] += 1
+
+    def on_compile(self, seconds):
+        totals["compile_s"] += seconds
+        totals["compiles"] += 1
+
+    wrap(autotuner.Autotuner, "_bench", on_bench)
+    wrap(autotuner.Autotuner, "prune_configs", on_prune)
+    wrap(jit.JITFunction, "_do_compile", on_compile)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_arguments(parser, shape="27b")
+    add_manifest_argument(parser)
+    parser.add_argument("--requests", type=int, default=None, help="the first N requests (default: all)")
+    parser.add_argument("--profile", action="store_true", help="cProfile the pass: top functions by own time")
+    parser.add_argument("--fast-options", default="{}", help="JSON of FastPathOptions over the defaults")
+    args = parser.parse_args(argv)
+    check_manifest_argument(parser, args)
+    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.patches import apply_patches, patch_record
+
+    try:
+        options = FastPathOptions.from_mapping(json.loads(args.fast_options))
+    except ValueError as error:
+        parser.error(f"--fast-options: {error}")
+    start = time.perf_counter()
+    out, device, model = prepare_recipe(args)
+    build_s = time.perf_counter() - start
+    work = build_workload(args.manifest, vocab=VOCAB, seed=args.seed)[: args.requests]
+    apply_patches(model, options)
+    totals = {"autotune_s": 0.0, "compile_s": 0.0, "compiles": 0}
+    tuned: Counter = Counter()
+    profiler = cProfile.Profile() if args.profile else None
+    with triton_hooks(totals, tuned):
+        start = time.perf_counter()
+        if profiler:
+            profiler.enable()
+        times = run_pass(model, work, fast=True)
+        if profiler:
+            profiler.disable()
+        warmup_s = time.perf_counter() - start
+    graphs = patch_record(model).graphs
+    stats = graphs.stats() if graphs is not None else {}
+    requests_s = sum(t for t, _ in times)
+    result = {"command": command_line(), "versions": versions(), "shape": args.shape, "device": device,
+              "triton_cache_dir": bool(os.environ.get("TRITON_CACHE_DIR")), "requests": len(work),
+              "build_s": round(build_s, 1), "warmup_s": round(warmup_s, 2), "requests_s": round(requests_s, 2),
+              "graphs": stats, "autotune_s": round(totals["autotune_s"], 2),
+              "compile_s": round(totals["compile_s"], 2), "compiles": totals["compiles"],
+              "autotuned_keys": dict(tuned.most_common()), "missing_hooks": totals.get("missing_hooks", [])}
+    phases = stats.get("capture_phases_s", {})
+    result["other_s"] = round(warmup_s - stats.get("capture_s", 0.0), 2)
+    if profiler:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+        # package-relative file names: no machine's paths in a committed file
+        result["profile_top"] = [re.sub(r"\S*/(?=(hf_openjev|ops|patches|fla|triton|torch|transformers)/)", "", line)
+                                 for line in text.getvalue().splitlines()[:60]]
+    (out / f"warmup_{args.shape}.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# C's warm-up at {args.shape}: {len(work)} requests", "", f"`{result['command']}`", "",
+             "| part | s |", "|---|---|", f"| whole pass | {warmup_s:.1f} |",
+             f"| captures ({stats.get('captures', 0)} graphs) | {stats.get('capture_s', 0.0):.1f} |"]
+    lines += [f"| - capture: {name} | {seconds:.1f} |" for name, seconds in phases.items()]
+    lines += [f"| other (no capture) | {result['other_s']:.1f} |",
+              f"| autotuning ({sum(tuned.values())} keys; inside the above) | {totals['autotune_s']:.1f} |",
+              f"| Triton compiles / cache loads ({totals['compiles']}; inside the above) | {totals['compile_s']:.1f} |",
+              "", "Autotuned keys per kernel: " + ", ".join(f"{k} {v}" for k, v in tuned.most_common())]
+    (out / f"warmup_{args.shape}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    if profiler:
+        print("\n".join(result["profile_top"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

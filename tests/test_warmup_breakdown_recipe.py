@@ -1,0 +1,53 @@
+"""recipes/warmup_breakdown.py on the CPU (a smoke run: no graphs, no Triton) and its Triton hooks on stand-ins."""
+
+import json
+import sys
+import types
+from collections import Counter
+
+from repo_data import load_recipe
+
+
+def test_the_warm_up_pass_runs_and_reports_its_parts(tmp_path):
+    recipe = load_recipe("warmup_breakdown")
+    assert recipe.main(["--shape", "mid", "--requests", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "warmup_mid.json").read_text())
+    assert result["requests"] == 1 and result["warmup_s"] >= result["requests_s"] > 0
+    assert result["graphs"] == {} and result["other_s"] == result["warmup_s"]  # no CUDA: no graph cache
+    assert "| whole pass |" in (tmp_path / "warmup_mid.md").read_text()
+
+
+def test_the_triton_hooks_time_autotuning_and_compiles_and_put_the_originals_back(monkeypatch):
+    recipe = load_recipe("warmup_breakdown")
+
+    class Autotuner:
+        def __init__(self, name):
+            self.fn = types.SimpleNamespace(__name__=name)
+
+        def _bench(self, *args, **kwargs):
+            return 1.0
+
+        def prune_configs(self, kwargs):
+            return ["config"]
+
+    class JITFunction:
+        def _do_compile(self, *args):
+            return "kernel"
+
+    triton = types.ModuleType("triton")
+    runtime = types.ModuleType("triton.runtime")
+    runtime.autotuner = types.SimpleNamespace(Autotuner=Autotuner)
+    runtime.jit = types.SimpleNamespace(JITFunction=JITFunction)
+    triton.runtime = runtime
+    monkeypatch.setitem(sys.modules, "triton", triton)
+    monkeypatch.setitem(sys.modules, "triton.runtime", runtime)
+    originals = (Autotuner._bench, Autotuner.prune_configs, JITFunction._do_compile)
+    totals, tuned = {"autotune_s": 0.0, "compile_s": 0.0, "compiles": 0}, Counter()
+    with recipe.triton_hooks(totals, tuned):
+        tuner = Autotuner("chunk_fwd_o")
+        assert tuner.prune_configs({}) == ["config"] and tuner._bench(config=1) == 1.0
+        Autotuner("solve_tril").prune_configs({})
+        assert JITFunction()._do_compile() == "kernel" and JITFunction()._do_compile() == "kernel"
+    assert (Autotuner._bench, Autotuner.prune_configs, JITFunction._do_compile) == originals
+    assert tuned == Counter({"chunk_fwd_o": 1, "solve_tril": 1}) and totals["compiles"] == 2
+    assert totals["autotune_s"] > 0 and totals["compile_s"] > 0
