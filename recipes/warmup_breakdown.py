@@ -31,6 +31,7 @@ import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
+from pathlib import Path
 
 from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
@@ -85,6 +86,31 @@ def triton_hooks(totals: dict, tuned: Counter):
             setattr(owner, name, original)
 
 
+def tuned_fla_configs() -> dict[str, dict]:
+    """fla's tuned configurations in this process, in fla's config-file format (``fla.ops.utils.cache``,
+    ``FLA_CONFIG_DIR``/<kernel>.json): per kernel of fla's own autotuner (``CachedAutotuner``), every key it tuned and
+    the configuration it chose. Kernels under Triton's plain autotuner are left out (fla does not read files for
+    them)."""
+    import triton
+    from fla.ops.utils.cache import AutotuneKey, CachedAutotuner
+
+    files: dict[str, dict] = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("fla.") or module is None:
+            continue
+        for tuner in vars(module).values():
+            if not isinstance(tuner, CachedAutotuner) or not tuner.cache:
+                continue
+            entries = files.setdefault(tuner.kernel_name, {"kernel_name": tuner.kernel_name,
+                                                           "triton_version": triton.__version__,
+                                                           "autotune_entries": {}})["autotune_entries"]
+            for key, config in tuner.cache.items():
+                entries[AutotuneKey.key_hash(key)] = {"autotune_key": AutotuneKey.normalize_autotune_key(key), "config": {
+                    "kwargs": dict(config.kwargs), "num_warps": config.num_warps, "num_stages": config.num_stages,
+                    "num_ctas": getattr(config, "num_ctas", 1), "maxnreg": getattr(config, "maxnreg", None)}}
+    return files
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(parser, shape="27b")
@@ -92,6 +118,8 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=None, help="the first N requests (default: all)")
     parser.add_argument("--profile", action="store_true", help="cProfile the pass: top functions by own time")
     parser.add_argument("--fast-options", default="{}", help="JSON of FastPathOptions over the defaults")
+    parser.add_argument("--dump-fla-configs", type=Path, default=None, metavar="DIR",
+                        help="after the pass, write fla's tuned configurations as DIR/<kernel>.json (CUDA)")
     args = parser.parse_args(argv)
     check_manifest_argument(parser, args)
     from hf_openjev.fast_options import FastPathOptions
@@ -134,6 +162,11 @@ def main(argv=None) -> int:
         # package-relative file names: no machine's paths in a committed file
         result["profile_top"] = [re.sub(r"\S*/(?=(hf_openjev|ops|patches|fla|triton|torch|transformers)/)", "", line)
                                  for line in text.getvalue().splitlines()[:60]]
+    if args.dump_fla_configs is not None and device == "cuda":
+        args.dump_fla_configs.mkdir(parents=True, exist_ok=True)
+        for kernel, data in tuned_fla_configs().items():
+            (args.dump_fla_configs / f"{kernel}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+            result.setdefault("fla_configs", {})[kernel] = len(data["autotune_entries"])
     (out / f"warmup_{args.shape}.json").write_text(json.dumps(result, indent=1))
     lines = [f"# C's warm-up at {args.shape}: {len(work)} requests", "", f"`{result['command']}`", "",
              "| part | s |", "|---|---|", f"| whole pass | {warmup_s:.1f} |",
