@@ -21,7 +21,9 @@ from torch import Tensor
 CHUNK_SIZE = 64
 
 
-def _check(q, k, v, g, beta, cu_seqlens, initial_state) -> None:
+def check_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state) -> None:
+    """Refuse inputs whose shapes do not fit (q, k [T, Hk, Dk]; v [T, Hv, Dv], Hv a multiple of Hk; g, beta
+    [T, Hv]; initial_state [N, Hv, Dk, Dv] or None), with a ValueError naming the argument."""
     T, Hk, Dk = q.shape
     _, Hv, Dv = v.shape
     if k.shape != q.shape or v.shape[0] != T or Hv % Hk != 0:
@@ -79,7 +81,7 @@ def _final_states_shape(q, v, cu_seqlens, output_final_state: bool) -> tuple[int
 
 
 def _per_sequence(one, q, k, v, g, beta, cu_seqlens, initial_state, output_final_state=True):
-    _check(q, k, v, g, beta, cu_seqlens, initial_state)
+    check_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state)
     if initial_state is None:
         initial_state = q.new_zeros(_final_states_shape(q, v, cu_seqlens, True), dtype=torch.float32)
     q32, k32, v32, g32, b32 = _prepare(q, k, v, g, beta)
@@ -118,11 +120,17 @@ def gdn_prefill(
     return gdn_prefill_reference(q, k, v, g, beta, cu_seqlens, initial_state, None, output_final_state)
 
 
-@gdn_prefill.register_fake
-def _(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True, chunk_offsets=None):
-    _check(q, k, v, g, beta, cu_seqlens, initial_state)
+def fake_gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True,
+                     chunk_offsets=None) -> tuple[Tensor, Tensor]:
+    """The fake (meta) kernel of both Gated DeltaNet prefill ops (``gdn_prefill`` and ``gdn_prefill_short``, which
+    take the same arguments and give the same results): the inputs checked, then empty (o [T, Hv, Dv] in q.dtype,
+    final_state [N, Hv, Dk, Dv] fp32, or [0, Hv, Dk, Dv] without ``output_final_state``)."""
+    check_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state)
     return q.new_empty(v.shape), q.new_empty(_final_states_shape(q, v, cu_seqlens, output_final_state),
                                              dtype=torch.float32)
+
+
+gdn_prefill.register_fake(fake_gdn_prefill)
 
 
 def fla_chunk_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices,
@@ -160,7 +168,7 @@ def fla_chunk_forward(q, k, v, g, beta, scale, initial_state, output_final_state
 @gdn_prefill.register_kernel("cuda")
 def _gdn_prefill_cuda(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True,
                       chunk_offsets=None):
-    _check(q, k, v, g, beta, cu_seqlens, initial_state)
+    check_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state)
     from hf_openjev.ops._fla import fla_ready
 
     fla_ready()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from hf_openjev.ops.gdn_prefill import _check, _final_states_shape, gdn_prefill_reference
+from hf_openjev.ops.gdn_prefill import check_gdn_inputs, fake_gdn_prefill, gdn_prefill_reference
 from hf_openjev.ops.gdn_short_limits import check_short_shapes
 
 # Longest sequence a level may have for the fused kernel (one program walks its sequence serially, so long
@@ -51,17 +51,13 @@ def gdn_prefill_short(
     return gdn_prefill_reference(q, k, v, g, beta, cu_seqlens, initial_state, None, output_final_state)
 
 
-@gdn_prefill_short.register_fake
-def _(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True, chunk_offsets=None):
-    _check(q, k, v, g, beta, cu_seqlens, initial_state)
-    return q.new_empty(v.shape), q.new_empty(_final_states_shape(q, v, cu_seqlens, output_final_state),
-                                             dtype=torch.float32)
+gdn_prefill_short.register_fake(fake_gdn_prefill)  # the same results as gdn_prefill's, the same fake
 
 
 @gdn_prefill_short.register_kernel("cuda")
 def _gdn_prefill_short_cuda(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True,
                             chunk_offsets=None):
-    _check(q, k, v, g, beta, cu_seqlens, initial_state)
+    check_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state)
     check_short_shapes(q, v, BLOCK_V, CHUNK, PRECISION, NUM_WARPS)
     from hf_openjev.ops.gdn_wy_triton import gdn_wy_forward
 

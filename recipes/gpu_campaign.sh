@@ -5,9 +5,16 @@
 # machine lacks into .whl/ (git-ignored). Then, on the GPU machine, from a copy of the checkout (the tests and the
 # benchmarks read only the repository's own data/ and recipes/data/) with .whl/ beside it:
 #
+#   bash recipes/gpu_campaign.sh pytest-part NAME...  # e.g. pytest-part quick, or pytest-part 1 2 (two parts of
+#                                        # at most 300 s each fit one call): the -m gpu suite's parts listed in
+#                                        # recipes/gpu_parts.txt, one pytest process and log (pytest_part_NAME.log)
+#                                        # each, with every test's time (--durations=0) and pytest's own counts
+#   bash recipes/gpu_campaign.sh pytest-parts  # lists the parts (no setup, no GPU)
 #   bash recipes/gpu_campaign.sh pytest [EXPR [TEST FILES...]]   # e.g. pytest "warm_up" tests/test_cuda_graphs.py
 #                                        # the -m gpu tests (all of tests/ by default; -k EXPR selects); 560 s at most;
-#                                        # prints pytest's own counts (recipes/pytest_counts.sh)
+#                                        # prints pytest's own counts (recipes/pytest_counts.sh). The whole suite no
+#                                        # longer fits: 538 s of 560 at 6510109, before test_op_gdn_prefill_short's
+#                                        # GPU tests; run it in parts
 #   bash recipes/gpu_campaign.sh bench   # 27B alone: the default (warm-up + one measured pass), singles of 107 and
 #                                        # 3,400 tokens, aligned sharing (the default until s11) as a sweep entry,
 #                                        # closed loop at 1 and 8 in flight, the 16,384-token candidate
@@ -34,15 +41,27 @@
 #   bash recipes/gpu_campaign.sh profile # 27B kernel profiles with graphs: a 107- and a 3,400-token candidate and
 #                                        # JevBench requests 0, 129, 204, the default and with aligned sharing
 #
+# How the parts were sized: no earlier log holds per-test times (they ran -v without --durations), so the parts in
+# recipes/gpu_parts.txt come from the logs' totals on one H200: the whole suite, 194 tests, 538 s (`git show
+# 7c18395:recipes/results/logs/pytest_gpu_6510109.log`; files in order cuda_graphs, fp8_loading, fp8_runtime, the
+# ops); test_cuda_graphs.py's six GPU tests alone 126 s (s10, in 2df2afa's tree), one of them alone 93-114 s (s8
+# graphs8 in fa774b8, s9 flat9 and profile9 in e40412a and 0db55cc: most of it compiling and autotuning,
+# recipes/device_setup.sh); packed attention's 21 tests with five of those 147 s (s9 verify9, 20bf304); the first 150
+# tests (cuda_graphs to fp8_linear) within 250 s while sharing the GPU (s11 call5_mid, a447b3e), which leaves
+# 250-300 s of the 538 for the chunked GDN op and packed attention, so the GDN op's file is split over parts 1 and 2.
+# test_op_gdn_prefill_short.py's GPU tests came later (no timing). Estimates, not measurements: the first committed
+# parts log (the lead's; every test's time, --durations=0) confirms or moves them, and any part over 300 s is split
+# there.
+#
 # Each stage leaves its files under $OUT/<stage>/ plus a tarball, $OUT/<stage>.tgz (for runners that return few files).
 # Put the figures that matter into recipes/RESULTS.md with the command, commit and device; raw output does not stay
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest | bench | fidelity | session | family-fidelity | family | fingerprints | profile"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | family | fingerprints | profile"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest|bench|fidelity|session|family-fidelity|family|fingerprints|profile) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|family|fingerprints|profile) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -62,7 +81,7 @@ gpu_pytest() {  # $1 = time limit (s), $2 = log file under $out, $3 = -k express
   # the device lacks compressed-tensors and starlette: the test files that import them hold no GPU test, so their
   # collection errors are listed (rc 1) without stopping the GPU tests
   timeout "$limit" python3 -m pytest -c "$REPO/pyproject.toml" --rootdir "$REPO" "$@" -m gpu -k "$expr" -v -s \
-    --continue-on-collection-errors -p no:cacheprovider >"$log" 2>&1
+    --durations=0 --continue-on-collection-errors -p no:cacheprovider >"$log" 2>&1
   echo "pytest rc=$?" | tee -a "$log"
   bash "$REPO/recipes/pytest_counts.sh" "$log"  # the counts of pytest's own summary line
   grep -E "FAILED|ERROR" "$log" | tail -n 12
@@ -79,6 +98,25 @@ family_fidelity() {  # $1 = 9b or 2b: the bench's random weights as an export, t
   rm -rf "$export_dir"
 }
 
+parts_file=$PWD/recipes/gpu_parts.txt  # the one list of the GPU suite's parts (cwd: the repository)
+part_entries() {  # $1 = part name: its entries in recipes/gpu_parts.txt, one a line
+  awk -v part="$1" '$1 == part { print $2 }' "$parts_file"
+}
+if [ "$stage" = pytest-parts ]; then  # before setup: no install, no GPU
+  for part in $(awk '!/^#/ && NF && !seen[$1]++ { print $1 }' "$parts_file"); do
+    echo "$part: $(part_entries "$part" | tr '\n' ' ')"
+  done
+  exit 0
+fi
+if [ "$stage" = pytest-part ]; then  # every named part known, before setup
+  names=$(awk '!/^#/ && NF && !seen[$1]++ { print $1 }' "$parts_file" | tr '\n' ' ')
+  [ $# -gt 0 ] || { echo "pytest-part NAME...: one or more of $names"; exit 2; }
+  for part in "$@"; do
+    [ -n "$(part_entries "$part")" ] || { echo "unknown part $part (the parts: $names)"; exit 2; }
+  done
+  parts=("$@")
+fi
+
 setup
 bench="python3 $REPO/recipes/bench_jevbench.py"  # a command for timeout (a shell function would not run)
 case "$stage" in
@@ -89,6 +127,15 @@ case "$stage" in
     for f in "$@"; do case "$f" in /*) files+=("$f") ;; *) files+=("$REPO/$f") ;; esac; done  # cwd is /tmp
     [ ${#files[@]} -eq 0 ] && files=("$REPO/tests")
     gpu_pytest 560 pytest_gpu.log "$expr" "${files[@]}" ;;
+  pytest-part)
+    for part in "${parts[@]}"; do
+      entries=()
+      while read -r entry; do entries+=("$REPO/$entry"); done < <(part_entries "$part")  # cwd is /tmp
+      left=$((585 - (SECONDS - start)))
+      [ "$left" -gt 30 ] || { echo "part $part: no time left"; continue; }
+      echo "part $part: ${#entries[@]} entries, at $((SECONDS - start)) s"
+      gpu_pytest "$left" "pytest_part_$part.log" "" "${entries[@]}"
+    done ;;
   bench)
     timeout 570 $bench --shape 27b --arms C --passes 1 --concurrency 1,8 --single 107,3400 --long-candidate 16384 \
       --sweep '[{"share_tails": false, "min_shared_tokens": 64}]' \

@@ -19,6 +19,8 @@ from hf_openjev.packing.layout_cache import TEMPLATES
 from hf_openjev.packing.naive_layout import build_naive_pack_context
 from hf_openjev.packing.planner import plan_requests
 
+DEFAULTS = FastPathOptions()  # the fast path's options as packing receives them
+
 torch.set_num_threads(1)
 
 # a synthetic non-monotone curve on a 16-row grid: 48 is dearer than 64, 96 than 112 and 128
@@ -101,14 +103,14 @@ def test_the_pack_is_padded_to_the_policys_rows_and_the_cache_tells_policies_apa
     pack = plan.packs[0]
     policy = BucketPolicy("test", (64, 96, 128, 144, 160, 192), (1.0, 5.0, 4.0, 9.0, 3.5, 3.0), window=128)
     TEMPLATES.clear()
-    plain = pc.build_pack_context(plan, pack, {}, "cpu", pad=True)
-    cheap = pc.build_pack_context(plan, pack, {}, "cpu", pad=True, buckets=policy)
+    plain = pc.build_pack_context(plan, pack, {}, "cpu", DEFAULTS, pad=True)
+    cheap = pc.build_pack_context(plan, pack, {}, "cpu", DEFAULTS, pad=True, buckets=policy)
     assert TEMPLATES.misses == 2
     assert [level.hi - level.lo for level in plain.levels] == [64, bucket_tokens(80 + 1)]
     # the last level: 80 real tokens + 1 dummy after 64 rows -> the pack's 145 rows go to 192 (3.0 ms), not 160
     assert cheap.levels[-1].hi == policy.pack_rows(64 + 80 + 1) == 192
     assert plain.graph_key != cheap.graph_key
-    reference = build_naive_pack_context(plan, pack, {}, "cpu", pad=True, buckets=policy)
+    reference = build_naive_pack_context(plan, pack, {}, "cpu", DEFAULTS, pad=True, buckets=policy)
     assert reference.graph_key == cheap.graph_key and torch.equal(reference.input_ids, cheap.input_ids)
 
 
@@ -191,8 +193,8 @@ def test_packs_padded_under_a_policy_give_the_same_rows(tiny_checkpoint):
             plan = plan_requests([[[prefix + [rng.randrange(5, 200) for _ in range(rng.randint(1, 40))]
                                     for _ in range(rng.randint(1, 5))]]], share_tails=True, min_shared_tokens=8)
             for pack in plan.packs:
-                plain = pc.build_pack_context(plan, pack, {}, "cpu")
-                padded = pc.build_pack_context(plan, pack, {}, "cpu", pad=True, buckets=policy)
+                plain = pc.build_pack_context(plan, pack, {}, "cpu", DEFAULTS)
+                padded = pc.build_pack_context(plan, pack, {}, "cpu", DEFAULTS, pad=True, buckets=policy)
                 assert padded.levels[-1].hi in policy.rows  # the pack ends on a measured row count
                 rows = text_model(pack=padded)[: len(padded.leaf_ids)]
                 torch.testing.assert_close(rows, text_model(pack=plain), rtol=1e-5, atol=1e-5)

@@ -18,6 +18,8 @@ from hf_openjev.packing.pack_context import build_pack_context, move_inputs
 from hf_openjev.packing.planner import Pack
 from hf_openjev.patches import apply_patches, patch_record, read_options, revert_patches
 
+DEFAULTS = FastPathOptions()  # the fast path's options as packing receives them
+
 torch.set_num_threads(1)
 
 
@@ -51,8 +53,8 @@ def test_padded_packs_give_the_same_rows(patched_model, tails):
     for _ in range(12):
         plan = plan_requests(_random_requests(rng, vocab), **tails)
         for pack in plan.packs:
-            plain = build_pack_context(plan, pack, {}, "cpu")
-            padded = build_pack_context(plan, pack, {}, "cpu", pad=True)
+            plain = build_pack_context(plan, pack, {}, "cpu", DEFAULTS)
+            padded = build_pack_context(plan, pack, {}, "cpu", DEFAULTS, pad=True)
             assert padded.input_ids.shape[0] >= plain.input_ids.shape[0]  # dummies, or levels that fill a bucket
             rows = text_model(pack=padded)
             assert rows.shape[0] == padded.final_rows.shape[0] >= len(padded.leaf_ids)
@@ -73,7 +75,7 @@ def test_equal_keys_mean_equal_tensor_shapes(patched_model, tails):
         prefix = [rng.randrange(5, vocab) for _ in range(rng.choice([0, 20, 70]))]
         plan = plan_requests([[[prefix + [rng.randrange(5, vocab) for _ in range(rng.randint(1, 60))]
                                 for _ in range(rng.randint(1, 4))]]], **tails)
-        ctx = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True)
+        ctx = build_pack_context(plan, plan.packs[0], {}, "cpu", DEFAULTS, pad=True)
         shapes = [tuple(t.shape) for t in ctx.static_tensors()] + [(d, tuple(t.shape)) for d, t in ctx.inputs.items()]
         assert by_key.setdefault(ctx.graph_key, shapes) == shapes  # and so the flat input buffers a replay copies
     assert len(by_key) < 40  # buckets are shared
@@ -93,7 +95,7 @@ def test_every_device_input_of_a_padded_context_is_copied_in_at_replay(patched_m
         for pack in plan.packs:
             if pack.external or pack.export:
                 continue
-            ctx = build_pack_context(plan, pack, {}, "cpu", pad=True)
+            ctx = build_pack_context(plan, pack, {}, "cpu", DEFAULTS, pad=True)
             static = {id(t) for t in ctx.static_tensors()}
             for holder in [ctx, *ctx.levels, *ctx.gdn_calls]:
                 for f in dataclasses.fields(holder):
@@ -158,7 +160,7 @@ def test_inputs_are_aligned_views_of_one_flat_buffer_per_dtype(pad):
     for _ in range(6):
         plan = plan_requests(_random_requests(rng, 400), share_tails=True, min_shared_tokens=8)
         for pack in (p for p in plan.packs if not (p.external or p.export)):
-            ctx = build_pack_context(plan, pack, {}, "cpu", pad=pad)
+            ctx = build_pack_context(plan, pack, {}, "cpu", DEFAULTS, pad=pad)
             tensors = ctx.static_tensors()
             assert {t.dtype for t in tensors} == set(ctx.inputs) <= {torch.int32, torch.int64}
             for t in tensors:
@@ -176,7 +178,7 @@ def test_inputs_are_aligned_views_of_one_flat_buffer_per_dtype(pad):
 
 def test_an_input_missing_from_static_tensors_is_refused():
     plan = plan_requests([[[[7] * 30 + [8], [9] * 20]]])
-    ctx = build_pack_context(plan, plan.packs[0], {}, "cpu")
+    ctx = build_pack_context(plan, plan.packs[0], {}, "cpu", DEFAULTS)
     assert not ctx.levels[0].has_parents
     ctx.levels[0].chain_index = torch.zeros(3, dtype=torch.long)  # read only with parents: not a static tensor
     with pytest.raises(RuntimeError, match="LevelSpec.chain_index is missing from static_tensors"):
@@ -187,7 +189,7 @@ def test_packs_with_handed_over_states_are_not_padded(patched_model):
     plan = plan_requests([[[[7] * 130 + [8], [7] * 130 + [9], [7] * 130 + [10]]]], max_sequences=1)
     split = next(p for p in plan.packs if p.external)
     with pytest.raises(ValueError, match="without external states"):
-        build_pack_context(plan, split, {}, "cpu", pad=True)
+        build_pack_context(plan, split, {}, "cpu", DEFAULTS, pad=True)
 
 
 def test_a_tail_continued_from_another_pack_is_refused():
@@ -197,7 +199,7 @@ def test_a_tail_continued_from_another_pack_is_refused():
     assert not tail.hands_state and first.parent == second.parent == tail.id
     split = Pack(segments=[first.id, second.id], external=[tail.id])
     with pytest.raises(ValueError, match="continues tail 0 from another pack"):
-        build_pack_context(plan, split, {tail.id: SegmentState(length=40)}, "cpu")
+        build_pack_context(plan, split, {tail.id: SegmentState(length=40)}, "cpu", DEFAULTS)
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +303,7 @@ def test_a_bounded_graph_cache_covers_the_jevbench_workload(tails):
             if not graph_ready(plan, pack):
                 eager += 1
                 continue
-            ctx = build_pack_context(plan, pack, {}, "cpu", pad=True)
+            ctx = build_pack_context(plan, pack, {}, "cpu", DEFAULTS, pad=True)
             keys.add(ctx.graph_key)
             real += pack.tokens(plan)
             padded += ctx.input_ids.shape[0]
@@ -313,7 +315,7 @@ def test_a_bounded_graph_cache_covers_the_jevbench_workload(tails):
 
 def test_graph_keys_tell_compiled_from_plain_elementwise():
     plan = plan_requests([[[[7] * 70 + [8], [7] * 70 + [9]]]])
-    plain = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True)
+    plain = build_pack_context(plan, plan.packs[0], {}, "cpu", DEFAULTS, pad=True)
     compiled = build_pack_context(plan, plan.packs[0], {}, "cpu", FastPathOptions(compile_elementwise=True), pad=True)
     assert compiled.options.compile_elementwise and not plain.options.compile_elementwise
     assert compiled.graph_key != plain.graph_key  # a graph captured with one never replays for the other
@@ -334,7 +336,7 @@ def test_graph_ready_packs():
 
 
 def _calls_and_levels(plan, pack):
-    ctx = build_pack_context(plan, pack, {}, "cpu")
+    ctx = build_pack_context(plan, pack, {}, "cpu", DEFAULTS)
     return [(call.first, call.last, call.rows is not None) for call in ctx.gdn_calls], len(ctx.levels)
 
 
@@ -360,7 +362,7 @@ def test_a_call_reads_one_earlier_calls_final_states_directly(pad):
     external rows)."""
     state = list(range(100, 180))  # 64 shared (level 0), the rest per candidate
     plan = plan_requests([[[state + [7, 8, 9], state + [5, 6]]]])
-    ctx = build_pack_context(plan, plan.packs[0], {}, "cpu", pad=pad)
+    ctx = build_pack_context(plan, plan.packs[0], {}, "cpu", DEFAULTS, pad=pad)
     first, second = ctx.gdn_calls
     assert first.source is None and not first.has_parents
     assert second.source == 0 and second.parent_rows.tolist()[:2] == [0, 0]
@@ -369,14 +371,14 @@ def test_a_call_reads_one_earlier_calls_final_states_directly(pad):
     split = plan_requests([[[state + [7, 8, 9], state + [5, 6]]]], max_sequences=1)
     pack = next(p for p in split.packs if p.external)
     store = {seg: SegmentState(length=split.segments[seg].end) for seg in pack.external}
-    ctx = build_pack_context(split, pack, store, "cpu")
+    ctx = build_pack_context(split, pack, store, "cpu", DEFAULTS)
     (call,) = ctx.gdn_calls
     assert call.has_parents and call.source is None and call.parent_rows.tolist() == [1]  # bank row 1: external
 
 
 def _prefix_reads(plan, pack, pad):
     """Per level with parents: (read in place, the [external ; pack] K/V rows each real sequence reads)."""
-    ctx = build_pack_context(plan, pack, {}, "cpu", pad=pad)
+    ctx = build_pack_context(plan, pack, {}, "cpu", DEFAULTS, pad=pad)
     out = []
     for level in ctx.levels:
         if level.has_parents:
@@ -434,8 +436,8 @@ def _compare_merged_and_per_level(tiny_checkpoint, device, dtype, pad):
             for pack in plan.packs:
                 if pack.external or pack.export:
                     continue
-                merged = build_pack_context(plan, pack, {}, device, pad=pad)
-                apart = build_pack_context(plan, pack, {}, device, pad=pad, merge_levels=False)
+                merged = build_pack_context(plan, pack, {}, device, DEFAULTS, pad=pad)
+                apart = build_pack_context(plan, pack, {}, device, DEFAULTS, pad=pad, merge_levels=False)
                 assert len(apart.gdn_calls) == len(apart.levels)
                 merged_calls += len(merged.gdn_calls) < len(merged.levels)
                 assert torch.equal(text_model(pack=merged), text_model(pack=apart))

@@ -78,9 +78,9 @@ def test_a_full_disk_is_one_line_in_eval_and_export(tiny_checkpoint, tmp_path, m
     last = err.strip().splitlines()[-1]  # after the loading bar
     assert last.startswith("hf-openjev eval: error: the disk is full writing ") and "Traceback" not in err
 
-    import hf_openjev.export.merge as merge
+    import hf_openjev.export.shard_writer as shard_writer
 
-    monkeypatch.setattr(merge._ShardWriter, "write", full)
+    monkeypatch.setattr(shard_writer.ShardWriter, "write", full)
     argv = ["export", "--base", str(tiny_checkpoint.base), "--package", str(tiny_checkpoint.package), "--out",
             str(tmp_path / "export"), "--no-progress"]
     assert cli.main(argv) == 1
@@ -89,7 +89,7 @@ def test_a_full_disk_is_one_line_in_eval_and_export(tiny_checkpoint, tmp_path, m
     assert "Traceback" not in err
     assert not (tmp_path / "export").exists() and not list(tmp_path.glob(".export.*"))
     with pytest.raises(OSError):  # any other OSError is not an expected condition: it is not hidden
-        monkeypatch.setattr(merge._ShardWriter, "write",
+        monkeypatch.setattr(shard_writer.ShardWriter, "write",
                             lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
         cli.main(argv)
 

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 import hf_openjev.checkpoint.publish as publish
 import hf_openjev.export.merge as export_mod
+import hf_openjev.export.shard_writer as shard_writer
 from hf_openjev.checkpoint.tiny import TINY_MODEL_ID, write_tiny_base_and_package
 from hf_openjev.errors import CheckpointError
 from hf_openjev.export.merge import merge_lora
@@ -548,7 +549,7 @@ def test_existing_target_refused_then_replaced_with_overwrite(src, tmp_path, exp
 
 
 def _interrupt_after(monkeypatch, calls: int):
-    original = export_mod._ShardWriter.write
+    original = shard_writer.ShardWriter.write
     seen = []
 
     def write(self, name, tensor):
@@ -557,7 +558,7 @@ def _interrupt_after(monkeypatch, calls: int):
             raise KeyboardInterrupt
         return original(self, name, tensor)
 
-    monkeypatch.setattr(export_mod._ShardWriter, "write", write)
+    monkeypatch.setattr(shard_writer.ShardWriter, "write", write)
     return seen
 
 

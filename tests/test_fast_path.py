@@ -34,6 +34,8 @@ from hf_openjev.packing.planner import plan_requests
 from hf_openjev.patches import apply_patches, patch_record, read_options
 from hf_openjev.scoring import PreparedRequest, build_answer, score_prepared, use_fast_path
 
+DEFAULTS = FastPathOptions()  # the fast path's options as packing receives them
+
 torch.set_num_threads(1)
 
 TOLERANCE = 1e-4
@@ -544,14 +546,14 @@ def test_the_packed_forward_compiles_without_graph_breaks(case):
     requests = [[[prefix + [rng.randrange(256) for _ in range(n)] for n in (3, 5, 1)]]]
     if case.startswith("padded"):  # prefix level, tail + children in one gathered GDN call, dummies
         plan, backend = plan_requests(requests, share_tails=True, min_shared_tokens=8), "inductor"
-        contexts = [build_pack_context(plan, plan.packs[0], {}, "cpu", pad=True)]
+        contexts = [build_pack_context(plan, plan.packs[0], {}, "cpu", DEFAULTS, pad=True)]
         assert any(call.rows is not None for call in contexts[0].gdn_calls)
     else:  # the prefix exports its states; each candidate continues them from the bank
         plan, backend = plan_requests(requests, max_sequences=1), "aot_eager"
         store, contexts = {}, []
         with torch.no_grad():
             for pack in plan.packs:
-                contexts.append(build_pack_context(plan, pack, store, "cpu"))
+                contexts.append(build_pack_context(plan, pack, store, "cpu", DEFAULTS))
                 text_model(pack=contexts[-1])
                 store.update(contexts[-1].exported)
         assert contexts[0].exports and all(ctx.n_external for ctx in contexts[1:])

@@ -9,6 +9,8 @@
 - no two folders (subpackages: fp8, checkpoint, packing, tokenizer, ops, patches, the commands) import each other,
   directly or round a longer circle, every import counted; the patches call FP8, never the reverse, and FP8 reads
   checkpoint formats, never the reverse; the flat core (``hf_openjev/*.py``) holds at most 20 modules;
+- no folder imports a flat-core module that imports the folder (``packing`` never reads ``fast_options``, which
+  reads the planner's defaults: the options are passed in);
 - no function or method is over 80 lines (CONTRIBUTING "Where things go"), and no file of ``serve/`` over 600.
 """
 
@@ -145,6 +147,35 @@ def test_folder_import_direction(importer, imported):
     bad = [f"{name} -> {t}" for name, targets in import_graph().items() if name.startswith(importer + ".")
            for t in targets if t == imported or t.startswith(imported + ".")]
     assert not bad, f"{importer} must not import {imported} (the other way round only): " + ", ".join(bad)
+
+
+def back_up_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """``folder module -> core module`` imports where the flat-core module imports that folder itself: the folder
+    sits below the module, so the arrow runs back up (``hf_openjev.packing.pack_context -> hf_openjev.fast_options``
+    while ``fast_options`` reads the planner's defaults). The thing the folder needs belongs in the folder, or is
+    passed in."""
+    packages = {".".join(name.split(".")[:2]) for name in graph if name.count(".") >= 2}
+    out = []
+    for name, targets in graph.items():
+        here = folder_of(name, packages)
+        if here is None:
+            continue
+        out += [f"{name} -> {t}" for t in sorted(targets) if folder_of(t, packages) is None and t != "hf_openjev"
+                and any(folder_of(u, packages) == here for u in graph.get(t, ()))]
+    return out
+
+
+def test_no_folder_imports_a_core_module_above_it():
+    bad = back_up_arrows(import_graph())
+    assert not bad, "a folder imports a core module that imports the folder (move what it needs down, or pass " \
+                    "it in): " + ", ".join(bad)
+
+
+def test_the_back_up_checker_sees_packing_reading_the_fast_options():
+    graph = {"hf_openjev.fast_options": {"hf_openjev.packing.planner"}, "hf_openjev.packing.planner": set(),
+             "hf_openjev.packing.pack_context": {"hf_openjev.fast_options", "hf_openjev.errors"},
+             "hf_openjev.errors": set(), "hf_openjev.fp8.option": {"hf_openjev.errors"}}
+    assert back_up_arrows(graph) == ["hf_openjev.packing.pack_context -> hf_openjev.fast_options"]
 
 
 def test_the_folder_checker_sees_a_circle():

@@ -8,12 +8,15 @@ import pytest
 import torch
 from same_layouts import assert_same_context
 
+from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.packing import naive_layout as nl
 from hf_openjev.packing import pack_context as pc
 from hf_openjev.packing.layout_cache import TEMPLATES, TemplateCache, shape_key
 from hf_openjev.packing.pack_context import build_pack_context
 from hf_openjev.packing.planner import plan_requests
 from hf_openjev.patches.cuda_graphs import copy_inputs
+
+DEFAULTS = FastPathOptions()  # the fast path's options as packing receives them
 
 torch.set_num_threads(1)
 
@@ -22,8 +25,8 @@ def test_a_hit_runs_none_of_the_layout_steps_and_carries_the_new_tokens(monkeypa
     TEMPLATES.clear()
     first = plan_requests([[[[7] * 70 + [8, 9], [7] * 70 + [10]]]])
     second = plan_requests([[[[3] * 70 + [4, 5], [3] * 70 + [6]]]])  # the same shape, other ids
-    a = build_pack_context(first, first.packs[0], {}, "cpu", pad=True)
-    expected = nl.build_naive_pack_context(second, second.packs[0], {}, "cpu", pad=True)
+    a = build_pack_context(first, first.packs[0], {}, "cpu", DEFAULTS, pad=True)
+    expected = nl.build_naive_pack_context(second, second.packs[0], {}, "cpu", DEFAULTS, pad=True)
 
     def refuse(*args, **kwargs):
         raise AssertionError("a layout step ran on a cache hit")
@@ -32,7 +35,7 @@ def test_a_hit_runs_none_of_the_layout_steps_and_carries_the_new_tokens(monkeypa
         monkeypatch.setattr(pc, step, refuse)
     for step in ("lay_out_levels", "lay_out_pack", "build_gdn_call"):
         monkeypatch.setattr(nl, step, refuse)
-    b = build_pack_context(second, second.packs[0], {}, "cpu", pad=True)
+    b = build_pack_context(second, second.packs[0], {}, "cpu", DEFAULTS, pad=True)
     assert TEMPLATES.hits == 1 and b.graph_key == a.graph_key
     assert_same_context(b, expected)
     assert 7 not in b.input_ids.tolist() and {3, 4, 5, 6} <= set(b.input_ids.tolist())
@@ -71,14 +74,14 @@ def test_the_template_cache_is_bounded_least_recently_used_first_out():
 def test_a_replay_copies_one_buffer_into_the_captured_context():
     first = plan_requests([[[[7] * 40 + [8], [7] * 40 + [9]]]])
     second = plan_requests([[[[5] * 40 + [1], [5] * 40 + [2]]]])
-    captured = build_pack_context(first, first.packs[0], {}, "cpu", pad=True)
-    new = build_pack_context(second, second.packs[0], {}, "cpu", pad=True)
+    captured = build_pack_context(first, first.packs[0], {}, "cpu", DEFAULTS, pad=True)
+    new = build_pack_context(second, second.packs[0], {}, "cpu", DEFAULTS, pad=True)
     assert len(captured.input_buffer) == 1 and captured.input_buffer[0].dtype == torch.uint8
     for tensor in captured.static_tensors():  # every input lies in the one buffer
         assert tensor.untyped_storage().data_ptr() == captured.input_buffer[0].untyped_storage().data_ptr()
     copy_inputs(new, captured)
     assert all(torch.equal(x, y) for x, y in zip(captured.static_tensors(), new.static_tensors()))
     longer = plan_requests([[[[5] * 40 + [1] * 30, [5] * 40 + [2]]]])
-    other = build_pack_context(longer, longer.packs[0], {}, "cpu", pad=True)
+    other = build_pack_context(longer, longer.packs[0], {}, "cpu", DEFAULTS, pad=True)
     with pytest.raises(RuntimeError, match="another input layout"):
         copy_inputs(other, captured)

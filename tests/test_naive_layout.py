@@ -11,6 +11,8 @@ from hf_openjev.packing import naive_layout as nl
 from hf_openjev.packing.graph_buckets import bucket_tokens, pad_level
 from hf_openjev.packing.layout_steps import SegmentState, StateBank, find_anchors, group_levels, index_external
 
+DEFAULTS = FastPathOptions()  # the fast path's options as packing receives them
+
 # --- prefix routing -----------------------------------------------------------------------------------------------
 
 
@@ -117,24 +119,24 @@ def test_a_padded_gathered_call_gives_its_dummies_the_first_row():
 # --- the whole context --------------------------------------------------------------------------------------------
 
 def test_the_naive_context_is_the_steps_results_put_together():
-    ctx = nl.build_naive_pack_context(TAILS, TAILS.packs[0], {}, "cpu")
+    ctx = nl.build_naive_pack_context(TAILS, TAILS.packs[0], {}, "cpu", DEFAULTS)
     layout = nl.lay_out_levels(TAILS, [[0], [1], [2, 3]], NO_EXTERNAL, pad=False, dense_attention_tokens=2048)
     assert ctx.input_ids.tolist() == layout.token_ids and ctx.positions.tolist() == layout.positions
     assert [(level.lo, level.hi) for level in ctx.levels] == [(level.lo, level.hi) for level in layout.levels]
     assert [(call.first, call.last, call.source) for call in ctx.gdn_calls] == [(0, 0, None), (1, 2, 0)]
     assert ctx.leaf_ids == [2, 3] and ctx.final_rows.tolist() == [82, 84]
     assert ctx.options == FastPathOptions() and ctx.graph_key is None
-    padded = nl.build_naive_pack_context(TWO, TWO.packs[0], {}, "cpu", pad=True)
+    padded = nl.build_naive_pack_context(TWO, TWO.packs[0], {}, "cpu", DEFAULTS, pad=True)
     assert padded.graph_key == nl.key_graph(padded) and len(padded.input_buffer) == 1  # moved: one buffer
 
 
 def test_the_naive_context_attaches_exports_and_received_states():
-    first = nl.build_naive_pack_context(SPLIT, SPLIT.packs[0], {}, "cpu")
+    first = nl.build_naive_pack_context(SPLIT, SPLIT.packs[0], {}, "cpu", DEFAULTS)
     ((seg, (row, rows, length)),) = first.exports.items()
     assert (seg, row, rows.tolist(), length) == (0, 1, list(range(64)), 64)  # bank row 1: the first call's state
     state = SegmentState(64, gdn={0: torch.ones(2, 4, 3)}, conv={0: torch.ones(5, 4)},
                          key={3: torch.ones(64, 1, 8)}, value={3: torch.ones(64, 1, 8)})
-    ctx = nl.build_naive_pack_context(SPLIT, SPLIT.packs[1], {0: state}, "cpu")
+    ctx = nl.build_naive_pack_context(SPLIT, SPLIT.packs[1], {0: state}, "cpu", DEFAULTS)
     assert ctx.n_external == 1 and not ctx.exports and torch.equal(ctx.external_key[3], state.key[3])
     assert ctx.gdn_calls[0].parent_rows.tolist() == [1] and ctx.gdn_calls[0].source is None  # the bank's row 1
 

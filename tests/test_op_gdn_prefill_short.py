@@ -10,7 +10,7 @@ from conftest import random_lengths
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from hf_openjev.ops._checks import capture_replay, gdn_inputs, max_errors, to_device
-from hf_openjev.ops.gdn_prefill import gdn_prefill_reference
+from hf_openjev.ops.gdn_prefill import fake_gdn_prefill, gdn_prefill_reference
 from hf_openjev.ops.gdn_prefill_short import BLOCK_V, CHUNK, PRECISION, SHORT_GDN_MAX_TOKENS, use_short_gdn
 from hf_openjev.ops.gdn_short_limits import check_short_shapes, dot_precision
 from hf_openjev.ops.varlen import prepare_varlen_metadata
@@ -57,6 +57,19 @@ def test_fake_gives_the_shapes_and_dtypes_of_the_results():
         o, s = OP(**fake)
     assert o.shape == (16, HV, DV) and o.dtype == torch.bfloat16
     assert s.shape == (2, HV, DK, DV) and s.dtype == torch.float32
+
+
+@pytest.mark.parametrize("final", [True, False])
+def test_both_ops_fake_through_the_one_shared_fake(final):
+    args = {**gdn_inputs([7, 9, 1], HK, HV, DK, DV, dtype=torch.bfloat16, seed=1), "output_final_state": final}
+    with FakeTensorMode() as mode:
+        fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+        shared = fake_gdn_prefill(**fake)
+        results = [shared, OP(**fake), CHUNKED(**fake)]
+    assert [(o.shape, o.dtype, s.shape, s.dtype) for o, s in results] == \
+        [((17, HV, DV), torch.bfloat16, (3 if final else 0, HV, DK, DV), torch.float32)] * 3
+    with pytest.raises(ValueError, match="g/beta"):  # the shared fake checks the inputs like the ops
+        fake_gdn_prefill(**{**args, "g": args["g"][:, :-1]})
 
 
 def test_compile_fullgraph():

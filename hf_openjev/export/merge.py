@@ -15,7 +15,8 @@ What :func:`merge_lora` writes (docs/checkpoints.md "Merged export"):
   without it is no export: no loader accepts an unverified or unfinished one).
 
 Streaming: the base is read one tensor at a time (``safe_open``) and every output tensor is written straight into
-its planned output shard (the safetensors header is known up front from the base headers), so the peak host
+its planned output shard (the safetensors header is known up front from the base headers;
+:mod:`hf_openjev.export.shard_writer` plans and writes the shards), so the peak host
 memory is about the largest single tensor (in fp32 for a merged one) plus the adapter, whatever the shard sizes.
 See ``recipes/RESULTS.md`` (export peak host memory) for a measurement.
 
@@ -53,7 +54,6 @@ import math
 import os
 import re
 import shutil
-import struct
 import sys
 import time
 from collections.abc import Callable
@@ -84,6 +84,7 @@ from ..checkpoint.safetensors_stream import TORCH_DTYPE, TensorFileReader
 from ..errors import GET_CHECKPOINT_DOCS, CheckpointError
 from ..family import check_family_member, is_test_package, package_names
 from .identity import BaseIdentity, check_base_identity
+from .shard_writer import Shard, ShardWriter, check_written_shards, plan_shards, sync_directory
 from .verify import ProbeCheck, TensorCheck, bf16_ulp_distance, peft_merge_and_unload, run_probe
 
 MAX_SHARD_BYTES = 5 * 1000**3  # "shards of at most 5 GB" (docs/checkpoints.md); a file's total size, header included
@@ -93,7 +94,6 @@ PROBE_MODES = ("auto", "on", "off")
 
 _TOKENIZER_FILES = re.compile(r"^(tokenizer.*|special_tokens_map\.json|vocab.*|merges\.txt|added_tokens\.json|"
                               r"chat_template.*)$")
-_HEADER_SLACK = 256  # bytes reserved per shard for the header's fixed part
 _COPY_CHUNK_BYTES = 64 * 1024**2  # tensors that are copied or cast stream through in pieces of this size
 
 # --------------------------------------------------------------------------------------------------------------
@@ -131,16 +131,6 @@ class _Item:
         return math.prod(self.shape) * 2  # bf16
 
 
-@dataclass(frozen=True)
-class _Shard:
-    filename: str
-    items: tuple[_Item, ...]
-
-    @property
-    def data_bytes(self) -> int:
-        return sum(item.nbytes for item in self.items)
-
-
 @dataclass
 class _Plan:
     base_dir: Path
@@ -151,7 +141,7 @@ class _Plan:
     files: list[Path]
     pairs: dict
     items: list[_Item]
-    shards: list[_Shard]
+    shards: list[Shard]
     dropped: list[str]
     cast: list[str]
     manifest: ExportManifest
@@ -234,25 +224,6 @@ def _check_out_dir(out_dir: Path, overwrite: bool, protected: list[Path]) -> Non
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise CheckpointError(f"cannot create {out_dir}: {parent} is not a writable directory")
-
-
-def _plan_shards(items: list[_Item], max_shard_bytes: int) -> list[_Shard]:
-    groups: list[list[_Item]] = []
-    current: list[_Item] = []
-    used = _HEADER_SLACK
-    for item in items:
-        cost = item.nbytes + len(item.name) + 96  # data + this tensor's header entry (upper bound)
-        if current and used + cost > max_shard_bytes:
-            groups.append(current)
-            current, used = [], _HEADER_SLACK
-        current.append(item)
-        used += cost
-    if current:
-        groups.append(current)
-    n = len(groups)
-    if n == 1:
-        return [_Shard("model.safetensors", tuple(groups[0]))]
-    return [_Shard(f"model-{i:05d}-of-{n:05d}.safetensors", tuple(g)) for i, g in enumerate(groups, start=1)]
 
 
 def _check_adapter_against_base(package, pairs: dict, found: dict) -> None:
@@ -407,7 +378,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
     chat_prefix, chat_suffix = render_chat_halves(tokenizer)
 
     items = _plan_items(files, headers, found, pairs)
-    shards = _plan_shards(items, max_shard_bytes)
+    shards = plan_shards(items, max_shard_bytes)
 
     check_free_space(out_dir, sum(item.nbytes for item in items), "the export")
 
@@ -432,85 +403,7 @@ def plan_export(base_dir, package_dir, out_dir, *, max_length: int = 4096, overw
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Writing
-
-
-class _ShardWriter:
-    """Writes the planned shards in order, one tensor at a time, straight to disk (safetensors format)."""
-
-    def __init__(self, out_dir: Path, shards: list[_Shard]):
-        if sys.byteorder != "little":
-            raise CheckpointError("export needs a little-endian host (safetensors stores little-endian data)")
-        self.out_dir = out_dir
-        self.shards = shards
-        self.index = -1
-        self.file = None
-        self.pending: list[_Item] = []
-        self.sizes: list[tuple[str, int]] = []
-
-    def _open_next(self) -> None:
-        self._close()
-        self.index += 1
-        shard = self.shards[self.index]
-        header: dict = {"__metadata__": {"format": "pt"}}
-        offset = 0
-        for item in shard.items:
-            header[item.name] = {"dtype": "BF16", "shape": list(item.shape), "data_offsets": [offset, offset + item.nbytes]}
-            offset += item.nbytes
-        blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
-        blob += b" " * (-len(blob) % 8)
-        self.file = open(self.out_dir / shard.filename, "wb")  # noqa: SIM115 - closed in _close
-        self.file.write(struct.pack("<Q", len(blob)))
-        self.file.write(blob)
-        self.pending = list(shard.items)
-
-    def write(self, name: str, data) -> None:
-        """Write the next planned tensor: a bf16 tensor of the planned shape, or an iterable of flat bf16 chunks."""
-        if not self.pending:
-            self._open_next()
-        item = self.pending.pop(0)
-        if isinstance(data, torch.Tensor):
-            if item.name != name or tuple(data.shape) != item.shape or data.dtype != torch.bfloat16:
-                raise RuntimeError(f"export writer out of order: expected {item.name} {item.shape} bf16, "
-                                   f"got {name} {tuple(data.shape)} {data.dtype}")
-            data = [data.reshape(-1)]
-        elif item.name != name:
-            raise RuntimeError(f"export writer out of order: expected {item.name}, got {name}")
-        written = 0
-        for chunk in data:
-            if chunk.dtype != torch.bfloat16:
-                raise RuntimeError(f"export writer: {name} chunk is {chunk.dtype}, not bf16")
-            if chunk.numel():
-                self.file.write(memoryview(chunk.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
-                written += chunk.numel() * 2
-        if written != item.nbytes:
-            raise RuntimeError(f"export writer: {name} got {written} bytes, planned {item.nbytes}")
-
-    def _close(self) -> None:
-        if self.file is not None:
-            if self.pending:
-                raise RuntimeError(f"export writer: {len(self.pending)} tensors of {self.file.name} not written")
-            self.file.flush()
-            os.fsync(self.file.fileno())
-            self.file.close()
-            self.sizes.append((Path(self.file.name).name, Path(self.file.name).stat().st_size))
-            self.file = None
-
-    def finish(self) -> list[tuple[str, int]]:
-        self._close()
-        if self.index != len(self.shards) - 1:
-            raise RuntimeError("export writer: not every planned shard was written")
-        if len(self.shards) > 1:
-            weight_map = {item.name: shard.filename for shard in self.shards for item in shard.items}
-            index = {"metadata": {"total_size": sum(s.data_bytes for s in self.shards)},
-                     "weight_map": dict(sorted(weight_map.items()))}
-            (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-        return self.sizes
-
-    def abort(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
+# Writing: the merge streamed into the shard writer (:mod:`.shard_writer` writes the files)
 
 
 def _bf16_pieces(reader: TensorFileReader, key: str):
@@ -521,7 +414,7 @@ def _bf16_pieces(reader: TensorFileReader, key: str):
         yield piece.view(dtype) if dtype == torch.bfloat16 else piece.view(dtype).to(torch.bfloat16)
 
 
-def _stream_file(path: Path, items: list[_Item], plan: _Plan, writer: _ShardWriter,
+def _stream_file(path: Path, items: list[_Item], plan: _Plan, writer: ShardWriter,
                  check: TensorCheck | None) -> None:
     """Merge / copy / cast the planned tensors of one base shard into the writer.
 
@@ -555,19 +448,6 @@ def _stream_file(path: Path, items: list[_Item], plan: _Plan, writer: _ShardWrit
             del merged
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write_text_files(plan: _Plan, tmp: Path) -> None:
     config = plan.text_config
     config.architectures = ["Qwen3_5TextModel"]
@@ -575,19 +455,6 @@ def _write_text_files(plan: _Plan, tmp: Path) -> None:
     config.to_json_file(str(tmp / "config.json"))
     for path in plan.tokenizer_files:
         shutil.copyfile(path, tmp / path.name)
-
-
-def _check_written(plan: _Plan, tmp: Path, max_shard_bytes: int) -> None:
-    """Re-read the written headers: every planned tensor present, bf16, right shape; shard sizes within limit."""
-    for shard in plan.shards:
-        path = tmp / shard.filename
-        size = path.stat().st_size
-        if size > max_shard_bytes and len(shard.items) > 1:
-            raise RuntimeError(f"{shard.filename} is {size} bytes, over the {max_shard_bytes}-byte shard limit")
-        headers = read_safetensors_headers(path)
-        want = {item.name: (item.shape, "BF16") for item in shard.items}
-        if headers != want:
-            raise RuntimeError(f"{shard.filename}: written header does not match the plan")
 
 
 def _check_tokenizer(plan: _Plan, tmp: Path) -> None:
@@ -598,7 +465,7 @@ def _check_tokenizer(plan: _Plan, tmp: Path) -> None:
         raise CheckpointError("verification failed: the exported tokenizer renders different chat halves than the base")
 
 
-def _stream_shards(plan: _Plan, writer: "_ShardWriter", check, progress: bool) -> None:
+def _stream_shards(plan: _Plan, writer: ShardWriter, check, progress: bool) -> None:
     """Every base shard, in order, through the merge into ``writer`` (``check``: each merged tensor against PEFT's
     merge, or None)."""
     by_file: dict[Path, list[_Item]] = {}
@@ -681,7 +548,7 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
     try:
         claim = claim_export_temp(out_dir, say=say, what="export")
         tmp = claim.path
-        writer = _ShardWriter(tmp, plan.shards)
+        writer = ShardWriter(tmp, plan.shards)
         check = report.tensor_check
         say(f"export: {len(plan.items)} tensors from {len(plan.files)} base shard(s) into {len(plan.shards)} "
             f"output shard(s) in {tmp}" + (" (each merged tensor checked against PEFT)" if verify else ""))
@@ -691,19 +558,19 @@ def merge_lora(base_dir, package_dir, out_dir, *, max_length: int = 4096, overwr
             raise CheckpointError(f"verification failed: merged {check.worst_module} differs from PEFT's "
                                   f"merge_and_unload() by {check.max_ulp} bf16 ulp (at most 1 is accepted)")
         _write_text_files(plan, tmp)
-        _check_written(plan, tmp, max_shard_bytes)
-        _fsync_dir(tmp)
+        check_written_shards(plan.shards, tmp, max_shard_bytes)
+        sync_directory(tmp)
 
         if verify:
             _check_tokenizer(plan, tmp)
             report.probe = _probe_check(plan, tmp, probe, probe_max_params, probe_tolerance, say)
 
         write_manifest(tmp, plan.manifest)  # only now, verified: an unfinished directory is no export
-        _fsync_dir(tmp)
+        sync_directory(tmp)
         put_in_place(claim, out_dir, overwrite=overwrite, refuse=lambda: CheckpointError(
             f"{out_dir} appeared while exporting; pass --overwrite to replace it"))
         finished = True
-        _fsync_dir(out_dir.parent)
+        sync_directory(out_dir.parent)
     except BaseException:
         if writer is not None:
             writer.abort()

@@ -26,7 +26,6 @@ from typing import NamedTuple
 
 import torch
 
-from hf_openjev.fast_options import FastPathOptions
 from hf_openjev.ops.varlen import prepare_varlen_metadata
 
 from .graph_buckets import pad_level
@@ -49,7 +48,7 @@ from .layout_steps import (
     select_final_rows,
     token_runs_of,
 )
-from .pack_context import PackContext, attach_external_states, check_padding, move_inputs
+from .pack_context import PackContext, PackOptions, attach_external_states, check_padding, move_inputs
 
 
 class PrefixRoute(NamedTuple):
@@ -172,7 +171,7 @@ def attach_exports(ctx: PackContext, plan, pack, layout: Layout, bank: StateBank
         ctx.exports[seg] = (bank.row_of[seg], rows, plan.segments[seg].end)
 
 
-def lay_out_pack(plan, pack, store: dict[int, SegmentState], options: FastPathOptions, *, pad: bool,
+def lay_out_pack(plan, pack, store: dict[int, SegmentState], options: PackOptions, *, pad: bool,
                  merge_levels: bool, buckets=None) -> tuple[PackContext, Layout, StateBank]:
     """The steps of :func:`build_naive_pack_context` up to the inputs, all on the host: ``(context with host tensors
     and its graph key when pad, its Layout, its StateBank)``; received states and exports not attached."""
@@ -221,11 +220,10 @@ def record_template(ctx: PackContext, layout: Layout, bank: StateBank, plan, pac
 
 
 def build_naive_pack_context(plan, pack, store: dict[int, SegmentState], device,
-                             options: FastPathOptions | None = None, *, pad: bool = False,
+                             options: PackOptions, *, pad: bool = False,
                              merge_levels: bool = True, buckets=None) -> PackContext:
     """``pack_context.build_pack_context`` (same arguments, same result) by the tensor steps, without the layout
     cache: every step runs, every input is its own tensor until :func:`~.pack_context.move_inputs`."""
-    options = options if options is not None else FastPathOptions()
     check_padding(pack, pad)
     ctx, layout, bank = lay_out_pack(plan, pack, store, options, pad=pad, merge_levels=merge_levels,
                                      buckets=buckets)

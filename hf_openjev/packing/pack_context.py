@@ -17,15 +17,25 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
-
-from hf_openjev.fast_options import FastPathOptions
 
 from .input_buffer import fill_host_buffer, plan_input_layout, view_inputs
 from .layout import lay_out_template
 from .layout_cache import TEMPLATES, fill_template, shape_key
 from .layout_steps import ExternalBlocks, GdnCall, LevelSpec, SegmentState, index_external
+
+
+class PackOptions(Protocol):
+    """What packing reads of the fast path's options. The caller passes its
+    :class:`~hf_openjev.fast_options.FastPathOptions` (packing sits below it and never imports it): the layout reads
+    ``dense_attention_tokens``, the graph key starts with ``forward_key()``, and the forward reads the rest through
+    ``PackContext.options``."""
+
+    dense_attention_tokens: int
+
+    def forward_key(self) -> tuple: ...
 
 
 @dataclass
@@ -39,7 +49,7 @@ class PackContext:
     final_rows: torch.Tensor  # [N] int64: last token of each scored candidate, in ``leaf_ids`` order
     leaf_ids: list[int]
     # what the forward does (final_row_mlp, compile_elementwise, fused_elementwise, gdn_fp32: FORWARD_FIELDS)
-    options: FastPathOptions = field(default_factory=FastPathOptions)
+    options: PackOptions
     n_external: int = 0
     external_gdn: dict[int, torch.Tensor] = field(default_factory=dict)  # [E, Hv, Dk, Dv]
     external_conv: dict[int, torch.Tensor] = field(default_factory=dict)  # [E, C, K]
@@ -119,11 +129,11 @@ def check_padding(pack, pad: bool) -> None:
         raise ValueError("only packs without external states or exports can be padded for graph replay")
 
 
-def build_pack_context(plan, pack, store: dict[int, SegmentState], device, options: FastPathOptions | None = None,
+def build_pack_context(plan, pack, store: dict[int, SegmentState], device, options: PackOptions,
                        *, pad: bool = False, merge_levels: bool = True, buckets=None) -> PackContext:
     """Lay out ``pack`` (a planner Pack of ``plan``) and route states; ``store`` holds earlier packs' exports.
 
-    ``options`` (default: the defaults) go to the context (the forward reads them) and decide ``dense`` levels: a
+    ``options`` (the fast path's :class:`~hf_openjev.fast_options.FastPathOptions`) go to the context (the forward reads them) and decide ``dense`` levels: a
     level of one sequence at least ``options.dense_attention_tokens`` long, with no prefix, runs one dense causal
     attention call (``LevelSpec.dense``; 0: never).
 
@@ -142,7 +152,6 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, optio
     ids into a copy of that shape's input buffer; the tensors are those ``naive_layout.build_naive_pack_context``
     makes.
     """
-    options = options if options is not None else FastPathOptions()
     check_padding(pack, pad)
     key = shape_key(plan, pack, store, pad=pad, merge_levels=merge_levels,
                     dense_attention_tokens=options.dense_attention_tokens, buckets=buckets)
