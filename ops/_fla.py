@@ -7,8 +7,12 @@ Importing ``fla`` on a CPU-only machine makes stock Transformers bind it and cra
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 _READY = False
+# fla's tuned kernel configurations for the family's shapes, per GPU (fla's sanitized device name), in fla's own
+# config-file format (<kernel>.json); recipes/warmup_breakdown.py --dump-fla-configs writes them on the GPU
+CARRIED_CONFIGS = Path(__file__).parent / "fla_configs"
 
 
 def fla_ready() -> None:
@@ -26,7 +30,29 @@ def fla_ready() -> None:
     import fla.utils
 
     fla.utils.FLA_DISABLE_TENSOR_CACHE = True
+    use_carried_configs()
     _READY = True
+
+
+def use_carried_configs() -> Path | None:
+    """Let fla's autotuners take the configurations carried for this GPU instead of tuning on first use.
+
+    On a machine with an empty kernel cache, fla benchmarks every configuration of each kernel the first time it
+    sees a key (head counts, dims, chunk size, dtypes: once per model shape), compiling each: about a minute of a
+    cold warm-up. fla 0.6 reads tuned configurations from ``FLA_CONFIG_DIR``/<kernel>.json when ``FLA_CACHE_MODE``
+    allows (``fla.ops.utils.cache``). Here: the folder of :data:`CARRIED_CONFIGS` named after this GPU, in strict
+    mode (an exact key only: another shape, dtype or kernel version tunes as before). Nothing is changed when the
+    user set ``FLA_CACHE_MODE`` or ``FLA_CONFIG_DIR`` or when no folder matches the GPU. Returns the folder used."""
+    if "FLA_CACHE_MODE" in os.environ or "FLA_CONFIG_DIR" in os.environ:
+        return None  # the user's own choice
+    from fla.ops.utils import cache
+
+    folder = CARRIED_CONFIGS / cache.get_gpu_info()
+    if not folder.is_dir():
+        return None
+    os.environ["FLA_CONFIG_DIR"] = str(folder)  # read at each lookup (fla.ops.utils.cache.get_fla_config_dir)
+    cache.FLA_CACHE_MODE = cache.FlaCacheMode.STRICT  # read at each call; the env var only at fla's import
+    return folder
 
 
 def versions() -> dict[str, str | None]:
