@@ -7,7 +7,9 @@ its chunks of 64 with the fp32 state on chip) instead of fla's six chunked kerne
 first one-launch design, stays for comparison in ``recipes/gdn_short_check.py``. ``chunk_indices`` and ``chunk_offsets`` are accepted for parity and unused: the kernel reads
 the sequence bounds from ``cu_seqlens`` on the device, so it needs no host metadata and is graph-capturable.
 
-:func:`use_short_gdn` says which of the two ops a level should call, from its longest sequence.
+:func:`use_short_gdn` says which of the two ops a level should call, from its longest sequence, and
+:func:`short_gdn_fits` whether the kernel takes the model's head dims (the forward's ``short_gdn_tokens`` option
+asks both, ``patches/packed_candidates.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from torch import Tensor
 
 from hf_openjev.ops.gdn_prefill import check_gdn_inputs, fake_gdn_prefill, gdn_prefill_reference
-from hf_openjev.ops.gdn_short_limits import check_short_shapes
+from hf_openjev.ops.gdn_short_limits import check_short_dims, check_short_shapes
 
 # Longest sequence a level may have for the fused kernel (one program walks its sequence serially, so long
 # sequences belong to the chunked op). Provisional: recipes/gdn_short_check.py's table sets it.
@@ -32,6 +34,16 @@ def use_short_gdn(max_seq_len: int, threshold: int = SHORT_GDN_MAX_TOKENS) -> bo
     if max_seq_len < 0:
         raise ValueError(f"use_short_gdn: max_seq_len must be >= 0, got {max_seq_len}")
     return max_seq_len <= threshold
+
+
+def short_gdn_fits(head_k_dim: int, head_v_dim: int) -> bool:
+    """True when the CUDA kernel, at this module's launch parameters, takes GDN heads of these dims (Dk, Dv): what
+    the packed forward asks before it calls ``gdn_prefill_short`` on any device, so that CPU and GPU choose alike."""
+    try:
+        check_short_dims(head_k_dim, head_v_dim, BLOCK_V, CHUNK, PRECISION, NUM_WARPS)
+    except ValueError:
+        return False
+    return True
 
 
 @torch.library.custom_op("hf_openjev::gdn_prefill_short", mutates_args=())

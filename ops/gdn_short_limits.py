@@ -11,13 +11,17 @@ PRECISIONS = ("ieee", "tf32x3", "tf32", "bf16x3", "bf16x6")
 
 
 def check_short_shapes(q: Tensor, v: Tensor, block_v: int, chunk: int, precision: str, num_warps: int = 4) -> None:
+    """The kernel's limits for q [T, Hk, Dk] and v [T, Hv, Dv]: :func:`check_short_dims` of their head dims."""
+    check_short_dims(q.shape[-1], v.shape[-1], block_v, chunk, precision, num_warps)
+
+
+def check_short_dims(dk: int, dv: int, block_v: int, chunk: int, precision: str, num_warps: int = 4) -> None:
     """The kernel's limits: head dims powers of two >= 16 (Triton tiles); block_v a power of two >= 16 dividing
-    Dv and >= 4 * num_warps; chunk 16, 32 or 64; precision one of ``PRECISIONS``.
+    Dv and >= 4 * num_warps; chunk 16, 32 or 64; precision one of ``PRECISIONS``. A ValueError says which fails.
 
     block_v < 4 * num_warps (e.g. 16 with 8 warps) splits the [64, block_v] products over two Hopper warp groups
     into 8-column wgmma tiles, and that build faulted on an H200 ("illegal memory access"; Triton issue 10629
     reports the same for N=8 tf32 MMAs), so it is refused rather than run."""
-    dk, dv = q.shape[-1], v.shape[-1]
     for name, d in (("Dk", dk), ("Dv", dv)):
         if d < 16 or d & (d - 1):
             raise ValueError(f"gdn_prefill_short: {name}={d} must be a power of two >= 16; use gdn_prefill")
