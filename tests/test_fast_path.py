@@ -64,8 +64,14 @@ REQUESTS_PER_CONFIG = 60
 
 
 def build_model(name: str, seed: int) -> JevModel:
-    """A random fp32 CPU JevModel: non-zero norm weights, slow-decaying GDN heads (long memory), random head."""
-    config = tiny_text_config(initializer_range=0.05, **CONFIGS[name])
+    """A random fp32 CPU JevModel of ``CONFIGS[name]`` (:func:`random_model`)."""
+    return random_model(CONFIGS[name], seed, name)
+
+
+def random_model(overrides: dict, seed: int, name: str = "custom") -> JevModel:
+    """A random fp32 CPU JevModel of ``tiny_text_config(**overrides)``: non-zero norm weights, slow-decaying GDN heads
+    (long memory), random head."""
+    config = tiny_text_config(initializer_range=0.05, **overrides)
     torch.manual_seed(seed)
     backbone = Qwen3_5TextModel(config).float().eval()
     gen = torch.Generator().manual_seed(seed + 1)
