@@ -125,12 +125,24 @@ def test_a_malformed_sweep_is_refused_before_any_work(tmp_path, sweep):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("flag, value", [("--fast-options", '{"min_shared": 64}'), ("--patch-options", '{"graphs": false}'),
-                                         ("--sweep", '[{"share_tail": true}]'), ("--fast-options", '{"max_tokens": 0}')])
-def test_unknown_or_bad_fast_path_options_are_refused_before_any_work(tmp_path, capsys, flag, value):
+def test_a_sweep_compares_the_short_gdn_kernel_off_and_on(tmp_path):
+    bench = load_recipe("bench_jevbench")
+    run = bench.parse_arguments(["--shape", "tiny", "--arms", "C", "--sweep", '[{}, {"short_gdn_tokens": 128}]',
+                                 "--out", str(tmp_path)])
+    assert [run.c_options.replace(**entry).short_gdn_tokens for entry in run.sweep_entries] == [0, 128]
+
+
+UNKNOWN = "unknown fast-path option"
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--fast-options", '{"min_shared": 64}', UNKNOWN), ("--patch-options", '{"graphs": false}', UNKNOWN),
+    ("--sweep", '[{"share_tail": true}]', UNKNOWN),
+    ("--fast-options", '{"max_tokens": 0}', "max_tokens must be a positive integer"),
+    ("--sweep", '[{"short_gdn_tokens": -1}]', "short_gdn_tokens must be a non-negative integer (0: never), got -1")])
+def test_unknown_or_bad_fast_path_options_are_refused_before_any_work(tmp_path, capsys, flag, value, message):
     bench = load_recipe("bench_jevbench")
     with pytest.raises(SystemExit):
         bench.main(["--shape", "tiny", "--arms", "C", flag, value, "--out", str(tmp_path / "o")])
-    error = capsys.readouterr().err
-    assert "unknown fast-path option" in error or "max_tokens must be a positive integer" in error
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
