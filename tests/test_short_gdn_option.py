@@ -6,7 +6,8 @@ CPU, fp32: both ops run the same reference here, so scores with the option on mu
 fp32 rounding) and the reference path's within the fast path's gate; what is checked besides is that the short op
 really runs (on the calls the threshold picks, with initial states from shared prefixes and states handed between
 packs), never when the option is off, never on calls longer than the threshold, and never on heads outside the
-kernel's limits; and that the flag is in the layout's cache key and the graph key.
+kernel's limits; and that the flag is in the layout's cache key and the graph key. On CUDA (``-m gpu``): the
+Triton kernel in the whole bf16 forward, eager and replayed from CUDA graphs, against the chunked op's scores.
 """
 
 from __future__ import annotations
@@ -162,3 +163,69 @@ def test_the_flag_is_in_the_shape_key_and_the_graph_key():
     assert graph_keys[0] != graph_keys[1]
     assert graph_keys[1] == nl.build_naive_pack_context(plan, plan.packs[0], {}, "cpu",
                                                         FastPathOptions(short_gdn_tokens=256), pad=True).graph_key
+
+
+# --- CUDA (-m gpu): the Triton kernel in the whole forward, eager and replayed ------------------------------------
+
+@pytest.fixture(scope="module")
+def heads27_checkpoint(tmp_path_factory):
+    """A tiny checkpoint (4 layers, hidden 256) with the 27B model's Gated DeltaNet and attention head layouts
+    (tests/test_cuda_graphs.py's: fla's kernels are already tuned for it when the GPU suite runs that first)."""
+    from hf_openjev.checkpoint.tiny import tiny_text_config
+    from hf_openjev.export.tiny import build_tiny_checkpoint
+
+    config = tiny_text_config(hidden_size=256, linear_num_key_heads=16, linear_num_value_heads=48,
+                              linear_key_head_dim=128, linear_value_head_dim=128, num_attention_heads=24,
+                              num_key_value_heads=4, head_dim=256,
+                              rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                               "mrope_section": [11, 11, 10], "mrope_interleaved": True})
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("heads27"), config=config)
+
+
+def _token_requests(rng: random.Random, vocab: int) -> list:
+    """1-3 requests [question][candidate] of token ids: shared states of 0-200 tokens, question heads, suffixes."""
+    requests = []
+    for _ in range(rng.randint(1, 3)):
+        prefix = [rng.randrange(5, vocab) for _ in range(rng.randint(0, 200))]
+        questions = []
+        for _ in range(rng.randint(1, 2)):
+            head = prefix + [rng.randrange(5, vocab) for _ in range(rng.randint(0, 100))]
+            questions.append([head + [rng.randrange(5, vocab) for _ in range(rng.randint(1, 40))]
+                              for _ in range(rng.randint(1, 5))])
+        requests.append(questions)
+    return requests
+
+
+def short_against_chunked(checkpoint, device: str, dtype, gdn_calls) -> None:
+    """Scores with ``short_gdn_tokens=THRESHOLD`` (eager, then graphs where the device has them: captures, then
+    replays equal to them) within 1% of the largest score of the chunked op's eager scores (bf16: one rounding step
+    of a hidden row moves this model's scores by ~0.1 of ~24; a misrouted state moves them by O(score)); the short
+    op ran."""
+    from hf_openjev import load_export
+    from hf_openjev.fast_path import score_fast
+    from hf_openjev.patches import patch_record, read_options
+
+    model = load_export(checkpoint.export, dtype=dtype, device=device)
+    rng = random.Random(3)
+    batches = [_token_requests(rng, model.config.vocab_size) for _ in range(4)]
+    apply_patches(model, FastPathOptions(cuda_graphs=False))
+    chunked = [score_fast(model, b)[0] for b in batches]
+    assert {name for name, _, _ in gdn_calls} == {"chunked"}
+    eager = [score_fast(model, b, read_options(model).replace(short_gdn_tokens=THRESHOLD))[0] for b in batches]
+    assert any(name == "short" for name, _, _ in gdn_calls)
+    apply_patches(model, FastPathOptions(cuda_graphs=True, short_gdn_tokens=THRESHOLD))
+    first = [score_fast(model, b)[0] for b in batches]  # captures (CUDA)
+    again = [score_fast(model, b)[0] for b in batches]  # replays
+    graphs = patch_record(model).graphs
+    assert graphs is None or graphs.replays > 0
+    for c, e, f, a in zip(chunked, eager, first, again, strict=True):
+        assert f == a
+        bound = 0.01 * max(abs(x) for x in c)
+        assert max(abs(x - y) for x, y in zip(c, e, strict=True)) <= bound
+        assert max(abs(x - y) for x, y in zip(c, f, strict=True)) <= bound
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_short_calls_match_the_chunked_op_eager_and_replayed_on_cuda(heads27_checkpoint, gdn_calls):
+    short_against_chunked(heads27_checkpoint, "cuda", torch.bfloat16, gdn_calls)
