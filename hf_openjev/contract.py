@@ -332,7 +332,8 @@ def tokenize_candidates(
 
     ``split_shared``: ``encode`` is proven to split at clean cuts
     (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_splits`): ``chat_prefix + parsed.shared_text`` is
-    tokenized once and each candidate's rest on its own (:class:`~hf_openjev.candidate_tokens.CandidateEncoder`).
+    tokenized once and each candidate's rest on its own (:class:`~hf_openjev.candidate_tokens.CandidateEncoder`);
+    a request of one candidate is tokenized whole (one call, nothing to share).
 
     ``clean_cut(text, start, end)``: the first position ``start <= c <= end`` where ``encode(text[:c])`` is a prefix of
     ``encode(text)``, or None (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_cuts`). With it, a candidate of more
@@ -356,7 +357,7 @@ def tokenize_candidates(
 
     encoder = CandidateEncoder(encode, chat_prefix=chat_prefix, chat_suffix=chat_suffix, max_length=max_length,
                                clean_cut=clean_cut, token_floor=token_floor,
-                               shared=parsed.shared_text if split_shared else None)
+                               shared=parsed.shared_text if split_shared and parsed.candidate_count > 1 else None)
     result: list[list[list[int]]] = []
     floor = WorkFloor(shares_prefixes)
     for question in parsed.questions:

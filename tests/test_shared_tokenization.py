@@ -113,6 +113,12 @@ def test_the_state_is_encoded_once_per_request(model, encode_calls):
     assert prepared.tokens == whole_ids(model, prepared.parsed)
 
 
+def test_a_request_of_one_candidate_is_tokenized_whole(model, encode_calls):
+    """Nothing to share: one call, the whole text (splitting would only add a call)."""
+    prepared = prepare_request(model, {"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}})
+    assert encode_calls == [model.chat_prefix + prepared.parsed.questions[0].prompts[0] + model.chat_suffix]
+
+
 def _with_tokenizer(model, tokenizer) -> JevModel:
     return JevModel(model.backbone, model.head, tokenizer, dataclasses.replace(model.manifest), method="merged")
 
