@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from hf_openjev.candidate_tokens import EXACT_COUNT_CHARS, CandidateEncoder
 from hf_openjev.errors import RequestError
+from hf_openjev.tokenizer.candidate_tokens import EXACT_COUNT_CHARS, CandidateEncoder
 
 __all__ = [
     "DIFFERING_READINGS",
@@ -332,8 +332,9 @@ def tokenize_candidates(
 
     ``split_shared``: ``encode`` is proven to split at clean cuts
     (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_splits`): ``chat_prefix + parsed.shared_text`` is
-    tokenized once and each candidate's rest on its own (:class:`~hf_openjev.candidate_tokens.CandidateEncoder`);
-    a request of one candidate is tokenized whole (one call, nothing to share).
+    tokenized once and each candidate's rest on its own
+    (:class:`~hf_openjev.tokenizer.candidate_tokens.CandidateEncoder`); a request of one candidate is tokenized whole
+    (one call, nothing to share).
 
     ``clean_cut(text, start, end)``: the first position ``start <= c <= end`` where ``encode(text[:c])`` is a prefix of
     ``encode(text)``, or None (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_cuts`). With it, a candidate of more

@@ -1,7 +1,8 @@
-"""A request's shared text tokenized once (hf_openjev.candidate_tokens, contract.tokenize_candidates(split_shared=True),
-scoring.tokenize_request): every candidate's ids are its whole text's, with the real Qwen3.5 tokenizer and the toy
-one, on random and adversarial states, questions and options; the state is encoded once per request; a tokenizer
-whose splits are not proven is tokenized whole; the max_length verdicts, messages and budgets are the whole texts'."""
+"""A request's shared text tokenized once (hf_openjev.tokenizer.candidate_tokens,
+contract.tokenize_candidates(split_shared=True), scoring.tokenize_request): every candidate's ids are its whole
+text's, with the real Qwen3.5 tokenizer and the toy one, on random and adversarial states, questions and options; the
+state is encoded once per request; a tokenizer whose splits are not proven is tokenized whole; the max_length
+verdicts, messages and budgets are the whole texts'."""
 
 from __future__ import annotations
 
@@ -12,19 +13,19 @@ import re
 
 import pytest
 
-from hf_openjev.candidate_tokens import EXACT_COUNT_CHARS
 from hf_openjev.contract import parse_request, tokenize_candidates
 from hf_openjev.errors import RequestError
 from hf_openjev.model import JevModel
 from hf_openjev.scoring import _splits_for, prepare_request, tokenize_request
+from hf_openjev.tokenizer.candidate_tokens import EXACT_COUNT_CHARS
 from hf_openjev.tokenizer.prefix_cuts import find_clean_cut
 
 # what states, questions and options are made of: words, trailing and leading whitespace of every kind, "\r\n" runs,
 # digits, CJK, emoji, combining marks (NFC composes e + U+0301), Hangul jamo, contractions, added tokens in the text
-PIECES = ["refund", "order", "Über", "cafe\u0301", "\u0301", "\u1100\u1161\u11a8", "日本語", "🙂", "👍🏽", "'s", "'S",
-          "'re", "n't", "'", "12345", "7", "3.14", "...", "!!", "(", ")", "#", "--", ":", " ", "  ", "   ", "\n", "\n\n",
-          " \n", "\t", "\r\n", "\r\n\r\n", "\u00a0", "\u3000", "<|im_start|>", "<|im_end|>", "<think>", "Question:",
-          "Question: ", "\n\nQuestion:", "x" * 30, '"', ",", "{", "}"]
+PIECES = ["refund", "order", "Über", "cafe\u0301", "\u0301", "\u1100\u1161\u11a8", "日本語", "🙂", "👍🏽", "'s",
+          "'S", "'re", "n't", "'", "12345", "7", "3.14", "...", "!!", "(", ")", "#", "--", ":", " ", "  ", "   ",
+          "\n", "\n\n", " \n", "\t", "\r\n", "\r\n\r\n", "\u00a0", "\u3000", "<|im_start|>", "<|im_end|>", "<think>",
+          "Question:", "Question: ", "\n\nQuestion:", "x" * 30, '"', ",", "{", "}"]
 EDGES = ["", " ", "  ", "\n", "\r\n", "'s", "'s more", "'ll", "\u0301", "\u0301e", "123", "🙂", "日本", " leading",
          "\nnewline first", "trailing   ", "ends in newline\n", "\r\n\r\n", "Question:", ":", "<|im_end|>"]
 

@@ -31,18 +31,20 @@ part before such a cut exactly as it treats it inside the whole text, under the 
 Clean splits: the same cuts, under one more condition (:func:`explain_unsplit_spec`: no added token strips the
 whitespace on its right), also give ``encode(text) == encode(text[:c]) + encode(text[c:])``, so a text shared by
 several others (a request's ``chat_prefix + "Context:\\n" + S + "\\n\\nQuestion:"``, followed by `` " " + Q...``) is
-tokenized once (:func:`hf_openjev.candidate_tokens.CandidateEncoder`). Why the pieces from the cut on are the same:
+tokenized once (:class:`hf_openjev.tokenizer.candidate_tokens.CandidateEncoder`). Why the pieces from the cut on are
+the same:
 
 * added tokens (Hugging Face's ``AddedVocabulary.find_matches``: leftmost-longest matches, scanned left to right):
   a match of the whole text that starts before ``c`` ends at or before it (it holds no space), and no token's
   content starts at ``c`` (the space), so the scan of the whole text takes exactly the prefix's matches before
-  ``c``, and its matches after ``c`` are the suffix's (the same characters from ``c`` on). The options at the cut: ``single_word`` tests the
-  characters beside a match; a match ending at ``c`` has the space after it in the text and the string's end in the
-  prefix, a match starting after ``c`` has the same characters before it in the text and in the suffix (which
-  starts with the space): every test comes out the same. ``lstrip`` takes the whitespace run left of a match; that run
-  starts at ``c`` at the earliest (``text[c - 1]`` is not whitespace), in the text as in the suffix. ``rstrip``
-  would take the space at ``c`` into a match ending there: such tokens are refused. ``normalized`` tokens are
-  matched the same way on the normalized pieces (below), and NFC maps no character to a space;
+  ``c``, and its matches after ``c`` are the suffix's (the same characters from ``c`` on). The options at the cut:
+  ``single_word`` tests the characters beside a match; a match ending at ``c`` has the space after it in the text
+  and the string's end in the prefix, a match starting after ``c`` has the same characters before it in the text
+  and in the suffix (which starts with the space): every test comes out the same. ``lstrip`` takes the whitespace
+  run left of a match; that run starts at ``c`` at the earliest (``text[c - 1]`` is not whitespace), in the text as
+  in the suffix. ``rstrip`` would take the space at ``c`` into a match ending there: such tokens are refused.
+  ``normalized`` tokens are matched the same way on the normalized pieces (below), and NFC maps no character to a
+  space;
 * NFC: the space has a boundary before it (canonical combining class 0, quick check yes, composes with nothing
   before it), so NFC(text) = NFC(text[:c]) + NFC(text[c:]): the normalized text is cut at the same space, after
   the same ASCII character;

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .errors import RequestError
+from ..errors import RequestError
 
 __all__ = ["EXACT_COUNT_CHARS", "CandidateEncoder", "count_past_limit"]
 
