@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Sequence
 
 from hf_openjev.errors import RequestError
+from hf_openjev.tokenizer.candidate_tokens import EXACT_COUNT_CHARS, CandidateEncoder
 
 __all__ = [
     "DIFFERING_READINGS",
+    "EXACT_COUNT_CHARS",
     "KINDS",
     "KIND_NAMES",
     "MAX_CANDIDATES",
@@ -44,6 +46,7 @@ __all__ = [
     "parse_request",
     "question_head",
     "render",
+    "shared_head",
     "token_budget_error",
     "tokenize_candidates",
 ]
@@ -124,9 +127,14 @@ def render(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
+def shared_head(state_text: str) -> str:
+    """The start of every candidate prompt of a request: ``"Context:\\n" + S + "\\n\\nQuestion:"`` (a space follows)."""
+    return "Context:\n" + state_text + "\n\nQuestion:"
+
+
 def question_head(state_text: str, question_text: str) -> str:
     """The head shared by every candidate of a question: ``"Context:\\n" + S + "\\n\\nQuestion: " + Q + "\\n"``."""
-    return "Context:\n" + state_text + "\n\nQuestion: " + question_text + "\n"
+    return shared_head(state_text) + " " + question_text + "\n"
 
 
 def candidate_prompt(head: str, option: str) -> str:
@@ -157,10 +165,12 @@ class Question:
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    """A validated request: the requested model (or ``None``) and its questions in request order."""
+    """A validated request: the requested model (or ``None``) and its questions in request order; ``shared_text``:
+    the start of every candidate prompt (:func:`shared_head`), "" when not known (a request built by hand)."""
 
     model: str | None
     questions: tuple[Question, ...]
+    shared_text: str = ""
 
     @property
     def candidate_count(self) -> int:
@@ -298,7 +308,7 @@ def parse_request(request: Any, *, served_models: Collection[str] = ()) -> Parse
         if total > MAX_CANDIDATES:
             raise RequestError(MSG_CANDIDATES, detail=f"question {qid!r} brings the request to {total} candidate "
                                                       f"sequences, over the limit of {MAX_CANDIDATES}")
-    return ParsedRequest(model=model, questions=tuple(parsed))
+    return ParsedRequest(model=model, questions=tuple(parsed), shared_text=shared_head(state_text))
 
 
 def tokenize_candidates(
@@ -312,12 +322,19 @@ def tokenize_candidates(
     token_floor: Callable[[str], int] | None = None,
     max_total_tokens: int | None = None,
     shares_prefixes: bool = False,
+    split_shared: bool = False,
 ) -> list[list[list[int]]]:
     """Tokenize every candidate, question by question, candidate by candidate (docs/contract.md §2 item 7).
 
-    The text sent to ``encode`` is ``chat_prefix + prompt + chat_suffix``; ``encode`` must add no special tokens.
-    The first sequence longer than ``max_length`` raises ``RequestError("question <id>: <n> tokens exceeds
-    max_length=<m>; no silent truncation")``; nothing is truncated. Returns token ids per question per candidate.
+    The text is ``chat_prefix + prompt + chat_suffix``; ``encode`` must add no special tokens. The first sequence
+    longer than ``max_length`` raises ``RequestError("question <id>: <n> tokens exceeds max_length=<m>; no silent
+    truncation")``; nothing is truncated. Returns token ids per question per candidate: each the whole text's ids.
+
+    ``split_shared``: ``encode`` is proven to split at clean cuts
+    (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_splits`): ``chat_prefix + parsed.shared_text`` is
+    tokenized once and each candidate's rest on its own
+    (:class:`~hf_openjev.tokenizer.candidate_tokens.CandidateEncoder`); a request of one candidate is tokenized whole
+    (one call, nothing to share).
 
     ``clean_cut(text, start, end)``: the first position ``start <= c <= end`` where ``encode(text[:c])`` is a prefix of
     ``encode(text)``, or None (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_cuts`). With it, a candidate of more
@@ -339,19 +356,15 @@ def tokenize_candidates(
     """
     from .work_tokens import WorkFloor
 
+    encoder = CandidateEncoder(encode, chat_prefix=chat_prefix, chat_suffix=chat_suffix, max_length=max_length,
+                               clean_cut=clean_cut, token_floor=token_floor,
+                               shared=parsed.shared_text if split_shared and parsed.candidate_count > 1 else None)
     result: list[list[list[int]]] = []
     floor = WorkFloor(shares_prefixes)
     for question in parsed.questions:
         per_question: list[list[int]] = []
         for prompt in question.prompts:
-            text = chat_prefix + prompt + chat_suffix
-            over = _count_past_max_length(text, encode, max_length, clean_cut, token_floor)
-            ids = list(encode(text)) if over is None else None
-            if ids is None or len(ids) > max_length:
-                raise RequestError(
-                    f"question {question.id}: {over if ids is None else len(ids)} tokens exceeds "
-                    f"max_length={max_length}; no silent truncation"
-                )
+            ids = encoder.encode(question.id, prompt)
             per_question.append(ids)
             total = floor.add(len(result), ids)
             if max_total_tokens is not None and total > max_total_tokens:
@@ -369,37 +382,6 @@ def token_budget_error(count: int, limit: int, question_id=None, *, shared_once:
     return RequestError(f"{MSG_TOO_MANY_TOKENS}: at least {count} {what} > max_request_tokens={limit}", status=413,
                         detail=f"{where} takes the request past {limit} {what}; send fewer questions or "
                                "candidates, or shorter texts")
-
-
-EXACT_COUNT_CHARS = 16  # candidates of at most this many characters per max_length token are counted in full
-
-
-def _count_past_max_length(text: str, encode: Callable[[str], list[int]], max_length: int,
-                           clean_cut: Callable[[str, int], int | None] | None,
-                           token_floor: Callable[[str], int] | None = None) -> int | None:
-    """The token count of a clean prefix of ``text`` that is already over ``max_length``, or None when there is no
-    such prefix to find cheaply (short texts, no ``clean_cut``, no cut, or every prefix within the limit).
-
-    Prefixes end at the first cut past 8 * (max_length + 1) characters, then past twice the previous cut, so the
-    characters tokenized add up to less than twice the last prefix; a cut farther than twice the wanted length
-    is not taken. Then ``token_floor``: a bound from the bytes over ``max_length`` settles it without tokenizing
-    (texts with no cut nearby: digits, CJK, no spaces)."""
-    if len(text) <= EXACT_COUNT_CHARS * max_length:
-        return None
-    want = 8 * (max_length + 1)
-    while clean_cut is not None and want < len(text):
-        cut = clean_cut(text, want, 2 * want)  # searched up to there only
-        if cut is None or cut >= len(text) or cut > 2 * want:
-            break
-        count = len(encode(text[:cut]))
-        if count > max_length:
-            return count
-        want = 2 * cut
-    if token_floor is not None:
-        floor = token_floor(text)
-        if floor > max_length:
-            return floor
-    return None
 
 
 def _softmax(scores: Sequence[float], temperature: float) -> list[float]:

@@ -54,8 +54,10 @@ def tokenize_request(model, parsed: ParsedRequest, *, max_total_tokens: int | No
     over ``model.max_length``. Over-long texts stop at a clean prefix already over the limit where the model's
     tokenizer allows it (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_cuts`); the verdict and the token counts of
     accepted requests are those of full tokenization; texts without clean cuts are bounded from their bytes
-    (:mod:`hf_openjev.tokenizer.token_floor`). ``max_total_tokens``: the request's token budget, counted as the work of the
-    path that will score it (``fast``, :func:`use_fast_path`; on the fast path with ``options``' prefix sharing,
+    (:mod:`hf_openjev.tokenizer.token_floor`). Where that tokenizer's clean cuts split its ids
+    (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_splits`), the request's shared text (the chat prefix,
+    the state) is tokenized once, not once per candidate, with the same ids. ``max_total_tokens``: the request's
+    token budget, counted as the work of the path that will score it (``fast``, :func:`use_fast_path`; on the fast path with ``options``' prefix sharing,
     each shared prefix once: :func:`hf_openjev.work_tokens.count_work_tokens`); 413 past it, tokenization stopped
     as soon as a lower bound of that work is past it (:func:`~hf_openjev.contract.tokenize_candidates`)."""
     own = _own_tokenizer(model)
@@ -64,7 +66,8 @@ def tokenize_request(model, parsed: ParsedRequest, *, max_total_tokens: int | No
                                  chat_suffix=model.chat_suffix, max_length=model.max_length,
                                  clean_cut=_clean_cut_for(model) if own else None,
                                  token_floor=_token_floor_for(model) if own else None,
-                                 max_total_tokens=max_total_tokens, shares_prefixes=shares)
+                                 max_total_tokens=max_total_tokens, shares_prefixes=shares,
+                                 split_shared=own and _splits_for(model))
     if shares:  # the floor let it through; the plan's exact count decides
         from .contract import token_budget_error
         from .work_tokens import count_work_tokens
@@ -114,14 +117,23 @@ def _token_floor_for(model):
     return prove_token_floor(model.tokenizer) if _own_tokenizer(model) else None
 
 
+def _splits_for(model) -> bool:
+    """Whether the model's tokenizer splits at clean cuts
+    (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_splits`); a stand-in's ``encode``: False."""
+    from .tokenizer.tokenizer_analysis import prove_clean_splits
+
+    return _own_tokenizer(model) and prove_clean_splits(model.tokenizer)
+
+
 def prove_tokenizer_shortcuts(model) -> None:
-    """Run (and cache) the proofs behind :func:`tokenize_request`'s shortcuts for over-long texts (the clean cuts
-    and the byte floor) now rather than on the first request, which would otherwise wait for them: a few seconds
-    with the real Qwen3.5 tokenizer the first time (recipes/RESULTS.md), then read from the disk cache
+    """Run (and cache) the proofs behind :func:`tokenize_request`'s shortcuts (the clean cuts, the byte floor for
+    over-long texts, and the clean splits that tokenize a request's shared text once) now rather than on the first
+    request, which would otherwise wait for them: a few seconds with the real Qwen3.5 tokenizer the first time (recipes/RESULTS.md), then read from the disk cache
     (:mod:`hf_openjev.tokenizer.tokenizer_analysis`). A stand-in's ``encode`` has none: nothing to do."""
     if _own_tokenizer(model):
         _clean_cut_for(model)
         _token_floor_for(model)
+        _splits_for(model)
 
 
 def use_fast_path(model, fast: bool | None) -> bool:

@@ -1,7 +1,7 @@
 """Clean cuts (hf_openjev.tokenizer.prefix_cuts) and the early max_length verdict they allow
-(contract.tokenize_candidates): the prefix property on random texts for every known pre-tokenizer pattern, the
-tokenizers it refuses, and that a verdict is the full tokenization's while a 4 MiB over-long state is refused in
-milliseconds."""
+(contract.tokenize_candidates): the prefix property and the split property (encode(text) == encode(text[:c]) +
+encode(text[c:])) on random texts for every known pre-tokenizer pattern, the tokenizers they refuse, and that a
+verdict is the full tokenization's while a 4 MiB over-long state is refused in milliseconds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import time
 
 import pytest
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from hf_openjev.checkpoint.tiny import build_tiny_tokenizer
 from hf_openjev.contract import EXACT_COUNT_CHARS, parse_request, tokenize_candidates
@@ -22,9 +22,10 @@ from hf_openjev.tokenizer.prefix_cuts import (
     QWEN2_PATTERN,
     QWEN35_PATTERN,
     explain_unclean,
+    explain_unsplit,
     find_clean_cut,
 )
-from hf_openjev.tokenizer.tokenizer_analysis import prove_clean_cuts
+from hf_openjev.tokenizer.tokenizer_analysis import prove_clean_cuts, prove_clean_splits
 
 CORPUS = ["The customer's order isn't here; they'd like a refund (order #12345) by Friday!!",
           "Über naïve café — 日本語のテキスト, emoji 🙂 and numbers 0123456789.",
@@ -86,6 +87,39 @@ def test_every_clean_cut_keeps_the_first_tokens(name):
     assert cuts > 500
 
 
+@pytest.mark.parametrize("name", sorted(CLEAN))
+def test_every_clean_cut_splits_the_ids(name):
+    """encode(text) == encode(text[:c]) + encode(text[c:]) at every clean cut (what tokenizing a request's shared
+    text once relies on), texts that start or end with spaces and newlines included."""
+    tok = CLEAN[name]()
+    assert explain_unsplit(tok) is None and prove_clean_splits(tok)
+    rng = random.Random(name)
+    cuts = 0
+    for _ in range(150):
+        text = _random_text(rng)
+        whole = tok.encode(text, add_special_tokens=False).ids
+        c = find_clean_cut(text, 1)
+        while c is not None:
+            parts = tok.encode(text[:c], add_special_tokens=False).ids + tok.encode(text[c:],
+                                                                                    add_special_tokens=False).ids
+            assert parts == whole, (text[:c][-20:], text[c:c + 20])
+            cuts += 1
+            c = find_clean_cut(text, c + 1)
+    assert cuts > 500
+
+
+def test_an_added_token_that_strips_the_space_after_it_breaks_the_split_and_is_refused():
+    """``rstrip`` takes the cut's space into the token before it: the prefix property holds, the split does not."""
+    tok = _tokenizer(pre_tokenizers.ByteLevel(add_prefix_space=False))
+    tok.add_tokens([AddedToken("Question:", rstrip=True, normalized=False)])
+    text = "Context:\nthe state\n\nQuestion: Which one?"
+    c = find_clean_cut(text, text.index("Question:") + 9)
+    whole, head = (tok.encode(t, add_special_tokens=False).ids for t in (text, text[:c]))
+    assert whole[:len(head)] == head and head + tok.encode(text[c:], add_special_tokens=False).ids != whole
+    assert explain_unclean(tok) is None and prove_clean_cuts(tok) is find_clean_cut
+    assert "strips the whitespace on its right" in explain_unsplit(tok) and prove_clean_splits(tok) is False
+
+
 def test_other_cuts_do_break_the_property():
     """The property is not trivial: cutting anywhere else changes the prefix's tokens in some texts."""
     tok = CLEAN["split-qwen3.5"]()
@@ -117,8 +151,8 @@ def test_other_cuts_do_break_the_property():
 ])
 def test_unproven_tokenizers_are_tokenized_in_full(make, reason):
     tok = make()
-    assert reason in explain_unclean(tok)
-    assert prove_clean_cuts(tok) is None
+    assert reason in explain_unclean(tok) and reason in explain_unsplit(tok)
+    assert prove_clean_cuts(tok) is None and prove_clean_splits(tok) is False
 
 
 def test_the_tiny_models_tokenizer_is_clean_and_the_finder_is_cached():

@@ -59,15 +59,20 @@ def test_the_fingerprint_tells_tokenizers_apart(tmp_path):
     assert len(list((tmp_path / "tokenizer-analysis").glob("*.json"))) == 2
 
 
-@pytest.mark.parametrize("content", ["{torn", '{"format": 0, "unclean": null, "floor_maxima": [1], "floor_nfc": false}',
-                                     '{"format": 1, "unclean": null, "floor_maxima": [0, "x"], "floor_nfc": false}'])
+@pytest.mark.parametrize("content", [
+    "{torn", '{"format": 0, "unclean": null, "floor_maxima": [1], "floor_nfc": false}',
+    '{"format": 1, "unclean": null, "floor_maxima": [1, 1, 1, 1, 1], "floor_nfc": false}',  # before clean splits
+    '{"format": 2, "unclean": null, "unsplit": null, "floor_maxima": [0, "x"], "floor_nfc": false}',
+    '{"format": 2, "unclean": null, "floor_maxima": [1, 1, 1, 1, 1], "floor_nfc": false}',  # no unsplit
+    '{"format": 2, "unclean": null, "unsplit": 0, "floor_maxima": [1, 1, 1, 1, 1], "floor_nfc": false}'])
 def test_a_torn_or_stale_file_is_recomputed_and_rewritten(tmp_path, content):
     tok = _fresh_copy(build_tiny_tokenizer())
     path = analysis_path(tokenizer_fingerprint(tok), tmp_path)
     path.parent.mkdir(parents=True)
     path.write_text(content)
     analysis = analyse_tokenizer(tok, cache_dir=tmp_path)
-    assert analysis.floor_maxima is not None
+    assert analysis.floor_maxima is not None and analysis.floor_maxima != (1, 1, 1, 1, 1)
+    assert analysis.unsplit is None  # the toy tokenizer's splits are proven
     assert json.loads(path.read_text()) == analysis.to_json()
 
 

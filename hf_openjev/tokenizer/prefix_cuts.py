@@ -28,8 +28,36 @@ part before such a cut exactly as it treats it inside the whole text, under the 
 * the model tokenizes each piece on its own (all Hugging Face models do; BPE dropout, which is random, is
   refused), and with no special tokens added the post-processor adds nothing.
 
-tests/test_prefix_cuts.py checks the property on random texts for every known pattern, and that cuts inside
-words do break it.
+Clean splits: the same cuts, under one more condition (:func:`explain_unsplit_spec`: no added token strips the
+whitespace on its right), also give ``encode(text) == encode(text[:c]) + encode(text[c:])``, so a text shared by
+several others (a request's ``chat_prefix + "Context:\\n" + S + "\\n\\nQuestion:"``, followed by `` " " + Q...``) is
+tokenized once (:class:`hf_openjev.tokenizer.candidate_tokens.CandidateEncoder`). Why the pieces from the cut on are
+the same:
+
+* added tokens (Hugging Face's ``AddedVocabulary.find_matches``: leftmost-longest matches, scanned left to right):
+  a match of the whole text that starts before ``c`` ends at or before it (it holds no space), and no token's
+  content starts at ``c`` (the space), so the scan of the whole text takes exactly the prefix's matches before
+  ``c``, and its matches after ``c`` are the suffix's (the same characters from ``c`` on). The options at the cut:
+  ``single_word`` tests the characters beside a match; a match ending at ``c`` has the space after it in the text
+  and the string's end in the prefix, a match starting after ``c`` has the same characters before it in the text
+  and in the suffix (which starts with the space): every test comes out the same. ``lstrip`` takes the whitespace
+  run left of a match; that run starts at ``c`` at the earliest (``text[c - 1]`` is not whitespace), in the text as
+  in the suffix. ``rstrip`` would take the space at ``c`` into a match ending there: such tokens are refused.
+  ``normalized`` tokens are matched the same way on the normalized pieces (below), and NFC maps no character to a
+  space;
+* NFC: the space has a boundary before it (canonical combining class 0, quick check yes, composes with nothing
+  before it), so NFC(text) = NFC(text[:c]) + NFC(text[c:]): the normalized text is cut at the same space, after
+  the same ASCII character;
+* the pre-tokenizer: by the argument above, the whole text's matches before the cut are the prefix's and the last
+  one ends at ``c``, so the regex scan of the whole text resumes at ``c``. The known patterns have no lookbehind,
+  no anchor and no word boundary: a match attempt at ``c`` reads only ``text[c:]``, so every match from there on is
+  the suffix's, shifted by ``c`` (none of them matches the empty string, so the scans step alike). Byte-level's
+  ``add_prefix_space`` adds nothing to a suffix that starts with a space, and its byte-to-character map is per
+  character;
+* the model tokenizes each piece on its own, and with no special tokens added the post-processor adds nothing.
+
+tests/test_prefix_cuts.py checks both properties on random texts for every known pattern, and that cuts inside
+words do break them; tests/test_shared_tokenization.py checks the requests' ids with the real Qwen3.5 tokenizer.
 """
 
 from __future__ import annotations
@@ -38,7 +66,7 @@ import json
 import re
 
 __all__ = ["GPT2_PATTERN", "KNOWN_PATTERNS", "LLAMA3_PATTERN", "QWEN2_PATTERN", "QWEN35_PATTERN", "explain_unclean",
-           "explain_unclean_spec", "find_clean_cut"]
+           "explain_unclean_spec", "explain_unsplit", "explain_unsplit_spec", "find_clean_cut"]
 
 
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -120,3 +148,26 @@ def explain_unclean_spec(spec: dict) -> str | None:
         if " " in token.get("content", ""):
             return f"added token {token.get('content')!r} contains a space"
     return _normalizer_problem(spec.get("normalizer")) or _pre_tokenizer_problem(spec.get("pre_tokenizer"))
+
+
+def explain_unsplit(tokenizer) -> str | None:
+    """Why :func:`find_clean_cut`'s cuts are not proven to split ``tokenizer``'s ids (``encode(text) ==
+    encode(text[:c]) + encode(text[c:])``), or None when they are (see the module docstring)."""
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    try:
+        spec = json.loads(backend.to_str())
+    except Exception as exc:  # noqa: BLE001 - a slow tokenizer, a stand-in
+        return f"not a fast tokenizer ({type(exc).__name__})"
+    return explain_unsplit_spec(spec)
+
+
+def explain_unsplit_spec(spec: dict) -> str | None:
+    """:func:`explain_unsplit` of a tokenizer given as its ``tokenizer.json`` content (parsed): the clean cuts'
+    conditions, and no added token that strips the whitespace on its right (it would take the cut's space)."""
+    problem = explain_unclean_spec(spec)
+    if problem:
+        return problem
+    for token in spec.get("added_tokens") or []:
+        if token.get("rstrip"):
+            return f"added token {token.get('content')!r} strips the whitespace on its right"
+    return None

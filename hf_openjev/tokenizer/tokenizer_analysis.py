@@ -1,8 +1,9 @@
 """The one-off analysis of a tokenizer behind :func:`hf_openjev.scoring.tokenize_request`'s shortcuts for over-long
 texts, cached on disk by the tokenizer's fingerprint so that a new process does not redo it on its first request.
 
-Two facts are derived from a fast tokenizer's ``tokenizer.json`` content: whether its clean cuts are proven
-(:func:`hf_openjev.tokenizer.prefix_cuts.explain_unclean_spec`) and the per-byte-class maxima of its byte floor
+Three facts are derived from a fast tokenizer's ``tokenizer.json`` content: whether its clean cuts are proven
+(:func:`hf_openjev.tokenizer.prefix_cuts.explain_unclean_spec`), whether they split its ids
+(:func:`hf_openjev.tokenizer.prefix_cuts.explain_unsplit_spec`: a request's shared text is then tokenized once) and the per-byte-class maxima of its byte floor
 (:func:`hf_openjev.tokenizer.token_floor.token_floor_maxima`, which walks the whole vocabulary: seconds for Qwen3.5's).
 
 The fingerprint (:func:`tokenizer_fingerprint`, with :data:`FORMAT`) of a tokenizer loaded from a ``tokenizer.json``
@@ -29,32 +30,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checkpoint.files import note_tokenizer_file, tokenizer_file_digest
-from .prefix_cuts import explain_unclean_spec, find_clean_cut
+from .prefix_cuts import explain_unclean_spec, explain_unsplit_spec, find_clean_cut
 from .token_floor import make_token_floor, token_floor_maxima
 
 __all__ = ["FORMAT", "TokenizerAnalysis", "analyse_tokenizer", "analysis_path", "note_tokenizer_file",
-           "prove_clean_cuts", "prove_token_floor", "tokenizer_fingerprint"]
+           "prove_clean_cuts", "prove_clean_splits", "prove_token_floor", "tokenizer_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when what the analysis derives changes (patterns, conditions), so that old files are ignored
+FORMAT = 2  # bump when what the analysis derives changes (patterns, conditions), so that old files are ignored
 _SUBDIR = "tokenizer-analysis"
 _analyses: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _clean_cut_finders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> find_clean_cut or None
 _token_floors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> floor(text) or None
+_clean_splits: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> bool
 
 
 @dataclass(frozen=True)
 class TokenizerAnalysis:
     """``unclean``: why clean cuts are not proven (None: they are); ``floor_maxima``: the byte floor's per-class
-    maxima (None: no floor); ``floor_nfc``: whether the floor normalizes to NFC first."""
+    maxima (None: no floor); ``floor_nfc``: whether the floor normalizes to NFC first; ``unsplit``: why clean cuts
+    are not proven to split the ids (None: they are)."""
 
     unclean: str | None
     floor_maxima: tuple[int, ...] | None
     floor_nfc: bool = False
+    unsplit: str | None = "not analysed"
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "unclean": self.unclean, "floor_nfc": self.floor_nfc,
+        return {"format": FORMAT, "unclean": self.unclean, "unsplit": self.unsplit, "floor_nfc": self.floor_nfc,
                 "floor_maxima": None if self.floor_maxima is None else list(self.floor_maxima)}
 
     @classmethod
@@ -63,12 +67,13 @@ class TokenizerAnalysis:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError("another format")
         unclean, maxima, nfc = data.get("unclean"), data.get("floor_maxima"), data.get("floor_nfc")
-        if not (unclean is None or isinstance(unclean, str)) or not isinstance(nfc, bool):
+        unsplit = data.get("unsplit", 0)  # a file without it is refused
+        if not all(v is None or isinstance(v, str) for v in (unclean, unsplit)) or not isinstance(nfc, bool):
             raise ValueError("bad fields")
         if maxima is not None and not (isinstance(maxima, list) and all(
                 isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in maxima)):
             raise ValueError("bad maxima")
-        return cls(unclean, None if maxima is None else tuple(maxima), nfc)
+        return cls(unclean, None if maxima is None else tuple(maxima), nfc, unsplit)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -114,7 +119,8 @@ def analyse_tokenizer(tokenizer, *, cache_dir: str | Path | None = None) -> Toke
     try:
         fingerprint = tokenizer_fingerprint(tokenizer)
     except Exception as exc:  # noqa: BLE001 - a slow tokenizer, a stand-in: nothing to analyse or cache
-        analysis = TokenizerAnalysis(f"not a fast tokenizer ({type(exc).__name__})", None)
+        problem = f"not a fast tokenizer ({type(exc).__name__})"
+        analysis = TokenizerAnalysis(problem, None, unsplit=problem)
     else:
         analysis = _cached_analysis(tokenizer, analysis_path(fingerprint, cache_dir))
     try:
@@ -137,7 +143,7 @@ def _cached_analysis(tokenizer, path: Path) -> TokenizerAnalysis:
 def _compute(spec: dict) -> TokenizerAnalysis:
 
     return TokenizerAnalysis(explain_unclean_spec(spec), token_floor_maxima(spec),
-                             floor_nfc=spec.get("normalizer") is not None)
+                             floor_nfc=spec.get("normalizer") is not None, unsplit=explain_unsplit_spec(spec))
 
 
 def _write(path: Path, analysis: TokenizerAnalysis) -> None:
@@ -194,3 +200,22 @@ def prove_token_floor(tokenizer) -> Callable[[str], int] | None:
     except TypeError:  # not weak-referenceable
         pass
     return floor
+
+
+def prove_clean_splits(tokenizer) -> bool:
+    """Whether :func:`find_clean_cut`'s cuts split ``tokenizer``'s ids: ``encode(text) == encode(text[:c]) +
+    encode(text[c:])`` (:func:`hf_openjev.tokenizer.prefix_cuts.explain_unsplit_spec`); when not (logged once per
+    tokenizer), every candidate is tokenized whole. Cached per tokenizer, and on disk by the tokenizer's fingerprint
+    (:func:`analyse_tokenizer`)."""
+    try:
+        return _clean_splits[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    problem = analyse_tokenizer(tokenizer).unsplit
+    if problem:
+        logger.info("every candidate is tokenized whole (a request's shared text is not split off): %s", problem)
+    try:
+        _clean_splits[tokenizer] = not problem
+    except TypeError:  # not weak-referenceable
+        pass
+    return not problem
