@@ -24,7 +24,9 @@ the server at a time, so every stamp belongs to the request in flight):
   look-ups);
 - ``queueing``: from ``Batcher.submit`` to the stand-in's start (admission, the worker's wake-up, the group);
 - ``hand-off``: the thread hops between those steps (to and from the preparing pools and the batcher's worker, the
-  event loop's wake-ups);
+  event loop's wake-ups); of which ``hop: start`` from the body read to the parse (the bounded work's start, a
+  pool's wake-up) and ``hop: back`` from the stand-in's end to ``submit``'s return (the worker's hand-back, the
+  event loop's wake-up);
 - ``scoring``: the stand-in's own time (measured, not its nominal latency);
 - ``answer``: ``build_answer``; ``serialization``: the rest of ``state.finish`` (``dumps``);
 - ``response``: from the serialized answer to its last byte handed to uvicorn (the response object, the
@@ -58,7 +60,7 @@ from benchlib.random_model import build_model
 from benchlib.workload import MANIFEST
 
 PHASES = ("routing", "body read", "json parse", "validation", "tokenization", "tokenizer proofs", "queueing",
-          "hand-off", "scoring", "answer", "serialization", "response", "in app", "server")
+          "hand-off", "hop: start", "hop: back", "scoring", "answer", "serialization", "response", "in app", "server")
 SHORT_MAX = 512  # longest candidate, tokens: the short requests
 LONG_RANGE = (3300, 3500)  # the "3,400-token" requests
 GROUPS = {"noul 1-128": lambda kind, n: kind == "noul" and n <= 128,
@@ -193,7 +195,8 @@ def phases_of(record: dict, client_ms: float) -> dict[str, float]:
                "json parse": s.get("json", 0.0), "validation": span("parse_start", "parse_end") - s.get("json", 0.0),
                "tokenization": span("tokenize_start", "tokenize_end") - s.get("proofs", 0.0),
                "tokenizer proofs": s.get("proofs", 0.0), "queueing": span("submit_start", "score_start"),
-               "hand-off": hops, "scoring": scoring, "answer": s.get("answer", 0.0),
+               "hand-off": hops, "hop: start": span("body_end", "parse_start"),
+               "hop: back": span("score_end", "submit_end"), "scoring": scoring, "answer": s.get("answer", 0.0),
                "serialization": span("finish_start", "finish_end") - s.get("answer", 0.0),
                "response": span("finish_end", "asgi_out"), "in app": in_app - scoring}
     out = {name: value * 1000 for name, value in seconds.items()}

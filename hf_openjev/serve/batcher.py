@@ -240,7 +240,10 @@ class Batcher:
         self._queue = FairQueue()
         self.withdrawn = 0  # requests whose client left before a worker took them: never scored
         self.stopped = 0  # requests whose client left (or deadline passed) between slices: the rest never scored
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # the queue's: submitters and workers wait on it
+        self._watch = threading.Condition(lock)  # the deadline watchdog's, on the same lock: a request arriving
+        # wakes the workers only, a group starting (a new deadline) the watchdog only
         self._closed = False
         self._in_flight = 0  # requests taken by the workers and not yet resolved
         self._threads: list[threading.Thread] = []
@@ -324,6 +327,7 @@ class Batcher:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._watch.notify_all()
             threads = list(self._threads)
         if not threads:
             self._fail_waiting(BatcherClosed("the server is shutting down"))
@@ -407,7 +411,7 @@ class Batcher:
             self._in_flight += len(group)
             deadline = None if self.group_deadline_s is None else time.monotonic() + self.group_deadline_s
             replica.current = _Attempt(group, deadline)
-            self._cond.notify_all()  # the watchdog learns the new deadline
+            self._watch.notify_all()  # the watchdog learns the new deadline
             return replica.current
 
     def _run(self, replica: _Replica) -> None:
@@ -475,7 +479,7 @@ class Batcher:
                     self._count_failure(replica, attempt.items, error, hung=True)  # the condition's lock is reentrant
                 deadlines = [r.current.deadline for r in self.replicas
                              if r.current is not None and r.current.deadline is not None and not r.current.abandoned]
-                self._cond.wait(min(1.0, max(0.01, min(deadlines) - time.monotonic())) if deadlines else 1.0)
+                self._watch.wait(min(1.0, max(0.01, min(deadlines) - time.monotonic())) if deadlines else 1.0)
 
     def _score_group(self, replica: _Replica, group: list[_Item], attempt: _Attempt | None = None):
         """Score ``group`` on ``replica`` and resolve its requests; the error when scoring failed (None: done)."""
