@@ -100,6 +100,33 @@ def test_a_small_request_is_scored_before_a_heavy_ones_remaining_slices():
     assert sum(n for call in scorer.calls for name, n in call if name == "heavy") == 10  # each candidate once
 
 
+def test_a_request_is_cut_on_the_event_loop_unless_it_is_very_long(monkeypatch):
+    """Cutting is O(tokens): a request of up to SPLIT_INLINE_TOKENS input tokens is cut where it is submitted (no trip
+    to a thread and back), a longer one on a thread; both are scored whole, in their slices."""
+    import hf_openjev.serve.batcher as batcher_module
+
+    where = []
+
+    def spy(*args, **kwargs):
+        where.append(threading.current_thread() is threading.main_thread())
+        return split_request(*args, **kwargs)
+
+    monkeypatch.setattr(batcher_module, "split_request", spy)
+    scorer = Calls()
+    batcher = Batcher(object(), max_wait_ms=0, fast=True, score_fn=scorer, slice_tokens=1000)
+    short = request("short", *[600] * 4)  # 2,400 input tokens: over a slice, under SPLIT_INLINE_TOKENS
+    long = request("long", *[2000] * (batcher_module.SPLIT_INLINE_TOKENS // 2000 + 1))
+
+    async def main():
+        return await batcher.submit(short), await batcher.submit(long)
+
+    short_out, long_out = asyncio.run(asyncio.wait_for(main(), 20))
+    batcher.close(timeout=5)
+    assert where == [True, False]
+    assert short_out.scores == expected_scores(short) and long_out.scores == expected_scores(long)
+    assert sum(n for call in scorer.calls for name, n in call if name == "short") == 4 < len(scorer.calls)
+
+
 @pytest.mark.parametrize("how", ["client left", "deadline passed"])
 def test_a_cancelled_heavy_request_stops_at_its_next_slice(how):
     gate = threading.Event()
