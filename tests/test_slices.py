@@ -15,7 +15,7 @@ from test_batcher import FakePrepared, Scorer, expected_scores, request
 from hf_openjev.contract import parse_request
 from hf_openjev.scoring import score_prepared, tokenize_request
 from hf_openjev.serve.batcher import Batcher
-from hf_openjev.serve.slices import RequestSlice, default_slice_tokens, join_scores, split_request
+from hf_openjev.serve.slices import RequestSlice, default_slice_tokens, fits_one_slice, join_scores, split_request
 from hf_openjev.work_tokens import count_work_tokens
 
 
@@ -58,6 +58,41 @@ def test_parts_hold_every_candidate_once_in_order_within_the_slice(seed):
             assert work <= count_work_tokens(part.tokens, fast=False)
     scores = [expected_scores(part) for part in parts]
     assert (join_scores(p, scores) if len(parts) > 1 else scores[0]) == expected_scores(p)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_request_said_to_fit_one_slice_is_one_the_cut_leaves_whole(seed):
+    """fits_one_slice bounds split_request's count from above: when it says yes, the cut leaves the request whole
+    (often it says yes where counting every sequence in full would not: shared prefixes)."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(9) for _ in range(rng.randint(0, 120))]
+    shared = [prefix[:rng.randint(0, len(prefix))] for _ in range(rng.randint(1, 4))]  # each question's prefix
+    p = FakePrepared([[head + [rng.randrange(9) for _ in range(rng.randint(0 if head else 1, 30))]
+                       for _ in range(rng.randint(1, 9))] for head in shared], "r")
+    shares, size = rng.random() < 0.7, rng.choice([50, 150, 400])
+    if fits_one_slice(p.tokens, size, shares_prefixes=shares):
+        for align in (1, 32):
+            assert split_request(p, size, shares_prefixes=shares, align=align)[0] == [p]
+    else:
+        assert p.input_tokens > size
+
+
+def test_a_request_long_in_input_tokens_but_sharing_its_prefix_is_not_cut(monkeypatch):
+    """Six candidates of 3,400 tokens sharing 3,360 (a JevBench long choice): over a slice counted in full, within
+    one counted as the fast path runs it; the batcher sees that without cutting it."""
+    import hf_openjev.serve.batcher as batcher_module
+
+    cuts = []
+    monkeypatch.setattr(batcher_module, "split_request", lambda *a, **k: cuts.append(a) or split_request(*a, **k))
+    scorer = Calls()
+    batcher = Batcher(object(), max_wait_ms=0, fast=True, score_fn=scorer, slice_tokens=8192)
+    prefix = list(range(3360))
+    long_choice = FakePrepared([[prefix + [10_000 + 40 * i + j for j in range(40)] for i in range(6)]], "choice")
+    assert long_choice.input_tokens > 8192 and fits_one_slice(long_choice.tokens, 8192, shares_prefixes=True)
+    outcome = asyncio.run(asyncio.wait_for(batcher.submit(long_choice), 20))
+    batcher.close(timeout=5)
+    assert cuts == [] and scorer.calls == [[("choice", 6)]]
+    assert outcome.scores == expected_scores(long_choice)
 
 
 def test_a_request_within_one_slice_is_not_cut_and_a_long_candidate_runs_as_one():

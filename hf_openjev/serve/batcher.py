@@ -52,7 +52,7 @@ from .replica_health import (
     ReplicaHealth,
     check_finite_scores,
 )
-from .slices import default_slice_tokens, join_scores, split_request
+from .slices import default_slice_tokens, fits_one_slice, join_scores, split_request
 
 __all__ = ["BatchOutcome", "Batcher", "BatcherClosed", "QueueFull", "bind_device", "use_device"]
 
@@ -355,7 +355,8 @@ class Batcher:
         if self._closed:
             raise BatcherClosed("the server is shutting down")
         parts, tokens = [prepared], _input_tokens(prepared)
-        if hasattr(prepared, "tokens") and tokens > self.slice_tokens:  # else it fits one slice
+        if hasattr(prepared, "tokens") and tokens > self.slice_tokens and not fits_one_slice(
+                prepared.tokens, self.slice_tokens, shares_prefixes=self._slicing["shares_prefixes"]):
             def split():
                 return split_request(prepared, self.slice_tokens, **self._slicing)[0]
 
