@@ -34,7 +34,7 @@ the server at a time, so every stamp belongs to the request in flight):
 - ``in app``: the ASGI call, less scoring; ``server``: the client's wall time less scoring (HTTP, the client's own
   JSON and the loopback included), the figure bench_e2e's "HTTP minus in process" estimates.
 
-Writes ``server_time.json`` (every request's phases) and ``.md`` (median and p90 ms per phase and group), prints the
+Writes ``server_time.json`` (with ``--per-request``, every request's phases too) and ``.md`` (median and p90 ms per phase and group), prints the
 table. Run it on the commit before a change and after, on one machine.
 """
 
@@ -204,6 +204,16 @@ def phases_of(record: dict, client_ms: float) -> dict[str, float]:
     return out
 
 
+def server_stack() -> str:
+    """uvicorn's HTTP protocol and event loop here (``"auto"``: httptools and uvloop when installed)."""
+    import importlib.util
+
+    from hf_openjev.serve.header_timeout import pick_http_protocol
+
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    return f"{pick_http_protocol().__name__}, {loop}"
+
+
 def serve(app):
     """uvicorn serving ``app`` on 127.0.0.1 in a thread (as ``bench_e2e.serve_arm``), and its port."""
     import uvicorn
@@ -274,7 +284,7 @@ def table_lines(groups: dict) -> list[str]:
 def write_markdown(result: dict, path: Path) -> str:
     lines = [f"# The server's own time per request, by phase (ms; stand-in scorer of {result['latency_ms']:g} ms, "
              f"{result['repeats']} timed passes)", "", f"Command: `{result['command']}`", "",
-             f"Commit: {result['git_commit']}", "", f"Device: {result['device']}", "",
+             f"Commit: {result['git_commit']}", "", f"Device: {result['device']}; uvicorn: {result['http']}", "",
              "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), "",
              *table_lines(result["groups"]), "",
              "`in app`: the ASGI call less scoring; `server`: the client's wall time less scoring (what bench_e2e's "
@@ -293,6 +303,7 @@ def parse_arguments(argv):
     parser.add_argument("--data", type=Path, default=DATA, help="the JevBench tasks' folder (bench_e2e's --data)")
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="a Hugging Face tokenizer folder instead of the real Qwen3.5 tokenizer (smoke runs)")
+    parser.add_argument("--per-request", action="store_true", help="every request's phases in the json too")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.latency_ms < 0 or (args.limit is not None and args.limit < 1):
         parser.error("--repeats and --limit must be at least 1, --latency-ms at least 0")
@@ -320,8 +331,9 @@ def main(argv=None) -> int:
     result = {"command": command_line(script_argv), "git_commit": git_commit(), "versions": versions(),
               "device": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
               "latency_ms": args.latency_ms, "repeats": args.repeats, "n": len(work),
-              "groups": summarize_groups(rows),
-              "requests": [{"id": item["id"], **{k: round(v, 4) for k, v in ms.items()}} for item, ms in rows]}
+              "http": server_stack(), "groups": summarize_groups(rows)}
+    if args.per_request:
+        result["requests"] = [{"id": item["id"], **{k: round(v, 4) for k, v in ms.items()}} for item, ms in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "server_time.json").write_text(json.dumps(result, indent=1))
