@@ -136,6 +136,34 @@ def test_max_wait_bounds_the_wait_for_company():
     assert 0.05 <= outcome.queue_seconds < 2.0
 
 
+def test_a_request_arriving_wakes_the_workers_not_the_deadline_watchdog(monkeypatch):
+    """The watchdog wakes when a group starts (a new deadline to watch) or on its own timeout, never for a request
+    queued or a group ended: a thread that takes the GIL on every request would cost every request a hop."""
+    import hf_openjev.serve.batcher as batcher_module
+
+    waits: list[str] = []
+
+    class CountingCondition(threading.Condition):
+        def wait(self, timeout=None):
+            waits.append(threading.current_thread().name)
+            return super().wait(timeout)
+
+    monkeypatch.setattr(batcher_module, "threading", SimpleNamespace(
+        Condition=CountingCondition, RLock=threading.RLock, Thread=threading.Thread))
+    scorer = Scorer(delay=0.002)
+    batcher = Batcher(object(), max_wait_ms=0, score_fn=scorer, group_deadline_s=300.0, name="w")
+
+    async def one_at_a_time():
+        for i in range(20):
+            await batcher.submit(request(f"r{i}", 3))
+
+    run(one_at_a_time())
+    batcher.close(timeout=5)
+    assert len(scorer.groups) == 20
+    # one wake-up per group started, its first wait and at most one timeout (1 s) or spurious wake-up
+    assert waits.count("w-deadline") <= 20 + 2, waits.count("w-deadline")
+
+
 def test_failure_fails_the_whole_group_and_the_worker_survives():
     scorer = Scorer(fail=True)
     batcher = Batcher(object(), max_wait_ms=100, score_fn=scorer)

@@ -12,7 +12,9 @@ from hf_openjev.serve.limits import UNTIMED_GROUP_DEADLINE_S, RequestLimits
 def test_with_replicas_the_group_deadline_is_a_quarter_of_the_request_timeout_unless_set():
     assert RequestLimits(request_timeout_s=2.0).group_deadline(replicas=2) == 0.5
     assert RequestLimits().group_deadline(replicas=4) < RequestLimits().request_timeout_s / 2
-    assert RequestLimits(request_timeout_s=2.0).group_deadline(replicas=1) == 2.0  # nobody to retry it on
+    # nobody to retry it on: past the request timeout, so that its requests get their own 504 first
+    assert RequestLimits(request_timeout_s=2.0).group_deadline(replicas=1) == pytest.approx(2.2)
+    assert RequestLimits(request_timeout_s=600.0).group_deadline(replicas=1) == 601.0
     assert RequestLimits(request_timeout_s=2.0, group_deadline_s=1.5).group_deadline(replicas=2) == 1.5
     assert RequestLimits(request_timeout_s=None).group_deadline(replicas=2) == UNTIMED_GROUP_DEADLINE_S
 

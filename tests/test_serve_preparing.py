@@ -16,7 +16,13 @@ from test_server import JSON, NOUL, live_server, make_request
 from hf_openjev.scoring import prepare_request
 from hf_openjev.serve.app import create_app
 from hf_openjev.serve.edge import MAX_BODY_BYTES
-from hf_openjev.serve.preparing import DEFAULT_BIG_WORK, PreparePools, measure_tokenize_work
+from hf_openjev.serve.preparing import (
+    DEFAULT_BIG_WORK,
+    DEFAULT_INLINE_CANDIDATES,
+    DEFAULT_INLINE_WORK,
+    PreparePools,
+    measure_tokenize_work,
+)
 
 
 def test_pools_by_size_and_shutdown():
@@ -30,6 +36,64 @@ def test_pools_by_size_and_shutdown():
         pools.big.submit(print)
     with pytest.raises(ValueError):
         PreparePools(big_work=0)
+
+
+def test_tiny_work_runs_inline_and_never_more_than_big_work():
+    pools = PreparePools(workers=1, big_workers=1)
+    assert pools.runs_inline(0) and pools.runs_inline(DEFAULT_INLINE_WORK)
+    assert not pools.runs_inline(DEFAULT_INLINE_WORK + 1)
+    assert pools.answers_inline(DEFAULT_INLINE_CANDIDATES) and not pools.answers_inline(DEFAULT_INLINE_CANDIDATES + 1)
+    assert PreparePools(big_work=100, inline_work=1000).inline_work == 100  # big work stays off the event loop
+    assert not PreparePools(inline_work=0).runs_inline(1)
+    with pytest.raises(ValueError):
+        PreparePools(inline_work=-1)
+    pools.shutdown()
+
+
+def _threads_of_each_step(app, request: dict) -> dict[str, str]:
+    """step (parse, tokenize, finish) -> the name of the thread that ran it, for one request answered 200."""
+    from starlette.testclient import TestClient
+
+    state, seen = app.state.jev, {}
+
+    def spy(step, fn):
+        def run(*args):
+            seen[step] = threading.current_thread().name
+            return fn(*args)
+        return run
+
+    for step in ("parse", "tokenize", "finish"):
+        setattr(state, step, spy(step, getattr(state, step)))
+    with TestClient(app) as client:
+        response = client.post("/v1/systemone", json=request)
+    assert response.status_code == 200, response.text
+    return seen
+
+
+def _pooled(name: str) -> bool:
+    return name.startswith("jev-prepare")
+
+
+def test_a_small_request_is_prepared_and_answered_on_the_event_loop(tiny_model):
+    seen = _threads_of_each_step(create_app(tiny_model, max_wait_ms=0), make_request(0))
+    assert not any(_pooled(name) for name in seen.values()), seen
+
+
+def test_bigger_work_goes_to_its_pool_and_is_tokenized_where_it_was_parsed(tiny_model):
+    state = {"ticket": 7, "body": "Refund please, I was charged twice. " * 120}  # 4.3 kB: over the inline work
+    seen = _threads_of_each_step(create_app(tiny_model, max_wait_ms=0), {"state": state, "questions": {"q": NOUL}})
+    assert seen["parse"].startswith("jev-prepare_") and seen["tokenize"] == seen["parse"], seen
+    app = create_app(tiny_model, max_wait_ms=0)
+    app.state.jev.executor = PreparePools(workers=1, big_workers=1, big_work=4200)  # the same work is big here
+    seen = _threads_of_each_step(app, {"state": state, "questions": {"q": NOUL}})
+    assert seen["parse"].startswith("jev-prepare-big") and seen["tokenize"].startswith("jev-prepare-big"), seen
+
+
+def test_an_answer_of_many_candidates_is_built_on_a_pool(tiny_model):
+    options = {f"team {i}": None for i in range(DEFAULT_INLINE_CANDIDATES + 1)}
+    request = {"state": "x", "questions": {"q": {"type": "choice", "instructions": "Which?", "criteria": options}}}
+    seen = _threads_of_each_step(create_app(tiny_model, max_wait_ms=0), request)
+    assert _pooled(seen["finish"]) and not _pooled(seen["parse"]), seen
 
 
 def test_tokenize_work_counts_candidate_characters(tiny_model):

@@ -202,6 +202,24 @@ def test_metrics_parse_and_count_requests_decisions_batches_and_device_time(tiny
     assert _sample(other_samples, "hf_openjev_ready") == 0  # its lifespan never ran
 
 
+def test_a_request_counts_on_counters_looked_up_once_per_route_and_status(monkeypatch):
+    ops = ServerOps()
+    lookups = []
+    for metric in (ops.requests, ops.request_seconds, ops.decisions):
+        real = metric.labels
+        monkeypatch.setattr(metric, "labels", lambda *a, real=real, **k: lookups.append(k) or real(*a, **k))
+    for _ in range(3):
+        ops.record_request("/v1/systemone", 200, 0.01)
+        ops.record_request("/nowhere", 404, 0.01)
+        ops.record_request("/elsewhere", 404, 0.01)  # another unknown path: the same route, "other"
+    assert len(lookups) == 3 + 2  # decision route: requests, seconds, outcome; "other": requests, seconds
+    samples = _metrics(ops.render_metrics().decode())
+    assert _sample(samples, "hf_openjev_requests_total", route="/v1/systemone", status="200") == 3
+    assert _sample(samples, "hf_openjev_requests_total", route="other", status="404") == 6
+    assert _sample(samples, "hf_openjev_decisions_total", outcome="ok") == 3
+    assert _sample(samples, "hf_openjev_request_seconds_count", route="other") == 6
+
+
 def test_queue_depth_and_in_flight_are_read_at_scrape_time(tiny_model):
     gate, entered = threading.Event(), threading.Event()
 

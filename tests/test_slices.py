@@ -15,7 +15,7 @@ from test_batcher import FakePrepared, Scorer, expected_scores, request
 from hf_openjev.contract import parse_request
 from hf_openjev.scoring import score_prepared, tokenize_request
 from hf_openjev.serve.batcher import Batcher
-from hf_openjev.serve.slices import RequestSlice, default_slice_tokens, join_scores, split_request
+from hf_openjev.serve.slices import RequestSlice, default_slice_tokens, fits_one_slice, join_scores, split_request
 from hf_openjev.work_tokens import count_work_tokens
 
 
@@ -60,6 +60,41 @@ def test_parts_hold_every_candidate_once_in_order_within_the_slice(seed):
     assert (join_scores(p, scores) if len(parts) > 1 else scores[0]) == expected_scores(p)
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_a_request_said_to_fit_one_slice_is_one_the_cut_leaves_whole(seed):
+    """fits_one_slice bounds split_request's count from above: when it says yes, the cut leaves the request whole
+    (often it says yes where counting every sequence in full would not: shared prefixes)."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(9) for _ in range(rng.randint(0, 120))]
+    shared = [prefix[:rng.randint(0, len(prefix))] for _ in range(rng.randint(1, 4))]  # each question's prefix
+    p = FakePrepared([[head + [rng.randrange(9) for _ in range(rng.randint(0 if head else 1, 30))]
+                       for _ in range(rng.randint(1, 9))] for head in shared], "r")
+    shares, size = rng.random() < 0.7, rng.choice([50, 150, 400])
+    if fits_one_slice(p.tokens, size, shares_prefixes=shares):
+        for align in (1, 32):
+            assert split_request(p, size, shares_prefixes=shares, align=align)[0] == [p]
+    else:
+        assert p.input_tokens > size
+
+
+def test_a_request_long_in_input_tokens_but_sharing_its_prefix_is_not_cut(monkeypatch):
+    """Six candidates of 3,400 tokens sharing 3,360 (a JevBench long choice): over a slice counted in full, within
+    one counted as the fast path runs it; the batcher sees that without cutting it."""
+    import hf_openjev.serve.batcher as batcher_module
+
+    cuts = []
+    monkeypatch.setattr(batcher_module, "split_request", lambda *a, **k: cuts.append(a) or split_request(*a, **k))
+    scorer = Calls()
+    batcher = Batcher(object(), max_wait_ms=0, fast=True, score_fn=scorer, slice_tokens=8192)
+    prefix = list(range(3360))
+    long_choice = FakePrepared([[prefix + [10_000 + 40 * i + j for j in range(40)] for i in range(6)]], "choice")
+    assert long_choice.input_tokens > 8192 and fits_one_slice(long_choice.tokens, 8192, shares_prefixes=True)
+    outcome = asyncio.run(asyncio.wait_for(batcher.submit(long_choice), 20))
+    batcher.close(timeout=5)
+    assert cuts == [] and scorer.calls == [[("choice", 6)]]
+    assert outcome.scores == expected_scores(long_choice)
+
+
 def test_a_request_within_one_slice_is_not_cut_and_a_long_candidate_runs_as_one():
     p = request("r", 5, 7, 9)
     assert split_request(p, 21, shares_prefixes=False) == ([p], [21])
@@ -98,6 +133,33 @@ def test_a_small_request_is_scored_before_a_heavy_ones_remaining_slices():
     assert len(heavy_calls) >= 3  # sliced: 10 x 500 tokens over a 2048-token slice
     assert small_call == 1 and heavy_calls[-1] > small_call  # one slice of heavy before it, the rest after
     assert sum(n for call in scorer.calls for name, n in call if name == "heavy") == 10  # each candidate once
+
+
+def test_a_request_is_cut_on_the_event_loop_unless_it_is_very_long(monkeypatch):
+    """Cutting is O(tokens): a request of up to SPLIT_INLINE_TOKENS input tokens is cut where it is submitted (no trip
+    to a thread and back), a longer one on a thread; both are scored whole, in their slices."""
+    import hf_openjev.serve.batcher as batcher_module
+
+    where = []
+
+    def spy(*args, **kwargs):
+        where.append(threading.current_thread() is threading.main_thread())
+        return split_request(*args, **kwargs)
+
+    monkeypatch.setattr(batcher_module, "split_request", spy)
+    scorer = Calls()
+    batcher = Batcher(object(), max_wait_ms=0, fast=True, score_fn=scorer, slice_tokens=1000)
+    short = request("short", *[600] * 4)  # 2,400 input tokens: over a slice, under SPLIT_INLINE_TOKENS
+    long = request("long", *[2000] * (batcher_module.SPLIT_INLINE_TOKENS // 2000 + 1))
+
+    async def main():
+        return await batcher.submit(short), await batcher.submit(long)
+
+    short_out, long_out = asyncio.run(asyncio.wait_for(main(), 20))
+    batcher.close(timeout=5)
+    assert where == [True, False]
+    assert short_out.scores == expected_scores(short) and long_out.scores == expected_scores(long)
+    assert sum(n for call in scorer.calls for name, n in call if name == "short") == 4 < len(scorer.calls)
 
 
 @pytest.mark.parametrize("how", ["client left", "deadline passed"])

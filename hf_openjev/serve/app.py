@@ -26,7 +26,7 @@ A request goes through, in this order (docs/contract.md §2; the first error win
    where a decoder is installed) is decoded under the same cap;
 3. strict JSON (:mod:`hf_openjev.serve.strict_json`) and validation, then tokenization
    (:func:`hf_openjev.scoring.tokenize_request`), off the event loop on thread pools picked by size (small requests
-   never wait behind big ones: :mod:`hf_openjev.serve.preparing`) -> 422; past ``--max-request-tokens`` input
+   never wait behind big ones; tiny work runs on the loop: :mod:`hf_openjev.serve.preparing`) -> 422; past ``--max-request-tokens`` input
    tokens -> 413 (tokenizing stops there);
 4. admission to the :class:`~hf_openjev.serve.batcher.Batcher` in the client's lane (the id of its API key,
    however the ``Authorization`` header spells it; else its connection: :mod:`hf_openjev.serve.batching_policy`):
@@ -202,6 +202,17 @@ class _ServerState:
         except Exception as exc:  # noqa: BLE001 - every failure is a 4xx (_validation_error)
             raise _validation_error(exc, obj) from None
 
+    def parse_on_pool(self, body: bytes):
+        """:meth:`parse` on a preparing pool's thread, then :meth:`tokenize` on the same thread when the pool that
+        tokenization would pick is this one (no hop back to the event loop and out again):
+        ``(decoded body, ParsedRequest, PreparedRequest or None)``; None: tokenize on the pool its size picks."""
+        obj, parsed = self.parse(body)
+        pools = self.executor
+        work = measure_tokenize_work(parsed)
+        if not pools.runs_inline(work) and pools.pick(work) is pools.pick(len(body)):
+            return obj, parsed, self.tokenize(obj, parsed)
+        return obj, parsed, None
+
     def tokenize(self, obj, parsed):
         """Tokenization and the ``max_length`` check (docs/contract.md §2 item 7): the PreparedRequest."""
         from ..scoring import tokenize_request
@@ -253,15 +264,23 @@ def _validation_error(exc: BaseException, obj) -> HTTPError:
 
 
 async def _prepare_off_loop(state: _ServerState, body: bytes):
-    """Strict JSON and validation, then tokenization, each on the pool its size picks (step 3,
-    :class:`~hf_openjev.serve.preparing.PreparePools`: body bytes, then candidate characters); counted in
-    ``state.preparing`` meanwhile, the company the batcher may wait for."""
+    """Strict JSON and validation, then tokenization, each on the pool its size picks, or on the event loop when
+    it is tiny (step 3, :class:`~hf_openjev.serve.preparing.PreparePools`: body bytes, then candidate characters);
+    counted in ``state.preparing`` meanwhile, the company the batcher may wait for."""
     loop = asyncio.get_running_loop()
     pools = state.executor
     state.preparing += 1
     try:
-        obj, parsed = await loop.run_in_executor(pools.pick(len(body)), state.parse, body)
-        return await loop.run_in_executor(pools.pick(measure_tokenize_work(parsed)), state.tokenize, obj, parsed)
+        if pools.runs_inline(len(body)):
+            obj, parsed = state.parse(body)
+        else:
+            obj, parsed, prepared = await loop.run_in_executor(pools.pick(len(body)), state.parse_on_pool, body)
+            if prepared is not None:
+                return prepared
+        work = measure_tokenize_work(parsed)
+        if pools.runs_inline(work):
+            return state.tokenize(obj, parsed)
+        return await loop.run_in_executor(pools.pick(work), state.tokenize, obj, parsed)
     finally:
         state.preparing -= 1
 
@@ -304,9 +323,12 @@ async def _answer(state: _ServerState, request: Request, body: bytes, request_id
     box["prepared"] = await _prepare_off_loop(state, body)
     if arrived_draining:
         raise _shutting_down(state)
-    outcome = await _submit(state, box["prepared"], _client_key(request))
-    payload = await asyncio.get_running_loop().run_in_executor(state.executor, state.finish, box["prepared"],
-                                                               outcome, request_id)
+    prepared = box["prepared"]
+    outcome = await _submit(state, prepared, _client_key(request))
+    if state.executor.answers_inline(prepared.parsed.candidate_count):
+        return state.finish(prepared, outcome, request_id), outcome
+    payload = await asyncio.get_running_loop().run_in_executor(state.executor, state.finish, prepared, outcome,
+                                                               request_id)
     return payload, outcome
 
 

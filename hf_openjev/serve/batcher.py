@@ -52,7 +52,7 @@ from .replica_health import (
     ReplicaHealth,
     check_finite_scores,
 )
-from .slices import default_slice_tokens, join_scores, split_request
+from .slices import default_slice_tokens, fits_one_slice, join_scores, split_request
 
 __all__ = ["BatchOutcome", "Batcher", "BatcherClosed", "QueueFull", "bind_device", "use_device"]
 
@@ -62,6 +62,7 @@ DEFAULT_MAX_QUEUE = 256
 DEFAULT_MAX_BATCH_TOKENS = 4096 * 4
 DEFAULT_MAX_WAIT_MS = 5.0
 DEFAULT_RETIRE_AFTER_FAILURES = 3
+SPLIT_INLINE_TOKENS = 32768  # input tokens up to which a request is cut into slices on the event loop (~0.2 ms)
 REFERENCE_BATCH = 32  # sequences per forward of the reference path (hf_openjev.reference.DEFAULT_BATCH_SIZE)
 
 
@@ -240,7 +241,10 @@ class Batcher:
         self._queue = FairQueue()
         self.withdrawn = 0  # requests whose client left before a worker took them: never scored
         self.stopped = 0  # requests whose client left (or deadline passed) between slices: the rest never scored
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # the queue's: submitters and workers wait on it
+        self._watch = threading.Condition(lock)  # the deadline watchdog's, on the same lock: a request arriving
+        # wakes the workers only, a group starting (a new deadline) the watchdog only
         self._closed = False
         self._in_flight = 0  # requests taken by the workers and not yet resolved
         self._threads: list[threading.Thread] = []
@@ -324,6 +328,7 @@ class Batcher:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._watch.notify_all()
             threads = list(self._threads)
         if not threads:
             self._fail_waiting(BatcherClosed("the server is shutting down"))
@@ -349,10 +354,14 @@ class Batcher:
         loop = asyncio.get_running_loop()
         if self._closed:
             raise BatcherClosed("the server is shutting down")
-        parts = [prepared]
-        if hasattr(prepared, "tokens") and _input_tokens(prepared) > self.slice_tokens:  # else it fits one slice
-            parts, _ = await loop.run_in_executor(  # off the event loop: O(tokens)
-                None, lambda: split_request(prepared, self.slice_tokens, **self._slicing))
+        parts, tokens = [prepared], _input_tokens(prepared)
+        if hasattr(prepared, "tokens") and tokens > self.slice_tokens and not fits_one_slice(
+                prepared.tokens, self.slice_tokens, shares_prefixes=self._slicing["shares_prefixes"]):
+            def split():
+                return split_request(prepared, self.slice_tokens, **self._slicing)[0]
+
+            # O(tokens): on the event loop up to SPLIT_INLINE_TOKENS (cheaper than a trip to a thread and back)
+            parts = split() if tokens <= SPLIT_INLINE_TOKENS else await loop.run_in_executor(None, split)
         item = _Item(prepared, _input_tokens(parts[0]), loop.create_future(), loop, client, parts=parts)
         with self._cond:
             if self._closed:
@@ -407,7 +416,7 @@ class Batcher:
             self._in_flight += len(group)
             deadline = None if self.group_deadline_s is None else time.monotonic() + self.group_deadline_s
             replica.current = _Attempt(group, deadline)
-            self._cond.notify_all()  # the watchdog learns the new deadline
+            self._watch.notify_all()  # the watchdog learns the new deadline
             return replica.current
 
     def _run(self, replica: _Replica) -> None:
@@ -475,7 +484,7 @@ class Batcher:
                     self._count_failure(replica, attempt.items, error, hung=True)  # the condition's lock is reentrant
                 deadlines = [r.current.deadline for r in self.replicas
                              if r.current is not None and r.current.deadline is not None and not r.current.abandoned]
-                self._cond.wait(min(1.0, max(0.01, min(deadlines) - time.monotonic())) if deadlines else 1.0)
+                self._watch.wait(min(1.0, max(0.01, min(deadlines) - time.monotonic())) if deadlines else 1.0)
 
     def _score_group(self, replica: _Replica, group: list[_Item], attempt: _Attempt | None = None):
         """Score ``group`` on ``replica`` and resolve its requests; the error when scoring failed (None: done)."""

@@ -62,7 +62,8 @@ def add_arguments(parser) -> None:
     limits.add_argument("--group-deadline", type=float, default=None,
                         help="seconds a replica may spend on one group before the group is retried on another "
                              "replica and the replica counts as failed (default: with --devices, "
-                             f"{GROUP_DEADLINE_SHARE:g} x --request-timeout; with one device, --request-timeout)")
+                             f"{GROUP_DEADLINE_SHARE:g} x --request-timeout; with one device, --request-timeout and a "
+                             "tenth of it, at most 1 s)")
     limits.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT_S,
                         help=f"seconds to receive a request's body; 408 past it (default {DEFAULT_BODY_TIMEOUT_S:g})")
     limits.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT_S,

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from ..errors import UsageError
 
 __all__ = ["DEFAULT_BODY_TIMEOUT_S", "DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_REQUEST_TOKENS",
-           "DEFAULT_REQUEST_TIMEOUT_S", "GROUP_DEADLINE_SHARE", "UNTIMED_GROUP_DEADLINE_S", "RequestLimits",
-           "check_positive"]
+           "DEFAULT_REQUEST_TIMEOUT_S", "GROUP_DEADLINE_SHARE", "ONE_REPLICA_GRACE", "UNTIMED_GROUP_DEADLINE_S",
+           "RequestLimits", "check_positive"]
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024  # docs/contract.md §2: 413 above 4 MiB
 DEFAULT_MAX_REQUEST_TOKENS = 262144  # the work of a request (limits.py docstring): 255 full sequences of 1024 tokens fit
@@ -27,6 +27,9 @@ DEFAULT_REQUEST_TIMEOUT_S = 60.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 GROUP_DEADLINE_SHARE = 0.25  # with replicas, the group deadline as a share of the request timeout: retried in time
 UNTIMED_GROUP_DEADLINE_S = 300.0  # the group deadline when requests have no timeout
+ONE_REPLICA_GRACE = (0.1, 1.0)  # one replica: its group deadline this share of the request timeout (at most this
+# many seconds) past it, so that a hung group's requests get their own 504 first (the event loop may wake a
+# millisecond late, and a short request's group starts well within one of its arrival)
 
 
 def check_positive(value, option: str, *, integer: bool = False, allow_none: bool = False):
@@ -66,10 +69,15 @@ class RequestLimits:
     def group_deadline(self, replicas: int = 1) -> float:
         """``group_deadline_s`` when set; else, with several ``replicas``, ``GROUP_DEADLINE_SHARE`` of the request
         timeout, so that a hung replica's group is retried on a healthy one before its requests time out; with one,
-        the request timeout itself (no replica could retry it: its requests get their 504, and the replica counts a
-        failure). ``UNTIMED_GROUP_DEADLINE_S`` without a request timeout."""
+        the request timeout itself and a grace (:data:`ONE_REPLICA_GRACE`; no replica could retry it: its requests
+        get their 504, and the replica counts a failure). ``UNTIMED_GROUP_DEADLINE_S`` without a request
+        timeout."""
         if self.group_deadline_s is not None:
             return float(self.group_deadline_s)
         if self.request_timeout_s is None:
             return UNTIMED_GROUP_DEADLINE_S
-        return float(self.request_timeout_s) * (GROUP_DEADLINE_SHARE if replicas > 1 else 1.0)
+        timeout = float(self.request_timeout_s)
+        if replicas > 1:
+            return timeout * GROUP_DEADLINE_SHARE
+        share, most = ONE_REPLICA_GRACE
+        return timeout + min(most, share * timeout)

@@ -110,6 +110,7 @@ class ServerOps:
                               "group, retired: takes no more groups)", ["state"], registry=r)
         self.device_busy = Counter("hf_openjev_device_busy_seconds", "seconds each device spent scoring",
                                    ["device"], registry=r)
+        self._request_children: dict[tuple[str, int], tuple] = {}  # (route, status) -> its counters, looked up once
 
     # -- hooks for create_app ------------------------------------------------------------------------------
     def watch_server(self, state) -> None:
@@ -139,10 +140,16 @@ class ServerOps:
     # -- per request ---------------------------------------------------------------------------------------
     def record_request(self, path: str, status: int, seconds: float) -> None:
         route = path if path in ROUTES else "other"
-        self.requests.labels(route=route, status=str(status)).inc()
-        self.request_seconds.labels(route=route).observe(seconds)
-        if path in DECISION_PATHS:
-            self.decisions.labels(outcome=_decision_outcome(status)).inc()
+        children = self._request_children.get((route, status))
+        if children is None:  # a few routes times the statuses the server answers: a small, bounded table
+            children = self._request_children[(route, status)] = (
+                self.requests.labels(route=route, status=str(status)), self.request_seconds.labels(route=route),
+                self.decisions.labels(outcome=_decision_outcome(status)) if route in DECISION_PATHS else None)
+        requests, request_seconds, decisions = children
+        requests.inc()
+        request_seconds.observe(seconds)
+        if decisions is not None:
+            decisions.inc()
 
     def render_metrics(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,42 @@
+"""recipes/server_time.py on a few requests: the real app, tokenizer and client, a stand-in scorer; every request's
+phases add up to its time in the app, and the phase timer's wrappers are removed afterwards."""
+
+import json
+
+import pytest
+from repo_data import load_recipe
+
+PARTS = ("routing", "body read", "json parse", "validation", "tokenization", "tokenizer proofs", "queueing",
+         "hand-off", "scoring", "answer", "serialization", "response")  # "in app" is their sum, less scoring
+
+
+def _wrapped_functions():
+    from hf_openjev import contract, scoring
+    from hf_openjev.serve import app
+    from hf_openjev.serve.batcher import Batcher
+
+    state = app._ServerState
+    return (app.read_body_in_time, app.loads_strict, contract.parse_request, scoring._clean_cut_for,
+            scoring._token_floor_for, scoring.build_answer, state.parse, state.tokenize, state.finish, Batcher.submit)
+
+
+def test_the_phases_of_short_and_long_requests_add_up_and_the_timer_is_removed(tmp_path):
+    recipe = load_recipe("server_time")
+    originals = _wrapped_functions()
+    assert recipe.main(["--out", str(tmp_path), "--limit", "3", "--repeats", "2", "--latency-ms", "2",
+                        "--per-request"]) == 0
+    assert _wrapped_functions() == originals
+    result = json.loads((tmp_path / "server_time.json").read_text())
+    long_ids = {"hard-opus-c-long_policy-02", "hard-opus-c-long_policy-03", "hard-opus-c-long_policy-04",
+                "hard-opus-c-long_policy-11"}  # the manifest's requests of 3,300 to 3,500 tokens
+    assert result["n"] == 3 + len(long_ids) and len(result["requests"]) == 2 * result["n"]
+    assert {r["id"] for r in result["requests"]} >= long_ids
+    for request in result["requests"]:
+        assert set(request) == {"id", *recipe.PHASES}
+        assert request["scoring"] >= 2.0  # the stand-in's measured sleep
+        assert sum(request[part] for part in PARTS) - request["scoring"] == pytest.approx(request["in app"], abs=1e-3)
+        assert request["server"] >= request["in app"] > 0  # the client's wall holds the app's call
+        assert request["tokenization"] > 0 and request["queueing"] > 0 and request["hand-off"] > 0
+    assert result["groups"]["3,300-3,500"]["n"] == 2 * len(long_ids)
+    markdown = (tmp_path / "server_time.md").read_text()
+    assert "| tokenization |" in markdown and "3,300-3,500" in markdown and "stand-in scorer of 2 ms" in markdown
