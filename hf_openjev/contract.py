@@ -323,6 +323,7 @@ def tokenize_candidates(
     max_total_tokens: int | None = None,
     shares_prefixes: bool = False,
     split_shared: bool = False,
+    encode_many: Callable[[list[str]], list[list[int]]] | None = None,
 ) -> list[list[list[int]]]:
     """Tokenize every candidate, question by question, candidate by candidate (docs/contract.md §2 item 7).
 
@@ -334,7 +335,9 @@ def tokenize_candidates(
     (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_splits`): ``chat_prefix + parsed.shared_text`` is
     tokenized once and each candidate's rest on its own
     (:class:`~hf_openjev.tokenizer.candidate_tokens.CandidateEncoder`); a request of one candidate is tokenized whole
-    (one call, nothing to share).
+    (one call, nothing to share). ``encode_many`` (only with ``split_shared``): several texts' ids in one call, for
+    long texts tokenized in pieces on the tokenizer's threads
+    (:func:`~hf_openjev.tokenizer.candidate_tokens.cut_into_pieces`).
 
     ``clean_cut(text, start, end)``: the first position ``start <= c <= end`` where ``encode(text[:c])`` is a prefix of
     ``encode(text)``, or None (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_cuts`). With it, a candidate of more
@@ -358,7 +361,8 @@ def tokenize_candidates(
 
     encoder = CandidateEncoder(encode, chat_prefix=chat_prefix, chat_suffix=chat_suffix, max_length=max_length,
                                clean_cut=clean_cut, token_floor=token_floor,
-                               shared=parsed.shared_text if split_shared and parsed.candidate_count > 1 else None)
+                               shared=parsed.shared_text if split_shared and parsed.candidate_count > 1 else None,
+                               encode_many=encode_many if split_shared else None)
     result: list[list[list[int]]] = []
     floor = WorkFloor(shares_prefixes)
     for question in parsed.questions:

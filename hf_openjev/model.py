@@ -96,6 +96,11 @@ class JevModel(nn.Module):
         """Token ids of ``text`` with no special tokens added (no BOS)."""
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, as :meth:`encode` gives them, in one batch call (a fast tokenizer runs a batch on
+        several threads)."""
+        return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
     def to(self, *args, **kwargs):  # the head stays fp32 whatever dtype the backbone is moved to
         super().to(*args, **kwargs)
         self.head.float()

@@ -67,7 +67,7 @@ def tokenize_request(model, parsed: ParsedRequest, *, max_total_tokens: int | No
                                  clean_cut=_clean_cut_for(model) if own else None,
                                  token_floor=_token_floor_for(model) if own else None,
                                  max_total_tokens=max_total_tokens, shares_prefixes=shares,
-                                 split_shared=own and _splits_for(model))
+                                 split_shared=own and _splits_for(model), encode_many=model.encode_many if own else None)
     if shares:  # the floor let it through; the plan's exact count decides
         from .contract import token_budget_error
         from .work_tokens import count_work_tokens

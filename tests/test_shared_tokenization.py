@@ -230,3 +230,49 @@ def test_a_shared_text_over_max_length_counts_the_first_candidate_exactly_when_i
     first = len(whole_ids(tiny_model, parsed)[0][0])
     with pytest.raises(RequestError, match=f"^question q: {first} tokens exceeds max_length=50; no silent "):
         tokenize_candidates(parsed, tiny_model.encode, **_split_kwargs(tiny_model, 50))
+
+
+def _long_state(rng: random.Random, chars: int) -> str:
+    """An adversarial state of about ``chars`` characters (every piece kind, clean cuts here and there)."""
+    parts, size = [], 0
+    while size < chars:
+        parts.append(_text(rng, 60) + rng.choice([" word", ": value", " 42", "\n\n", "日本語 ", "🙂"]))
+        size += len(parts[-1])
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("candidates", [1, 3])
+def test_long_texts_tokenized_in_pieces_give_the_whole_texts_ids(model, candidates, monkeypatch):
+    """A state of tens of thousands of characters is tokenized in pieces cut at clean cuts, in one batch call (the
+    tokenizer's threads): every candidate's ids are still its whole text's, for a one-candidate request (tokenized
+    whole) and for a shared state."""
+    batches = []
+    encode_many = model.encode_many
+    monkeypatch.setattr(type(model), "encode_many",
+                        lambda self, texts: batches.append(list(texts)) or encode_many(texts), raising=True)
+    monkeypatch.setattr(type(model), "max_length", property(lambda self: 10**6))  # the tiny models refuse > 4,096
+    rng = random.Random(candidates)
+    for _ in range(3):
+        state = _long_state(rng, 30_000)
+        criteria = {f"option {j}": _text(rng) for j in range(candidates)}
+        request = {"state": state, "questions": {"q": {"type": "choice", "instructions": _text(rng),
+                                                       "criteria": criteria}}}
+        parsed = parse_request(request)
+        prepared = prepare_request(model, request)
+        assert prepared.tokens == whole_ids(model, parsed)
+    assert batches and all(len(batch) >= 2 for batch in batches)
+    assert all("".join(batch) for batch in batches)  # pieces, each a slice of one text
+
+
+def test_pieces_end_at_clean_cuts_and_join_to_the_text():
+    from hf_openjev.tokenizer.candidate_tokens import cut_into_pieces
+
+    rng = random.Random(7)
+    for _ in range(50):
+        text = _long_state(rng, rng.randint(1, 40_000))
+        pieces = cut_into_pieces(text, find_clean_cut, size=1000)
+        assert "".join(pieces) == text and all(pieces)
+        for piece in pieces[:-1]:  # each ends before a clean cut: a printable non-space, then the next piece's space
+            end = sum(len(p) for p in pieces[: pieces.index(piece) + 1])
+            assert text[end] == " " and "!" <= text[end - 1] <= "~"
+        assert len(text) <= 2000 or len(pieces) > 1 or find_clean_cut(text, 1000, 2000) is None

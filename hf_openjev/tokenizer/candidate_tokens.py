@@ -20,9 +20,26 @@ from collections.abc import Callable
 
 from ..errors import RequestError
 
-__all__ = ["EXACT_COUNT_CHARS", "CandidateEncoder", "count_past_limit"]
+__all__ = ["EXACT_COUNT_CHARS", "PIECE_CHARS", "CandidateEncoder", "count_past_limit", "cut_into_pieces"]
 
 EXACT_COUNT_CHARS = 16  # candidates of at most this many characters per max_length token are counted in full
+PIECE_CHARS = 4096  # a text over twice this is tokenized in pieces of about this many characters, in parallel
+
+
+def cut_into_pieces(text: str, clean_cut: Callable[[str, int, int], int | None], size: int = PIECE_CHARS) -> list[str]:
+    """``text`` cut at clean cuts into pieces of about ``size`` characters (a piece ends at the first cut at or past
+    ``size`` characters from its start, searched up to twice that; the last piece takes what is left). Where the
+    tokenizer splits at clean cuts (``encode(t) == encode(t[:c]) + encode(t[c:])``, applied cut after cut), the
+    pieces' ids joined are the text's."""
+    pieces, start = [], 0
+    while len(text) - start > 2 * size:
+        cut = clean_cut(text, start + size, start + 2 * size)
+        if cut is None or cut <= start:
+            break
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
 
 
 def count_past_limit(text: str, encode: Callable[[str], list[int]], limit: int,
@@ -65,12 +82,16 @@ class CandidateEncoder:
     :func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_splits`), ``chat_prefix + shared`` is tokenized once,
     at the first candidate (where it alone over ``max_length`` is that candidate's refusal), and each candidate's
     rest on its own; a prompt that does not start with ``shared`` is tokenized whole. ``clean_cut`` and
-    ``token_floor``: the early refusals of over-long texts (:func:`count_past_limit`), or None.
+    ``token_floor``: the early refusals of over-long texts (:func:`count_past_limit`), or None. ``encode_many``:
+    the ids of several texts in one call (a fast tokenizer's batch, which runs on several threads), given only where
+    ``encode`` splits at clean cuts: a text of more than ``2 * PIECE_CHARS`` characters is then tokenized in pieces
+    cut at clean cuts (:func:`cut_into_pieces`), in one ``encode_many`` call.
     """
 
     def __init__(self, encode: Callable[[str], list[int]], *, chat_prefix: str, chat_suffix: str, max_length: int,
-                 clean_cut=None, token_floor=None, shared: str | None = None):
+                 clean_cut=None, token_floor=None, shared: str | None = None, encode_many=None):
         self._encode, self.chat_prefix, self.chat_suffix = encode, chat_prefix, chat_suffix
+        self._encode_many = encode_many if clean_cut is not None else None
         self.max_length, self.clean_cut, self.token_floor = max_length, clean_cut, token_floor
         self.shared = shared or None
         self._shared_ids: list[int] | None = None
@@ -88,16 +109,25 @@ class CandidateEncoder:
             over = count_past_limit(rest, self._encode, self.max_length - len(head), self.clean_cut, self.token_floor)
             if over is not None:
                 raise _over_max_length(question_id, len(head) + over, self.max_length)
-        ids = head + list(self._encode(rest))
+        ids = head + self._ids(rest)
         if len(ids) > self.max_length:
             raise _over_max_length(question_id, len(ids), self.max_length)
         return ids
+
+    def _ids(self, text: str) -> list[int]:
+        """``encode(text)``; a long text in pieces through ``encode_many`` (the same ids: see the class)."""
+        if self._encode_many is None or len(text) <= 2 * PIECE_CHARS:
+            return list(self._encode(text))
+        pieces = cut_into_pieces(text, self.clean_cut)
+        if len(pieces) == 1:
+            return list(self._encode(text))
+        return [i for ids in self._encode_many(pieces) for i in ids]
 
     def _whole(self, question_id, text: str, early: bool) -> list[int]:
         """Today's path for one text: a lower bound over the limit, else the full ids, checked."""
         over = count_past_limit(text, self._encode, self.max_length, self.clean_cut, self.token_floor) if early \
             else None
-        ids = list(self._encode(text)) if over is None else None
+        ids = self._ids(text) if over is None else None
         if ids is None or len(ids) > self.max_length:
             raise _over_max_length(question_id, over if ids is None else len(ids), self.max_length)
         return ids
@@ -111,7 +141,7 @@ class CandidateEncoder:
                 else None
             if over is not None:
                 raise _over_max_length(question_id, over, self.max_length)
-            ids = list(self._encode(text))
+            ids = self._ids(text)
             if len(ids) > self.max_length:  # long texts: this lower bound; else the exact count
                 count = len(ids) if early else len(ids) + len(self._encode(rest))
                 raise _over_max_length(question_id, count, self.max_length)
