@@ -135,7 +135,8 @@ def choose_split(m: int, n: int, k: int, block_n: int, block_k: int, per_sm: int
 
 def choose_config(m: int, n: int, k: int) -> SkinnyConfig:
     """The configuration of y [m, n] = x [m, k] @ w [n, k]^T: an override if one is measured, else the bucket's
-    tile and warps with :func:`choose_split`; block_k halves (to 16 at least) until it divides K."""
+    tile and warps with :func:`choose_split` at the bucket's top row count (so every M of a bucket shares one
+    build); block_k halves (to 16 at least) until it divides K."""
     block_m = block_m_for(m)
     if (block_m, n, k) in OVERRIDES:
         return OVERRIDES[(block_m, n, k)]
@@ -143,5 +144,5 @@ def choose_config(m: int, n: int, k: int) -> SkinnyConfig:
     while k % block_k and block_k > 16:
         block_k //= 2
     base = SkinnyConfig(block_n, block_k, 1, warps, stages)
-    split = choose_split(m, n, k, block_n, block_k, programs_per_sm(base, block_m))
+    split = choose_split(block_m, n, k, block_n, block_k, programs_per_sm(base, block_m))
     return SkinnyConfig(block_n, block_k, split, warps, stages)

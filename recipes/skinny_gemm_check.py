@@ -5,6 +5,7 @@
     python3 recipes/skinny_gemm_check.py --configs bn64-bk128-s1-w4-p4,bn128-bk64-s2-w8-p3 --out "$OUT/skinny"
     python3 recipes/skinny_gemm_check.py --smoke --out /tmp/skinny             # CPU: tiny shapes, the op's CPU path
     TRITON_INTERPRET=1 python3 recipes/skinny_gemm_check.py --interpret --out /tmp/skinny  # CPU: the Triton kernel
+    python3 recipes/skinny_gemm_check.py --compile-only --out /tmp/skinny     # CPU: builds for sm_90a, no GPU
 
 CUDA, for each row count M of ``--rows`` (16..256 step 16):
 
@@ -25,7 +26,10 @@ CPU: ``--smoke`` runs tiny shapes through the op's CPU path (the reference) and 
 this script, not a measurement); ``--interpret`` runs the Triton kernel under Triton's interpreter (a venv with
 triton; never CI's) on small shapes, M in 1, 7, 16, 33, 107, 200, the table's configuration and split-K 1, 2, 4, against the reference. The
 interpreter rounds fp32 to bf16 by truncation (measured: every output equals the truncated fp32 sum), so there the
-bound is one unit, not half.
+bound is one unit, not half. ``--compile-only`` builds the kernel for Hopper (sm_90a) without a GPU, through
+Triton's NVIDIA backend and its bundled ptxas, for the table's configuration of every GEMM shape at every M bucket
+(and each ``--configs``): shared memory, registers, stack (spills), wgmma or not, cp.async pipelining or not
+(``skinny_gemm_builds.json``/``.md``; exits 1 when a build fails).
 
 Writes ``skinny_gemm[_<shape>].json`` and ``.md`` under --out; exits 1 when an error check fails.
 """
@@ -224,6 +228,70 @@ def run_interpret(out: Path) -> int:
     return 0 if ok else 1
 
 
+def compile_for_hopper(config, block_m: int, k: int) -> dict:
+    """Build the kernel for sm_90a on this machine (no GPU): the launch's signature with the divisibility-by-16
+    the JIT would see (pointers, N, the row strides), bf16 in, y bf16 (fp32 partial sums with split-K)."""
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from hf_openjev.ops.skinny_gemm_triton import _skinny_gemm_kernel
+
+    signature = {"X": "*bf16", "W": "*bf16", "Y": "*fp32" if config.split_k > 1 else "*bf16", "M": "i32", "N": "i32",
+                 "stride_xm": "i32", "stride_wn": "i32", "K_SPLIT": "constexpr", "BLOCK_M": "constexpr",
+                 "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "UPCAST": "constexpr"}
+    constants = dict(K_SPLIT=k // config.split_k, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                     UPCAST=False)
+    source = ASTSource(fn=_skinny_gemm_kernel, signature=signature, constexprs=constants,
+                       attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 6)})
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
+    ptx = kernel.asm["ptx"]
+    row = dict(smem=kernel.metadata.shared, wgmma="wgmma" in ptx, pipelined="cp.async" in ptx, regs=None, stack=None)
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([str(cuobjdump), "-res-usage", cubin.name], capture_output=True, text=True).stdout
+    for key, name in (("regs", "REG"), ("stack", "STACK")):
+        found = [int(line.split(f"{name}:")[1].split()[0]) for line in usage.split() if line.startswith(f"{name}:")]
+        row[key] = found[0] if found else None
+    return row
+
+
+def run_compile_only(args, shapes, out: Path) -> int:
+    """Every GEMM shape at every M bucket: the table's configuration (and each --configs one) built for sm_90a."""
+    from benchlib.provenance import command_line, versions
+    from benchlib.tables import save_table
+
+    from hf_openjev.ops.skinny_gemm_configs import BUCKETS, check_config, choose_config, parse_config
+
+    extra = [parse_config(c) for c in args.configs.split(",") if c]
+    rows, ok = [], True
+    for block_m in sorted(BUCKETS):
+        for n, k in distinct_shapes(shapes):
+            for config in [choose_config(block_m, n, k)] + extra:
+                row = dict(block_m=block_m, n=n, k=k, config=config.name)
+                try:
+                    check_config(config, block_m, k)
+                    row.update(compile_for_hopper(config, block_m, k))
+                except Exception as error:  # noqa: BLE001  (a failed build is a row, the next one goes on)
+                    row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                    ok &= not config == choose_config(block_m, n, k)  # only the table's own must build
+                rows.append(row)
+                print(row, flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    result = dict(command=command_line(), versions=versions(), shape=args.shape, builds=rows, ok=ok)
+    save_table(out, "skinny_gemm_builds", result, f"Skinny GEMM builds for sm_90a ({args.shape}, no GPU)",
+               ["BLOCK_M", "N", "K", "config", "smem", "regs", "stack", "wgmma", "pipelined", "error"],
+               [[r["block_m"], r["n"], r["k"], r["config"], r.get("smem"), r.get("regs"), r.get("stack"),
+                 r.get("wgmma"), r.get("pipelined"), r.get("error", "")] for r in rows])
+    return 0 if ok else 1
+
+
 def build_weights(shapes, device, seed: int = 0) -> dict:
     """(N, K) -> two bf16 copies of a [N, K] weight (scaled like a trained layer's)."""
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -266,6 +334,7 @@ def parse_args(argv):
     parser.add_argument("--tol", type=float, default=BF16_UNIT, help="bound of the op's max err / max |ref|")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes through the op's CPU path")
     parser.add_argument("--interpret", action="store_true", help="the Triton kernel under the interpreter (CPU)")
+    parser.add_argument("--compile-only", action="store_true", help="build for sm_90a on this machine (no GPU)")
     parser.add_argument("--out", required=True)
     return parser, parser.parse_args(argv)
 
@@ -277,12 +346,15 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
         return run_interpret(out)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type != "cuda" and not args.smoke:
+    if device.type != "cuda" and not (args.smoke or args.compile_only):
         parser.error("no CUDA device: run with --smoke (the op's CPU path) or --interpret (the Triton kernel)")
     from benchlib.provenance import command_line, versions
     from benchlib.shapes import gemm_shapes, layer_kinds
 
     import hf_openjev.ops  # noqa: F401  (registers the op)
+
+    if args.compile_only:
+        return run_compile_only(args, SMOKE_SHAPES if args.smoke else gemm_shapes(args.shape), out)
 
     shapes, layers = (SMOKE_SHAPES, SMOKE_LAYERS) if args.smoke else (gemm_shapes(args.shape), layer_kinds(args.shape))
     args.rows = args.rows or (parse_rows("16:64:16") if args.smoke else parse_rows("16:256:16"))
