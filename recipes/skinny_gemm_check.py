@@ -15,7 +15,8 @@ CUDA, for each row count M of ``--rows`` (16..256 step 16):
   weight alternate layer by layer so that no layer reads a weight the L2 cache still holds; the figure is the
   median of ``--reps`` replays (after one untimed);
 - *per shape*: each distinct (N, K), a graph of ``CALLS`` GEMMs alternating the two copies, cuBLAS and the op
-  (and each ``--configs`` configuration, at ``--config-rows``): median replay / CALLS;
+  (and each ``--configs`` configuration, at ``--config-rows``, when its error is within one bf16 unit): median
+  replay / CALLS;
 - *error*: each shape's output against ``skinny_linear_reference`` (fp32 products and sums, rounded once), as
   max |y - ref| / max |ref|, for the op and for cuBLAS; ``--tol`` (one bf16 unit) bounds the op's.
 
@@ -135,10 +136,15 @@ def shape_row(m: int, n: int, k: int, weights, inputs, device, reps: int, config
         row["configs_us"] = {}
         for config in configs:
             try:
-                row["configs_us"][config.name] = 1000 * median_ms(
-                    calls(lambda a, b, c=config: skinny_gemm(a, b, c)), device, reps) / CALLS
+                rel = relative_error(skinny_gemm(x, pair[0], config), ref)
             except ValueError as error:  # a configuration this shape cannot take (K split, shared memory)
                 row["configs_us"][config.name] = str(error)
+                continue
+            if rel > BF16_UNIT:  # never suggested: the time of a wrong result is no figure
+                row["configs_us"][config.name] = f"wrong: max err / max ref {rel:.2e}"
+                continue
+            row["configs_us"][config.name] = 1000 * median_ms(
+                calls(lambda a, b, c=config: skinny_gemm(a, b, c)), device, reps) / CALLS
     return row
 
 
@@ -183,8 +189,8 @@ def markdown(result: dict) -> str:
         cells = [row["rows"], row["n"], row["k"], row["config"], f"{row['cublas_us']:.1f}", f"{row['op_us']:.1f}",
                  f"{row['op_rel']:.2e}", f"{row['cublas_rel']:.2e}"]
         timed = row.get("configs_us", {})
-        cells += [f"{timed[n]:.1f}" if isinstance(timed.get(n), float) else "refused" if n in timed else ""
-                  for n in names]
+        cells += [f"{timed[n]:.1f}" if isinstance(timed.get(n), float) else timed[n].partition(":")[0]
+                  if str(timed.get(n)).startswith("wrong") else "refused" if n in timed else "" for n in names]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += ["", f"Errors: {'all within' if result['ok'] else 'SOME OVER'} the bound {result['tol']:.2e}"]
     if result.get("overrides"):

@@ -49,7 +49,8 @@ def test_rows_parse_as_ranges_and_lists(recipe):
 
 def test_overrides_name_the_fastest_config_per_bucket_beyond_the_margin(recipe):
     rows = [dict(rows=16, n=5120, k=6144, config="bn128-bk128-s2-w4-p4", op_us=20.0, cublas_us=22.0,
-                 configs_us={"bn64-bk128-s1-w4-p4": 18.0, "bn128-bk64-s4-w4-p3": 19.0, "bn32-bk16-s1-w4-p1": "no"}),
+                 configs_us={"bn64-bk128-s1-w4-p4": 18.0, "bn128-bk64-s4-w4-p3": 19.0, "bn32-bk16-s1-w4-p1": "no",
+                             "bn16-bk16-s1-w4-p1": "wrong: max err / max ref 1.00e+00"}),
             dict(rows=16, n=16480, k=5120, config="bn128-bk128-s1-w4-p4", op_us=30.0, cublas_us=31.0,
                  configs_us={"bn64-bk128-s1-w4-p4": 29.9}),  # within 2%: the table's choice stays
             dict(rows=32, n=5120, k=6144, config="bn128-bk128-s2-w4-p4", op_us=20.0, cublas_us=22.0,
@@ -63,9 +64,10 @@ def test_overrides_name_the_fastest_config_per_bucket_beyond_the_margin(recipe):
     for row in rows:
         row.update(op_rel=1e-3, cublas_rel=2e-3)
     text = recipe.markdown(result)
-    assert "| cuBLAS err | bn128-bk64-s4-w4-p3 | bn32-bk16-s1-w4-p1 | bn64-bk128-s1-w4-p4 |" in text
-    assert "| 16 | 5120 | 6144 | bn128-bk128-s2-w4-p4 | 22.0 | 20.0 | 1.00e-03 | 2.00e-03 | 19.0 | refused | 18.0 |" in text
-    assert "| 16 | 16480 | 5120 | bn128-bk128-s1-w4-p4 | 31.0 | 30.0 | 1.00e-03 | 2.00e-03 |  |  | 29.9 |" in text
+    assert "| cuBLAS err | bn128-bk64-s4-w4-p3 | bn16-bk16-s1-w4-p1 | bn32-bk16-s1-w4-p1 | bn64-bk128-s1-w4-p4 |" in text
+    assert ("| 16 | 5120 | 6144 | bn128-bk128-s2-w4-p4 | 22.0 | 20.0 | 1.00e-03 | 2.00e-03 | 19.0 | wrong | refused | "
+            "18.0 |") in text
+    assert "| 16 | 16480 | 5120 | bn128-bk128-s1-w4-p4 | 31.0 | 30.0 | 1.00e-03 | 2.00e-03 |  |  |  | 29.9 |" in text
     assert "## Faster configurations" in text
 
 
