@@ -23,9 +23,10 @@ ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}  # one unit at the largest 
 
 
 def _inputs(m, k, n, dtype=torch.bfloat16, seed=0, device="cpu"):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
-    w = (torch.randn(n, k, generator=gen) * 0.02).to(device=device, dtype=dtype)
+    """x [m, k] ~ N(0, 1) and w [n, k] ~ N(0, 0.02^2), drawn on ``device`` (the 27B's weights are large)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(m, k, generator=gen, device=device).to(dtype)
+    w = (torch.randn(n, k, generator=gen, device=device) * 0.02).to(dtype)
     return x, w
 
 
