@@ -4,7 +4,15 @@ Importing this package registers every op (torch only: fla and triton are import
 kernels, never here).
 """
 
-from hf_openjev.ops import causal_conv, elementwise, fp8_linear, gdn_prefill, gdn_prefill_short, packed_attention  # noqa: F401  (registers)
+from hf_openjev.ops import (  # noqa: F401  (registers)
+    causal_conv,
+    elementwise,
+    fp8_linear,
+    gdn_prefill,
+    gdn_prefill_short,
+    packed_attention,
+    skinny_linear,
+)
 from hf_openjev.ops.varlen import VarlenMetadata, prepare_varlen_metadata
 
 __all__ = ["VarlenMetadata", "prepare_varlen_metadata"]
