@@ -42,6 +42,7 @@ table. Run it on the commit before a change and after, on one machine.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -76,6 +77,7 @@ class PhaseTimer:
     def __init__(self):
         self.records: list[dict] = []
         self.current: dict | None = None
+        self.loop = ""  # the event loop's class the server ran on (its module: asyncio or uvloop)
 
     def open(self) -> None:
         self.current = {"marks": {}, "sums": {}}
@@ -125,6 +127,7 @@ class PhaseTimer:
             if scope["type"] != "http":
                 return await app(scope, receive, send)
             self.open()
+            self.loop = self.loop or type(asyncio.get_running_loop()).__module__.split(".")[0]
 
             async def timed_send(message):
                 if message["type"] == "http.response.body" and not message.get("more_body", False):
@@ -205,15 +208,11 @@ def phases_of(record: dict, client_ms: float) -> dict[str, float]:
     return out
 
 
-def server_stack(http: str = "auto", loop: str = "auto") -> str:
-    """uvicorn's HTTP protocol and event loop for ``--http`` and ``--loop`` (``"auto"``: httptools and uvloop when
-    installed, as uvicorn picks them)."""
-    import importlib.util
-
+def server_stack(http: str, loop: str) -> str:
+    """uvicorn's HTTP protocol for ``--http`` (``"auto"``: httptools when installed, as uvicorn picks it) and the
+    event loop ``loop`` the server ran on."""
     from hf_openjev.serve.header_timeout import pick_http_protocol
 
-    if loop == "auto":
-        loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     return f"{pick_http_protocol(http).__name__}, {loop}"
 
 
@@ -340,7 +339,7 @@ def main(argv=None) -> int:
     result = {"command": command_line(script_argv), "git_commit": git_commit(), "versions": versions(),
               "device": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
               "latency_ms": args.latency_ms, "repeats": args.repeats, "n": len(work),
-              "http": server_stack(args.http, args.loop), "groups": summarize_groups(rows)}
+              "http": server_stack(args.http, timer.loop), "groups": summarize_groups(rows)}
     if args.per_request:
         result["requests"] = [{"id": item["id"], **{k: round(v, 4) for k, v in ms.items()}} for item, ms in rows]
     out = Path(args.out)
