@@ -292,6 +292,27 @@ def test_after_sigterm_an_idle_kept_alive_connection_gets_the_503_then_the_serve
 
 # ------------------------------------------------------------------------------ the options
 
+async def _never_served(scope, receive, send):  # an app for a config that is only built
+    raise AssertionError("not served")
+
+
+def test_without_httptools_serve_runs_h11_with_the_same_head_cap(monkeypatch):
+    """httptools and uvloop are dependencies, but where they are missing ``serve`` falls back to h11 and asyncio,
+    the protocol's guards and the 16 KiB head cap kept (h11's own)."""
+    import sys
+
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from hf_openjev.serve.head_limit import MAX_HEAD_BYTES
+
+    monkeypatch.setitem(sys.modules, "httptools", None)  # import httptools: ImportError
+    monkeypatch.delitem(sys.modules, "uvicorn.protocols.http.httptools_impl", raising=False)
+    config = _uvicorn_config(_never_served, host="127.0.0.1", port=0, log_level="warning", drain_timeout_s=1,
+                             limit_concurrency=None, header_timeout_s=10)
+    assert issubclass(config.http, H11Protocol) and config.h11_max_incomplete_event_size == MAX_HEAD_BYTES == 16384
+    assert config.http.__name__ == "ConnectionLimitWriteDeadlineHeaderDeadlineH11Protocol"
+
+
 def test_write_timeout_and_max_connections_reach_serve(monkeypatch):
     from hf_openjev.serve import startup
 

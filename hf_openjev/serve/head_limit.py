@@ -25,8 +25,10 @@ HEAD_TOO_LARGE = "Request line and headers too large."
 def with_head_limit(base, limit: int = MAX_HEAD_BYTES):
     """``base`` (a uvicorn HTTP protocol class) refusing with a 400 the requests whose head passes ``limit`` bytes;
     h11's protocol is returned as it is (h11 caps the head itself: ``h11_max_incomplete_event_size``)."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # no httptools: base is h11's
+        return base
     if not issubclass(base, HttpToolsProtocol):
         return base
 
