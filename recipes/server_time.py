@@ -1,6 +1,7 @@
 """The server's own time per request, phase by phase, on a CPU, with a stand-in scorer (issue 37, item 1).
 
     python recipes/server_time.py --out recipes/results/server_time [--latency-ms 5] [--repeats 5]
+        [--http auto|h11|httptools] [--loop auto|asyncio|uvloop]
 
 The package's own server app (``hf_openjev.serve.app.create_app``: middleware, body read, strict JSON, validation,
 tokenization, the batcher and its worker thread, the answer, its serialization) runs in this process under uvicorn
@@ -41,6 +42,7 @@ table. Run it on the commit before a change and after, on one machine.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -75,6 +77,7 @@ class PhaseTimer:
     def __init__(self):
         self.records: list[dict] = []
         self.current: dict | None = None
+        self.loop = ""  # the event loop's class the server ran on (its module: asyncio or uvloop)
 
     def open(self) -> None:
         self.current = {"marks": {}, "sums": {}}
@@ -124,6 +127,7 @@ class PhaseTimer:
             if scope["type"] != "http":
                 return await app(scope, receive, send)
             self.open()
+            self.loop = self.loop or type(asyncio.get_running_loop()).__module__.split(".")[0]
 
             async def timed_send(message):
                 if message["type"] == "http.response.body" and not message.get("more_body", False):
@@ -204,23 +208,22 @@ def phases_of(record: dict, client_ms: float) -> dict[str, float]:
     return out
 
 
-def server_stack() -> str:
-    """uvicorn's HTTP protocol and event loop here (``"auto"``: httptools and uvloop when installed)."""
-    import importlib.util
-
+def server_stack(http: str, loop: str) -> str:
+    """uvicorn's HTTP protocol for ``--http`` (``"auto"``: httptools when installed, as uvicorn picks it) and the
+    event loop ``loop`` the server ran on."""
     from hf_openjev.serve.header_timeout import pick_http_protocol
 
-    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    return f"{pick_http_protocol().__name__}, {loop}"
+    return f"{pick_http_protocol(http).__name__}, {loop}"
 
 
-def serve(app):
-    """uvicorn serving ``app`` on 127.0.0.1 in a thread (as ``bench_e2e.serve_arm``), and its port."""
+def serve(app, http: str = "auto", loop: str = "auto"):
+    """uvicorn serving ``app`` on 127.0.0.1 in a thread (as ``bench_e2e.serve_arm``) with the HTTP protocol
+    ``http`` and the event loop ``loop`` (uvicorn's names), and its port."""
     import uvicorn
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                                           lifespan="on"))
+                                           lifespan="on", http=http, loop=loop))
     thread = threading.Thread(target=server.run, name="server-time", daemon=True)
     thread.start()
     deadline = time.monotonic() + 120
@@ -304,6 +307,10 @@ def parse_arguments(argv):
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="a Hugging Face tokenizer folder instead of the real Qwen3.5 tokenizer (smoke runs)")
     parser.add_argument("--per-request", action="store_true", help="every request's phases in the json too")
+    parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto",
+                        help="uvicorn's HTTP protocol (auto: httptools when installed, as serve picks it)")
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                        help="uvicorn's event loop (auto: uvloop when installed)")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.latency_ms < 0 or (args.limit is not None and args.limit < 1):
         parser.error("--repeats and --limit must be at least 1, --latency-ms at least 0")
@@ -314,7 +321,8 @@ def main(argv=None) -> int:
     args = parse_arguments(argv)
     work = select(load_requests(args.data, MANIFEST, limit=None), args.limit)
     timer = PhaseTimer()
-    server, thread, port = serve(build_app(timer, load_tokenizer(args.tokenizer), args.latency_ms / 1000))
+    server, thread, port = serve(build_app(timer, load_tokenizer(args.tokenizer), args.latency_ms / 1000),
+                                 http=args.http, loop=args.loop)
     requests = [request for _, request in work]
     try:
         with installed(timer), tempfile.TemporaryDirectory() as scratch:
@@ -331,7 +339,7 @@ def main(argv=None) -> int:
     result = {"command": command_line(script_argv), "git_commit": git_commit(), "versions": versions(),
               "device": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
               "latency_ms": args.latency_ms, "repeats": args.repeats, "n": len(work),
-              "http": server_stack(), "groups": summarize_groups(rows)}
+              "http": server_stack(args.http, timer.loop), "groups": summarize_groups(rows)}
     if args.per_request:
         result["requests"] = [{"id": item["id"], **{k: round(v, 4) for k, v in ms.items()}} for item, ms in rows]
     out = Path(args.out)

@@ -1,6 +1,6 @@
 """A uvicorn server running on a thread for tests that need real HTTP (port 0: the OS picks a free one; or a
-listening socket the test made), and a stand-in for its run that starts and stops the app's lifespan without a
-socket."""
+listening socket the test made), a stand-in for its run that starts and stops the app's lifespan without a
+socket, and the two HTTP stacks the protocol-level tests run on (:data:`HTTP_STACKS`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ import contextlib
 import socket
 import threading
 import time
+
+import pytest
+
+# uvicorn's HTTP protocol and event loop, as ``_uvicorn_config(http=..., loop=...)`` takes them: what ``serve`` runs
+# (httptools and uvloop, the package's dependencies) and the h11 path it falls back to where they are not installed.
+HTTP_STACKS = [pytest.param({"http": "httptools", "loop": "uvloop"}, id="httptools"),
+               pytest.param({"http": "h11", "loop": "asyncio"}, id="h11")]
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from jevcompat.checks import TICKET
-from live_server import serving
+from live_server import HTTP_STACKS, serving
 from repo_data import load_recipe
 from serve_cli_args import forbid_loading, serve_parser
 
@@ -93,7 +93,7 @@ def _live(app, **options):
     """A uvicorn server as ``serve`` configures it (header deadline, drain before uvicorn's shutdown)."""
     config = _uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning",
                              drain_timeout_s=options.pop("drain_timeout_s", 10), limit_concurrency=None,
-                             header_timeout_s=options.pop("header_timeout_s", 10))
+                             header_timeout_s=options.pop("header_timeout_s", 10), **options)
     return build_server(config, on_exit=lambda: begin_drain(app), drain=lambda: finish_drain(app))
 
 
@@ -227,9 +227,10 @@ def test_8_clients_sending_4_mib_digit_bodies_get_422_untokenized_while_small_re
 
 # ------------------------------------------------------------------------------ finding 3: timeouts
 
-def test_60_half_open_connections_are_closed_by_the_header_timeout(tiny_model):
+@pytest.mark.parametrize("stack", HTTP_STACKS)
+def test_60_half_open_connections_are_closed_by_the_header_timeout(tiny_model, stack):
     app = create_app(tiny_model)
-    with serving(_live(app, header_timeout_s=0.5)) as (url, _):
+    with serving(_live(app, header_timeout_s=0.5, **stack)) as (url, _):
         sockets = [socket.create_connection(_address(url), timeout=5) for _ in range(60)]
         for sock in sockets[::2]:
             sock.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: test\r\n")  # half the headers, then nothing
@@ -256,11 +257,12 @@ def test_a_stalled_body_gets_408_within_the_body_timeout(tiny_model):
 
 # ------------------------------------------------------------------------------ finding 6: drain
 
-def test_after_sigterm_keep_alive_and_new_requests_get_json_503_and_in_flight_is_answered(tiny_model, caplog):
+@pytest.mark.parametrize("stack", HTTP_STACKS)
+def test_after_sigterm_keep_alive_and_new_requests_get_json_503_and_in_flight_is_answered(tiny_model, caplog, stack):
     scorer = Gate()
     app = create_app(tiny_model, score_fn=scorer, max_wait_ms=0, drain_timeout_s=10)
     caplog.set_level(logging.INFO)
-    server = _live(app)
+    server = _live(app, **stack)
     with serving(server) as (url, thread), ThreadPoolExecutor(max_workers=1) as pool, \
             httpx.Client(base_url=url, timeout=30) as kept:
         assert kept.get("/health").status_code == 200  # the connection is now kept alive
@@ -328,15 +330,58 @@ def test_the_body_limit_is_configurable_and_named_in_the_413(tiny_model):
     assert fine.status_code == 200
 
 
-def test_content_length_with_transfer_encoding_is_refused_in_front(tiny_model):
-    app = create_app(tiny_model)
-    with serving(_live(app)) as (url, _), socket.create_connection(_address(url), timeout=5) as sock:
+@pytest.mark.parametrize("stack", HTTP_STACKS)
+def test_content_length_with_transfer_encoding_is_refused_in_front(tiny_model, stack):
+    """Refused before anything is scored: h11 lets the request through and the middleware answers a JSON 400
+    naming both headers; httptools' parser refuses it with uvicorn's plain 400."""
+    scorer = Gate()
+    scorer.gate.set()
+    app = create_app(tiny_model, score_fn=scorer)
+    with serving(_live(app, **stack)) as (url, _), socket.create_connection(_address(url), timeout=5) as sock:
         body = json.dumps(REQUEST).encode()
         chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
         sock.sendall(_raw_request(b"", "Transfer-Encoding: chunked\r\n").replace(b"Content-Length: 0",
                                                                                   b"Content-Length: 5") + chunked)
         answer = _read_until_closed(sock)
-    assert answer.startswith(b"HTTP/1.1 400") and b"Content-Length and Transfer-Encoding" in answer
+    assert answer.startswith(b"HTTP/1.1 400")
+    if stack["http"] == "h11":
+        assert b"Content-Length and Transfer-Encoding" in answer
+    else:
+        assert b"text/plain" in answer and answer.endswith(b"Invalid HTTP request received.")
+    assert not scorer.entered.is_set() and app.state.jev.active == 0
+
+
+@pytest.mark.parametrize("stack", HTTP_STACKS)
+def test_an_endless_header_is_cut_off_at_the_cap_and_a_12_kib_head_is_served(tiny_model, stack):
+    """The head's cap (hf_openjev.serve.head_limit): a connection sending 1 MiB of one header line is refused (a
+    400, or a reset where the kernel drops it for the bytes left unread) at once, not at the 30 s header timeout,
+    on httptools as on h11, so no connection holds more than the cap and one read of a head."""
+    app = create_app(tiny_model)
+    with serving(_live(app, header_timeout_s=30, **stack)) as (url, _):
+        with socket.create_connection(_address(url), timeout=5) as sock:  # a timeout raises: the test fails
+            sock.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nX-Endless: ")
+            answer = b""
+            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                for _ in range(64):
+                    sock.sendall(b"a" * 16384)
+                answer = _read_until_closed(sock)
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 400")
+        with socket.create_connection(_address(url), timeout=10) as sock:
+            big = "Connection: close\r\n" + "".join(f"X-Big-{i}: {'b' * 1000}\r\n" for i in range(12))
+            sock.sendall(_raw_request(json.dumps(REQUEST).encode(), big))
+            assert _read_until_closed(sock).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("stack", HTTP_STACKS)
+def test_200_pipelined_requests_in_one_send_are_all_answered_under_the_head_cap(tiny_model, stack):
+    """32 KiB of small pipelined heads in one send: the cap counts one head's bytes, not a read's."""
+    app = create_app(tiny_model)
+    heads = [f"GET /health HTTP/1.1\r\nHost: test\r\nX-Pad: {'p' * 120}\r\n\r\n" for _ in range(199)]
+    heads.append("GET /health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+    with serving(_live(app, **stack)) as (url, _), socket.create_connection(_address(url), timeout=10) as sock:
+        sock.sendall("".join(heads).encode())
+        answers = _read_until_closed(sock)
+    assert sum(len(h) for h in heads) > 32768 and answers.count(b"HTTP/1.1 200") == 200
 
 
 def test_open_routes_are_what_the_readme_says(tiny_model):

@@ -16,7 +16,7 @@ import time
 
 import httpx
 import pytest
-from live_server import listening_socket, serving
+from live_server import HTTP_STACKS, listening_socket, serving
 from serve_cli_args import forbid_loading, serve_parser
 
 from hf_openjev.scoring import score_prepared
@@ -97,10 +97,11 @@ def _wait_for(condition, seconds: float, what: str) -> None:
 
 # ------------------------------------------------------------------------------ item 7: slow readers
 
-def test_slow_readers_are_closed_by_the_write_timeout_and_their_answers_dropped(tiny_model):
+@pytest.mark.parametrize("stack", HTTP_STACKS)
+def test_slow_readers_are_closed_by_the_write_timeout_and_their_answers_dropped(tiny_model, stack):
     app = create_app(tiny_model, max_wait_ms=0)
     body = _big_answer_request(1_000_000)
-    server = _live(app, write_timeout_s=0.5)
+    server = _live(app, write_timeout_s=0.5, **stack)
     with serving(server, sockets=[listening_socket(16384)]) as (url, _):
         readers = []
         for _ in range(4):
@@ -141,10 +142,11 @@ def test_a_reader_that_keeps_reading_gets_its_whole_answer_past_the_write_timeou
 
 # ------------------------------------------------------------------------------ item 7: connection cap
 
-def test_connections_past_max_connections_get_a_json_503_and_the_others_are_served(tiny_model):
+@pytest.mark.parametrize("stack", HTTP_STACKS)
+def test_connections_past_max_connections_get_a_json_503_and_the_others_are_served(tiny_model, stack):
     app = create_app(tiny_model, max_wait_ms=0)
     body = json.dumps(REQUEST).encode()
-    server = _live(app, max_connections=3)
+    server = _live(app, max_connections=3, **stack)
     with serving(server) as (url, _):
         held = [socket.create_connection(_address(url), timeout=30) for _ in range(3)]
         for sock in held:  # each answered and kept alive: three connections open
@@ -265,12 +267,13 @@ def test_each_request_is_logged_once_with_its_shape_and_batch(tiny_model, caplog
 
 # ------------------------------------------------------------------------------ item 16: SIGTERM, idle keep-alive
 
-def test_after_sigterm_an_idle_kept_alive_connection_gets_the_503_then_the_server_stops(tiny_model):
+@pytest.mark.parametrize("stack", HTTP_STACKS)
+def test_after_sigterm_an_idle_kept_alive_connection_gets_the_503_then_the_server_stops(tiny_model, stack):
     """Nothing in flight: the drain ends at once, yet the server keeps listening while a kept-alive connection is
     open (up to uvicorn's keep-alive timeout), so the request sent on it 0.3 s later gets the JSON 503 and
     ``Connection: close``; then the server stops."""
     app = create_app(tiny_model, max_wait_ms=0)
-    server = _live(app)
+    server = _live(app, **stack)
     body = json.dumps(REQUEST).encode()
     with serving(server) as (url, thread), socket.create_connection(_address(url), timeout=10) as kept:
         kept.sendall(_raw_request(body))
@@ -288,6 +291,27 @@ def test_after_sigterm_an_idle_kept_alive_connection_gets_the_503_then_the_serve
 
 
 # ------------------------------------------------------------------------------ the options
+
+async def _never_served(scope, receive, send):  # an app for a config that is only built
+    raise AssertionError("not served")
+
+
+def test_without_httptools_serve_runs_h11_with_the_same_head_cap(monkeypatch):
+    """httptools and uvloop are dependencies, but where they are missing ``serve`` falls back to h11 and asyncio,
+    the protocol's guards and the 16 KiB head cap kept (h11's own)."""
+    import sys
+
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from hf_openjev.serve.head_limit import MAX_HEAD_BYTES
+
+    monkeypatch.setitem(sys.modules, "httptools", None)  # import httptools: ImportError
+    monkeypatch.delitem(sys.modules, "uvicorn.protocols.http.httptools_impl", raising=False)
+    config = _uvicorn_config(_never_served, host="127.0.0.1", port=0, log_level="warning", drain_timeout_s=1,
+                             limit_concurrency=None, header_timeout_s=10)
+    assert issubclass(config.http, H11Protocol) and config.h11_max_incomplete_event_size == MAX_HEAD_BYTES == 16384
+    assert config.http.__name__ == "ConnectionLimitWriteDeadlineHeaderDeadlineH11Protocol"
+
 
 def test_write_timeout_and_max_connections_reach_serve(monkeypatch):
     from hf_openjev.serve import startup

@@ -4,6 +4,7 @@ phases add up to its time in the app, and the phase timer's wrappers are removed
 import json
 
 import pytest
+from live_server import HTTP_STACKS
 from repo_data import load_recipe
 
 PARTS = ("routing", "body read", "json parse", "validation", "tokenization", "tokenizer proofs", "queueing",
@@ -20,13 +21,15 @@ def _wrapped_functions():
             scoring._token_floor_for, scoring.build_answer, state.parse, state.tokenize, state.finish, Batcher.submit)
 
 
-def test_the_phases_of_short_and_long_requests_add_up_and_the_timer_is_removed(tmp_path):
+@pytest.mark.parametrize("stack", HTTP_STACKS)
+def test_the_phases_of_short_and_long_requests_add_up_and_the_timer_is_removed(tmp_path, stack):
     recipe = load_recipe("server_time")
     originals = _wrapped_functions()
     assert recipe.main(["--out", str(tmp_path), "--limit", "3", "--repeats", "2", "--latency-ms", "2",
-                        "--per-request"]) == 0
+                        "--per-request", "--http", stack["http"], "--loop", stack["loop"]]) == 0
     assert _wrapped_functions() == originals
     result = json.loads((tmp_path / "server_time.json").read_text())
+    assert result["http"] == {"httptools": "HttpToolsProtocol, uvloop", "h11": "H11Protocol, asyncio"}[stack["http"]]
     long_ids = {"hard-opus-c-long_policy-02", "hard-opus-c-long_policy-03", "hard-opus-c-long_policy-04",
                 "hard-opus-c-long_policy-11"}  # the manifest's requests of 3,300 to 3,500 tokens
     assert result["n"] == 3 + len(long_ids) and len(result["requests"]) == 2 * result["n"]

@@ -19,11 +19,17 @@ __all__ = ["DEFAULT_HEADER_TIMEOUT_S", "pick_http_protocol", "with_header_timeou
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 
 
-def pick_http_protocol():
-    """uvicorn's ``http="auto"`` choice: httptools when installed, else h11."""
-    try:
-        import httptools  # noqa: F401
-    except ImportError:
+def pick_http_protocol(name: str = "auto"):
+    """uvicorn's HTTP protocol class named ``name`` (``"h11"``, ``"httptools"``); ``"auto"`` is uvicorn's own
+    choice: httptools when installed, else h11."""
+    if name not in ("auto", "h11", "httptools"):
+        raise ValueError(f"an HTTP protocol is 'auto', 'h11' or 'httptools', got {name!r}")
+    if name == "auto":
+        try:
+            import httptools  # noqa: F401
+        except ImportError:
+            name = "h11"
+    if name == "h11":
         from uvicorn.protocols.http.h11_impl import H11Protocol
 
         return H11Protocol

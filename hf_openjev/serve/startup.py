@@ -104,19 +104,24 @@ def _log_start(model_dir, ops, fp8: str) -> None:
 
 def _uvicorn_config(app, *, host: str, port: int, log_level: str, drain_timeout_s: float,
                     limit_concurrency: int | None, header_timeout_s: float,
-                    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS):
-    """uvicorn's configuration for ``serve``: our access log instead of uvicorn's, the header and write deadlines
-    and the connection cap on its HTTP protocol, a graceful shutdown past the drain (which ``build_server`` runs
-    before uvicorn stops)."""
+                    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                    http: str = "auto", loop: str = "auto"):
+    """uvicorn's configuration for ``serve``: our access log instead of uvicorn's, the head's size cap, the header
+    and write deadlines and the connection cap on its HTTP protocol, a graceful shutdown past the drain (which
+    ``build_server`` runs before uvicorn stops). ``http`` (``"h11"``, ``"httptools"``) and ``loop`` (``"asyncio"``, ``"uvloop"``):
+    uvicorn's names; ``"auto"``, what ``serve`` runs, is httptools and uvloop when installed (the package's
+    dependencies), else h11 and asyncio."""
     import uvicorn
 
     from .connection_limit import with_connection_limit
+    from .head_limit import MAX_HEAD_BYTES, with_head_limit
     from .header_timeout import pick_http_protocol, with_header_timeout
     from .write_timeout import with_write_timeout
 
-    protocol = with_header_timeout(pick_http_protocol(), header_timeout_s)
+    protocol = with_header_timeout(with_head_limit(pick_http_protocol(http)), header_timeout_s)
     protocol = with_connection_limit(with_write_timeout(protocol, write_timeout_s), max_connections)
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", http=protocol,
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", http=protocol, loop=loop,
+                          h11_max_incomplete_event_size=MAX_HEAD_BYTES,
                           timeout_graceful_shutdown=max(1, int(drain_timeout_s)),
                           limit_concurrency=limit_concurrency, access_log=False)
 
