@@ -86,6 +86,23 @@ def triton_hooks(totals: dict, tuned: Counter):
             setattr(owner, name, original)
 
 
+def find_autotuners(kind: type, prefix: str = "fla.") -> list:
+    """Every ``kind`` (an autotuner class) that a module under ``prefix`` holds, also inside the wrappers that
+    decorate it (``@triton.heuristics`` over ``@autotune``: each wrapper keeps the next one in ``.fn``), once each."""
+    found: dict[int, object] = {}
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(prefix) or module is None:
+            continue
+        for value in list(vars(module).values()):
+            for _ in range(8):  # a few wrappers deep at most
+                if isinstance(value, kind):
+                    found[id(value)] = value
+                value = getattr(value, "fn", None)
+                if value is None:
+                    break
+    return list(found.values())
+
+
 def tuned_fla_configs() -> dict[str, dict]:
     """fla's tuned configurations in this process, in fla's config-file format (``fla.ops.utils.cache``,
     ``FLA_CONFIG_DIR``/<kernel>.json): per kernel of fla's own autotuner (``CachedAutotuner``), every key it tuned and
@@ -95,12 +112,8 @@ def tuned_fla_configs() -> dict[str, dict]:
     from fla.ops.utils.cache import AutotuneKey, CachedAutotuner
 
     files: dict[str, dict] = {}
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("fla.") or module is None:
-            continue
-        for tuner in vars(module).values():
-            if not isinstance(tuner, CachedAutotuner) or not tuner.cache:
-                continue
+    for tuner in find_autotuners(CachedAutotuner):
+        if tuner.cache:
             entries = files.setdefault(tuner.kernel_name, {"kernel_name": tuner.kernel_name,
                                                            "triton_version": triton.__version__,
                                                            "autotune_entries": {}})["autotune_entries"]

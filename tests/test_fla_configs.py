@@ -60,6 +60,7 @@ def test_another_gpu_or_the_users_own_settings_change_nothing(fla_cache, tmp_pat
 def test_every_carried_file_is_in_flas_format():
     """Each <gpu>/<kernel>.json: fla's KernelConfigFile fields, every entry a key and a config fla can build."""
     files = sorted(_fla.CARRIED_CONFIGS.glob("*/*.json"))
+    assert files, "ops/fla_configs/ carries no configuration"
     for path in files:
         data = json.loads(path.read_text())
         assert data["kernel_name"] == path.stem and data["autotune_entries"], path

@@ -51,3 +51,27 @@ def test_the_triton_hooks_time_autotuning_and_compiles_and_put_the_originals_bac
     assert (Autotuner._bench, Autotuner.prune_configs, JITFunction._do_compile) == originals
     assert tuned == Counter({"chunk_fwd_o": 1, "solve_tril": 1}) and totals["compiles"] == 2
     assert totals["autotune_s"] > 0 and totals["compile_s"] > 0
+
+
+def test_autotuners_are_found_inside_the_wrappers_that_decorate_them(monkeypatch):
+    """fla decorates most kernels @triton.heuristics over @autotune: the module holds the wrapper, whose .fn is
+    the autotuner (s15's first GPU run found only the one kernel without a wrapper)."""
+    recipe = load_recipe("warmup_breakdown")
+
+    class Tuner:
+        def __init__(self):
+            self.fn = types.SimpleNamespace(fn=None)  # the jitted function below it
+
+    class Heuristics:
+        def __init__(self, fn):
+            self.fn = fn
+
+    bare, wrapped, twice = Tuner(), Tuner(), Tuner()
+    module = types.ModuleType("fla.ops.fake")
+    module.bare, module.wrapped = bare, Heuristics(wrapped)
+    module.twice, module.again = Heuristics(Heuristics(twice)), Heuristics(twice)
+    module.other = types.SimpleNamespace(fn=3)
+    monkeypatch.setitem(sys.modules, "fla.ops.fake", module)
+    monkeypatch.setitem(sys.modules, "elsewhere", types.SimpleNamespace(kernel=Tuner()))
+    found = recipe.find_autotuners(Tuner)
+    assert sorted(map(id, found)) == sorted(map(id, [bare, wrapped, twice]))
