@@ -40,6 +40,11 @@
 #                                        # then family-fidelity against its new oracle
 #   bash recipes/gpu_campaign.sh profile # 27B kernel profiles with graphs: a 107- and a 3,400-token candidate and
 #                                        # JevBench requests 0, 129, 204, the default and with aligned sharing
+#   bash recipes/gpu_campaign.sh warmup [SHAPES...]  # C's warm-up split (recipes/warmup_breakdown.py) at 2b 9b 27b
+#                                        # (default) on an empty kernel cache, fla's tuned configurations merged into
+#                                        # $OUT/warmup/fla_configs/<GPU>/ (copy them to ops/fla_configs/); then the 2B
+#                                        # again on an empty cache with those configurations (fla's strict mode), and
+#                                        # once more on that warm cache
 #
 # How the parts were sized: no earlier log holds per-test times (they ran -v without --durations), so the parts in
 # recipes/gpu_parts.txt come from the logs' totals on one H200: the whole suite, 194 tests, 538 s (`git show
@@ -58,10 +63,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | family | fingerprints | profile"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | family | fingerprints | profile | warmup"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|family|fingerprints|profile) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|family|fingerprints|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -188,6 +193,18 @@ case "$stage" in
     timeout $((575 - (SECONDS - start))) python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 \
       --requests 0,129,204 --fast-options '{}' '{"share_tails": false, "min_shared_tokens": 64}' \
       --out "$out/profile" 2>&1 | quiet | tail -n 12 ;;
+  warmup)
+    breakdown="python3 $REPO/recipes/warmup_breakdown.py"
+    for shape in ${*:-2b 9b 27b}; do  # one process a shape, one kernel cache for all (fla tunes per head shape)
+      TRITON_CACHE_DIR=/tmp/tc_empty timeout $((540 - (SECONDS - start))) $breakdown --shape "$shape" \
+        --out "$out/$shape" --dump-fla-configs "$out/fla_configs" 2>&1 | quiet | tail -n 12
+    done
+    gpu=$(ls "$out/fla_configs" 2>/dev/null | head -n 1)
+    for cache in empty warm; do  # the 2B with the configurations just tuned: an empty kernel cache, then that one warm
+      [ -n "$gpu" ] && [ $((SECONDS - start)) -lt 480 ] || break
+      FLA_CONFIG_DIR="$out/fla_configs/$gpu" FLA_CACHE_MODE=strict TRITON_CACHE_DIR=/tmp/tc_carried \
+        timeout $((570 - (SECONDS - start))) $breakdown --shape 2b --out "$out/2b-carried-$cache" 2>&1 | quiet | tail -n 12
+    done ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
 case "$stage" in family|session|fingerprints) rm -rf "$out" ;; esac  # many files: the tarball alone comes back

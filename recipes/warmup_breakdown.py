@@ -124,6 +124,22 @@ def tuned_fla_configs() -> dict[str, dict]:
     return files
 
 
+def write_fla_configs(folder: Path, files: dict[str, dict]) -> dict[str, int]:
+    """Each kernel's file under ``folder`` (created), its entries merged into the file already there (other shapes'
+    keys kept, this run's replacing the same keys): runs of several shapes fill one folder. Returns the entries per
+    kernel file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for kernel, data in files.items():
+        path = folder / f"{kernel}.json"
+        if path.is_file():
+            old = json.loads(path.read_text())
+            data = {**data, "autotune_entries": {**old.get("autotune_entries", {}), **data["autotune_entries"]}}
+        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        counts[kernel] = len(data["autotune_entries"])
+    return counts
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(parser, shape="27b")
@@ -132,7 +148,8 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile the pass: top functions by own time")
     parser.add_argument("--fast-options", default="{}", help="JSON of FastPathOptions over the defaults")
     parser.add_argument("--dump-fla-configs", type=Path, default=None, metavar="DIR",
-                        help="after the pass, write fla's tuned configurations as DIR/<kernel>.json (CUDA)")
+                        help="after the pass, merge fla's tuned configurations into DIR/<GPU>/<kernel>.json (CUDA; "
+                             "DIR ops/fla_configs: the package's carried ones)")
     args = parser.parse_args(argv)
     check_manifest_argument(parser, args)
     from hf_openjev.fast_options import FastPathOptions
@@ -176,10 +193,10 @@ def main(argv=None) -> int:
         result["profile_top"] = [re.sub(r"\S*/(?=(hf_openjev|ops|patches|fla|triton|torch|transformers)/)", "", line)
                                  for line in text.getvalue().splitlines()[:60]]
     if args.dump_fla_configs is not None and device == "cuda":
-        args.dump_fla_configs.mkdir(parents=True, exist_ok=True)
-        for kernel, data in tuned_fla_configs().items():
-            (args.dump_fla_configs / f"{kernel}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-            result.setdefault("fla_configs", {})[kernel] = len(data["autotune_entries"])
+        from fla.ops.utils.cache import get_gpu_info
+
+        folder = args.dump_fla_configs / get_gpu_info()  # e.g. ops/fla_configs/NVIDIA_H200
+        result["fla_configs"] = write_fla_configs(folder, tuned_fla_configs())
     (out / f"warmup_{args.shape}.json").write_text(json.dumps(result, indent=1))
     lines = [f"# C's warm-up at {args.shape}: {len(work)} requests", "", f"`{result['command']}`", "",
              "| part | s |", "|---|---|", f"| whole pass | {warmup_s:.1f} |",

@@ -75,3 +75,21 @@ def test_autotuners_are_found_inside_the_wrappers_that_decorate_them(monkeypatch
     monkeypatch.setitem(sys.modules, "elsewhere", types.SimpleNamespace(kernel=Tuner()))
     found = recipe.find_autotuners(Tuner)
     assert sorted(map(id, found)) == sorted(map(id, [bare, wrapped, twice]))
+
+
+def test_runs_of_several_shapes_merge_into_one_file_per_kernel(tmp_path):
+    recipe = load_recipe("warmup_breakdown")
+
+    def entry(key, warps):
+        return {"autotune_key": key, "config": {"kwargs": {"BT": 64}, "num_warps": warps, "num_stages": 2,
+                                                 "num_ctas": 1, "maxnreg": None}}
+
+    first = {"k": {"kernel_name": "k", "triton_version": "3.6.0", "autotune_entries": {"a": entry([1], 4),
+                                                                                       "b": entry([2], 4)}}}
+    assert recipe.write_fla_configs(tmp_path / "GPU", first) == {"k": 2}
+    second = {"k": {"kernel_name": "k", "triton_version": "3.6.0", "autotune_entries": {"b": entry([2], 8),
+                                                                                       "c": entry([3], 4)}}}
+    assert recipe.write_fla_configs(tmp_path / "GPU", second) == {"k": 3}
+    data = json.loads((tmp_path / "GPU" / "k.json").read_text())
+    assert sorted(data["autotune_entries"]) == ["a", "b", "c"]
+    assert data["autotune_entries"]["b"]["config"]["num_warps"] == 8  # the newer run's choice for the same key
