@@ -31,6 +31,12 @@
 #   bash recipes/gpu_campaign.sh family-fidelity SHAPE  # 9b or 2b: the bench's random weights written as an export
 #                                        # (recipes/random_export.py), then `hf-openjev fidelity` on it against
 #                                        # recipes/data/oracle_SHAPE.json (the estimated workload): B and the default
+#   bash recipes/gpu_campaign.sh gate-seeds SHAPE SEED...  # e.g. gate-seeds 2b 1 2: per seed, the fp32 oracle of
+#                                        # the bench's random weights and workload of that seed (recipes/oracle.py
+#                                        # --seed, --max-seconds: oracle_SHAPE_seedN.json), then family-fidelity
+#                                        # with that seed against it (fidelity_SHAPE_seedN.*); an oracle cut by the
+#                                        # time limit gets no fidelity: copy the returned oracle_SHAPE_seedN.json to
+#                                        # recipes/data/ and call again (it resumes from there)
 #   bash recipes/gpu_campaign.sh family  # one call for the 9B and 2B: each shape's B and C on the exact workload
 #                                        # (no HTTP), then the -m gpu suite beside family-fidelity 9b and 2b
 #   bash recipes/gpu_campaign.sh fingerprints SHAPES...  # e.g. 2b 9b 27b: the weights-hash probe at mid
@@ -63,10 +69,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | family | fingerprints | profile | warmup"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-seeds | family | fingerprints | profile | warmup"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|family|fingerprints|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-seeds|family|fingerprints|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -92,14 +98,18 @@ gpu_pytest() {  # $1 = time limit (s), $2 = log file under $out, $3 = -k express
   grep -E "FAILED|ERROR" "$log" | tail -n 12
 }
 
-family_fidelity() {  # $1 = 9b or 2b: the bench's random weights as an export, then hf-openjev fidelity on it
-  # against $2 (default: the committed recipes/data/oracle_$1.json)
-  local shape=$1 export_dir=/tmp/random-$1 oracle=${2:-$REPO/recipes/data/oracle_$1.json}
+family_fidelity() {  # $1 = 9b or 2b: the bench's random weights (seed $3, default 0) as an export, then
+  # hf-openjev fidelity on it (the workload's ids drawn with that seed) against $2 (default: the committed
+  # recipes/data/oracle_$1.json); with a seed, the files are named $1_seed$3 (fidelity_2b_seed1.json)
+  local shape=$1 oracle=${2:-$REPO/recipes/data/oracle_$1.json} seed=${3:-}
+  local name=$shape${3:+_seed$3}
+  local export_dir=/tmp/random-$name
   rm -rf "$export_dir"
-  python3 "$REPO/recipes/random_export.py" --shape "$shape" --device cuda --out "$export_dir" 2>&1 | quiet | tail -n 2
+  python3 "$REPO/recipes/random_export.py" --shape "$shape" --seed "${seed:-0}" --device cuda --out "$export_dir" 2>&1 \
+    | quiet | tail -n 2
   python3 -m hf_openjev fidelity --model "$export_dir" --workload "$REPO/recipes/data/jevbench231-shapes-estimated.json" \
-    --oracle "$oracle" --configs default --name "$shape" --no-progress \
-    --out "$out/fidelity$shape" 2>&1 | quiet | tail -n 12
+    --seed "${seed:-0}" --oracle "$oracle" --configs default --name "$name" --no-progress \
+    --out "$out/fidelity$name" 2>&1 | quiet | tail -n 12
   rm -rf "$export_dir"
 }
 
@@ -120,6 +130,15 @@ if [ "$stage" = pytest-part ]; then  # every named part known, before setup
     [ -n "$(part_entries "$part")" ] || { echo "unknown part $part (the parts: $names)"; exit 2; }
   done
   parts=("$@")
+fi
+if [ "$stage" = gate-seeds ]; then  # a known shape and one or more seeds, before setup
+  usage="gate-seeds SHAPE SEED...: SHAPE 2b or 9b, then one or more seeds (non-negative integers), e.g. 2b 1 2"
+  case "${1:-}" in 2b|9b) ;; *) echo "$usage"; exit 2 ;; esac
+  gate_shape=$1
+  shift
+  [ $# -gt 0 ] || { echo "$usage"; exit 2; }
+  for seed in "$@"; do [[ "$seed" =~ ^[0-9]+$ ]] || { echo "seed $seed: $usage"; exit 2; }; done
+  seeds=("$@")
 fi
 
 setup
@@ -161,6 +180,26 @@ case "$stage" in
       --e2e-warmup-requests 8 "$@" --out "$out/$shape" 2>&1 | quiet | grep -vE "^\s*$" | tail -n 40 ;;
   family-fidelity)
     family_fidelity "${1:?family-fidelity SHAPE: 9b or 2b}" ;;
+  gate-seeds)
+    for seed in "${seeds[@]}"; do  # per seed: its fp32 oracle (resumed from a carried one), then B and the default
+      name=${gate_shape}_seed$seed
+      left=$((580 - (SECONDS - start)))
+      [ "$left" -gt 30 ] || { echo "oracle $name: no time left"; continue; }
+      resume=()
+      carried=$REPO/recipes/data/oracle_$name.json  # a cut run's file, copied back into the checkout
+      [ -f "$carried" ] && resume=(--resume "$carried")
+      timeout "$left" python3 "$REPO/recipes/oracle.py" --shape "$gate_shape" --seed "$seed" "${resume[@]}" \
+        --max-seconds $((left - 20)) --out "$out/seed$seed" 2>&1 | quiet >"$out/oracle_$name.log"
+      echo "oracle $name rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
+      grep -v "^oracle:" "$out/oracle_$name.log" | tail -n 3
+      [ -f "$out/seed$seed/oracle_$gate_shape.json" ] && mv "$out/seed$seed/oracle_$gate_shape.json" "$out/oracle_$name.json"
+      grep -q "requests, complete$" "$out/oracle_$name.log" || { echo "oracle $name: incomplete, no fidelity"; continue; }
+      left=$((580 - (SECONDS - start)))
+      [ "$left" -gt 30 ] || { echo "fidelity $name: no time left"; continue; }
+      timeout "$left" bash -c "$(declare -f family_fidelity quiet); out='$out' REPO='$REPO' \
+        family_fidelity '$gate_shape' '$out/oracle_$name.json' '$seed'"
+      echo "fidelity $name rc=$? at $((SECONDS - start)) s"
+    done ;;
   family)
     for shape in 9b 2b; do
       limit=$([ "$shape" = 9b ] && echo 200 || echo 130)
@@ -207,5 +246,5 @@ case "$stage" in
     done ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
-case "$stage" in family|session|fingerprints) rm -rf "$out" ;; esac  # many files: the tarball alone comes back
+case "$stage" in family|session|fingerprints|gate-seeds) rm -rf "$out" ;; esac  # many files: the tarball alone comes back
 ls -la "${OUT:-/tmp/out}"

@@ -1,0 +1,93 @@
+"""recipes/gpu_campaign.sh's gate-seeds stage run on the CPU with a stand-in python3 (a PATH shim that records
+its arguments): per seed the oracle, the export and ``hf-openjev fidelity`` get that seed, and bad calls are
+refused before setup."""
+
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+COPIED = ["recipes/gpu_campaign.sh", "recipes/device_setup.sh", "recipes/gpu_parts.txt", "recipes/pytest_counts.sh"]
+
+# the stand-in: one line of arguments per call in $CALLS; oracle.py writes <out>/oracle_<shape>.json and reports
+# it complete unless its seed is in $INCOMPLETE
+SHIM = r"""#!/usr/bin/env bash
+echo "$*" >>"$CALLS"
+case "$*" in *oracle.py*) ;; *) exit 0 ;; esac
+while [ $# -gt 0 ]; do
+  case "$1" in --out) dir=$2 ;; --shape) shape=$2 ;; --seed) seed=$2 ;; esac
+  shift
+done
+mkdir -p "$dir"; echo '{}' >"$dir/oracle_$shape.json"
+case " $INCOMPLETE " in *" $seed "*) echo "$dir/oracle_$shape.json: 3/9 requests, stopped: --max-seconds" ;;
+  *) echo "$dir/oracle_$shape.json: 9/9 requests, complete" ;; esac
+"""
+
+
+def run_stage(tmp_path: Path, *args: str, incomplete: str = "", carried: tuple[str, ...] = ()):
+    """Run ``gpu_campaign.sh args`` in a copy of the recipes under tmp_path/repo; (result, the calls (list of
+    argument strings), the out folder)."""
+    repo = tmp_path / "repo"
+    for rel in COPIED:
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, repo / rel)
+    for name in carried:
+        (repo / "recipes" / "data").mkdir(parents=True, exist_ok=True)
+        (repo / "recipes" / "data" / name).write_text("{}")
+    shim = tmp_path / "bin" / "python3"
+    shim.parent.mkdir(exist_ok=True)
+    shim.write_text(SHIM)
+    shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    calls, out = tmp_path / "calls.txt", tmp_path / "out"
+    env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "CALLS": str(calls), "OUT": str(out),
+           "INCOMPLETE": incomplete}
+    result = subprocess.run(["bash", "recipes/gpu_campaign.sh", *args], cwd=repo, env=env, capture_output=True,
+                            text=True, timeout=60)
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return result, lines, out
+
+
+def script_calls(lines: list[str], script: str) -> list[str]:
+    return [line for line in lines if script in line]
+
+
+def test_each_seed_gets_its_oracle_export_and_fidelity(tmp_path):
+    result, lines, out = run_stage(tmp_path, "gate-seeds", "2b", "1", "2", incomplete="2",
+                                   carried=("oracle_2b_seed2.json",))
+    assert result.returncode == 0, result.stdout + result.stderr
+    oracles = script_calls(lines, "recipes/oracle.py")
+    assert len(oracles) == 2
+    assert "--shape 2b --seed 1 --max-seconds" in oracles[0] and f"--out {out}/gate-seeds/seed1" in oracles[0]
+    assert "--resume" not in oracles[0]
+    assert "--seed 2 --resume" in oracles[1] and "recipes/data/oracle_2b_seed2.json" in oracles[1]
+    exports = script_calls(lines, "random_export.py")
+    assert len(exports) == 1 and "--shape 2b --seed 1 " in exports[0]  # seed 2's oracle was cut: no fidelity
+    fidelity = script_calls(lines, "-m hf_openjev fidelity")
+    assert len(fidelity) == 1
+    for part in ("--seed 1 ", f"--oracle {out}/gate-seeds/oracle_2b_seed1.json", "--name 2b_seed1",
+                 f"--out {out}/gate-seeds/fidelity2b_seed1"):
+        assert part in fidelity[0], (part, fidelity[0])
+    assert "oracle 2b_seed2: incomplete, no fidelity" in result.stdout
+    with tarfile.open(out / "gate-seeds.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"./oracle_2b_seed1.json", "./oracle_2b_seed2.json", "./oracle_2b_seed1.log"} <= names, names
+
+
+def test_family_fidelity_keeps_seed_zero_and_its_names(tmp_path):
+    result, lines, out = run_stage(tmp_path, "family-fidelity", "9b")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (export,) = script_calls(lines, "random_export.py")
+    (fidelity,) = script_calls(lines, "-m hf_openjev fidelity")
+    assert "--shape 9b --seed 0 " in export
+    assert "--seed 0 " in fidelity and "--name 9b " in fidelity and "recipes/data/oracle_9b.json" in fidelity
+    assert f"--out {out}/family-fidelity/fidelity9b" in fidelity
+
+
+def test_a_bad_shape_or_no_seed_is_refused_before_setup(tmp_path):
+    for args in (["gate-seeds"], ["gate-seeds", "27b", "1"], ["gate-seeds", "2b"], ["gate-seeds", "9b", "1", "x"]):
+        result, lines, _ = run_stage(tmp_path, *args)
+        assert result.returncode == 2 and "gate-seeds SHAPE SEED..." in result.stdout, (args, result.stdout)
+        assert lines == [], (args, lines)  # no pip, no python: setup never ran
