@@ -27,13 +27,12 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import torch
 from benchlib.groups import native_comparison_lines, table
-from benchlib.local_server import free_port
+from benchlib.local_server import serve_in_thread
 from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import add_model_arguments, build_model, default_device
 from benchlib.timing import summarize
@@ -122,8 +121,6 @@ def attach_tokenizer(model, tokenizer) -> None:
 
 def serve_arm(model, arm: str):
     """A started uvicorn server of the package's app for ``arm`` on 127.0.0.1 (a thread), and its port."""
-    import uvicorn
-
     from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.patches import patch_record, revert_patches
     from hf_openjev.serve.app import create_app
@@ -131,17 +128,7 @@ def serve_arm(model, arm: str):
     if arm == "B" and patch_record(model) is not None:
         revert_patches(model)  # B is the stock model, as serve --reference loads it
     app = create_app(model, fast=arm == "C", options=FastPathOptions() if arm == "C" else None)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False, lifespan="on"))
-    thread = threading.Thread(target=server.run, name=f"e2e-{arm}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"arm {arm}: the server did not start on 127.0.0.1:{port}")
-        time.sleep(0.01)
-    return server, thread, port
+    return serve_in_thread(app, name=f"e2e-{arm}")
 
 
 def run_client(port: int, requests: list[dict], work: Path, *, warmup_requests: int | None = None) -> dict:

@@ -50,13 +50,12 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import torch
 from bench_e2e import DATA, attach_tokenizer, load_requests, load_tokenizer, run_client
-from benchlib.local_server import free_port
+from benchlib.local_server import serve_in_thread
 from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import build_model
 from benchlib.workload import MANIFEST
@@ -219,19 +218,7 @@ def server_stack(http: str, loop: str) -> str:
 def serve(app, http: str = "auto", loop: str = "auto"):
     """uvicorn serving ``app`` on 127.0.0.1 in a thread (as ``bench_e2e.serve_arm``) with the HTTP protocol
     ``http`` and the event loop ``loop`` (uvicorn's names), and its port."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                                           lifespan="on", http=http, loop=loop))
-    thread = threading.Thread(target=server.run, name="server-time", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the server did not start on 127.0.0.1:{port}")
-        time.sleep(0.01)
-    return server, thread, port
+    return serve_in_thread(app, name="server-time", http=http, loop=loop)
 
 
 def build_app(timer: PhaseTimer, tokenizer, latency_s: float):

@@ -9,9 +9,14 @@ Three plans of one request whose two candidates share an 80-token state (64 toke
 
 and ``NESTED``: two questions, a 40-token request tail, then each question's 20-token tail, then one own token per
 candidate (tails under tails, no state handed on).
+
+:func:`random_token_requests` draws random batches of requests of the same nesting for the fast path's end-to-end
+tests.
 """
 
 from __future__ import annotations
+
+import random
 
 from aligned_plans import plan_requests  # the aligned layout these plans describe (tails: TAILS)
 
@@ -26,3 +31,18 @@ NO_EXTERNAL = ExternalBlocks([], {}, {}, 0)
 NESTED = plan_requests([[[list(range(100, 140)) + list(range(200, 220)) + [c] for c in (1, 2)],
                          [list(range(100, 140)) + list(range(300, 320)) + [c] for c in (3, 4)]]],
                        share_tails=True, min_shared_tokens=8)
+
+
+def random_token_requests(rng: random.Random, vocab: int) -> list:
+    """1-3 requests [question][candidate] of token ids: shared states of 0-200 tokens, question heads of 0-100,
+    candidates' own 1-40 tokens."""
+    requests = []
+    for _ in range(rng.randint(1, 3)):
+        prefix = [rng.randrange(5, vocab) for _ in range(rng.randint(0, 200))]
+        questions = []
+        for _ in range(rng.randint(1, 2)):
+            head = prefix + [rng.randrange(5, vocab) for _ in range(rng.randint(0, 100))]
+            questions.append([head + [rng.randrange(5, vocab) for _ in range(rng.randint(1, 40))]
+                              for _ in range(rng.randint(1, 5))])
+        requests.append(questions)
+    return requests

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 from aligned_plans import plan_requests  # dict() below: the aligned layout; tails are asked for
+from small_plans import random_token_requests
 
 from hf_openjev import load_export
 from hf_openjev.checkpoint.tiny import tiny_text_config
@@ -21,19 +22,6 @@ from hf_openjev.patches import apply_patches, patch_record, read_options, revert
 DEFAULTS = FastPathOptions()  # the fast path's options as packing receives them
 
 torch.set_num_threads(1)
-
-
-def _random_requests(rng: random.Random, vocab: int) -> list:
-    requests = []
-    for _ in range(rng.randint(1, 3)):
-        prefix = [rng.randrange(5, vocab) for _ in range(rng.randint(0, 200))]
-        questions = []
-        for _ in range(rng.randint(1, 2)):
-            head = prefix + [rng.randrange(5, vocab) for _ in range(rng.randint(0, 100))]
-            questions.append([head + [rng.randrange(5, vocab) for _ in range(rng.randint(1, 40))]
-                              for _ in range(rng.randint(1, 5))])
-        requests.append(questions)
-    return requests
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +39,7 @@ def test_padded_packs_give_the_same_rows(patched_model, tails):
     rng = random.Random(0)
     keys, checked, gathered = set(), 0, 0
     for _ in range(12):
-        plan = plan_requests(_random_requests(rng, vocab), **tails)
+        plan = plan_requests(random_token_requests(rng, vocab), **tails)
         for pack in plan.packs:
             plain = build_pack_context(plan, pack, {}, "cpu", DEFAULTS)
             padded = build_pack_context(plan, pack, {}, "cpu", DEFAULTS, pad=True)
@@ -91,7 +79,7 @@ def test_every_device_input_of_a_padded_context_is_copied_in_at_replay(patched_m
     rng = random.Random(3)
     seen = set()
     for _ in range(10):
-        plan = plan_requests(_random_requests(rng, patched_model.config.vocab_size), **tails)
+        plan = plan_requests(random_token_requests(rng, patched_model.config.vocab_size), **tails)
         for pack in plan.packs:
             if pack.external or pack.export:
                 continue
@@ -134,7 +122,7 @@ def test_dense_attention_gives_the_same_rows(patched_model, pad):
     rng = random.Random(4)
     plans = []
     for _ in range(10):
-        requests = _random_requests(rng, patched_model.config.vocab_size)
+        requests = random_token_requests(rng, patched_model.config.vocab_size)
         plans += [plan_requests(requests[:1]), plan_requests(requests)]  # one request: its prefix level alone
     dense_levels = forced = 0
     for plan in plans:
@@ -158,7 +146,7 @@ def test_inputs_are_aligned_views_of_one_flat_buffer_per_dtype(pad):
     rng = random.Random(6)
     checked = 0
     for _ in range(6):
-        plan = plan_requests(_random_requests(rng, 400), share_tails=True, min_shared_tokens=8)
+        plan = plan_requests(random_token_requests(rng, 400), share_tails=True, min_shared_tokens=8)
         for pack in (p for p in plan.packs if not (p.external or p.export)):
             ctx = build_pack_context(plan, pack, {}, "cpu", DEFAULTS, pad=pad)
             tensors = ctx.static_tensors()
@@ -225,7 +213,7 @@ def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint, dense):
 
     model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
     rng = random.Random(2)
-    batches = [_random_requests(rng, model.config.vocab_size) for _ in range(4)]
+    batches = [random_token_requests(rng, model.config.vocab_size) for _ in range(4)]
     apply_patches(model, FastPathOptions(cuda_graphs=False))
     eager = [score_fast(model, b, read_options(model).replace(dense_attention_tokens=dense))[0] for b in batches]
     varlen = [score_fast(model, b, read_options(model).replace(dense_attention_tokens=0))[0] for b in batches]
@@ -273,7 +261,7 @@ def test_triton_elementwise_equals_the_plain_code_in_the_fast_path_on_cuda(heads
     from hf_openjev.fast_path import score_fast
 
     model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
-    requests = _random_requests(random.Random(5), model.config.vocab_size)
+    requests = random_token_requests(random.Random(5), model.config.vocab_size)
     for options in (dict(share_tails=True, min_shared_tokens=8), dict(max_sequences=2)):  # tails; split packs
         apply_patches(model, FastPathOptions(cuda_graphs=False, fused_elementwise=False, **options))
         plain = score_fast(model, requests)[0]
@@ -432,7 +420,7 @@ def _compare_merged_and_per_level(tiny_checkpoint, device, dtype, pad):
     merged_calls = compared = 0
     with torch.no_grad():
         for _ in range(8):
-            plan = plan_requests(_random_requests(rng, model.config.vocab_size), share_tails=True, min_shared_tokens=8)
+            plan = plan_requests(random_token_requests(rng, model.config.vocab_size), share_tails=True, min_shared_tokens=8)
             for pack in plan.packs:
                 if pack.external or pack.export:
                     continue

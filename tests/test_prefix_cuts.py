@@ -73,18 +73,28 @@ def _random_text(rng: random.Random) -> str:
 def test_every_clean_cut_keeps_the_first_tokens(name):
     tok = CLEAN[name]()
     assert explain_unclean(tok) is None
-    rng = random.Random(name)
     cuts = 0
-    for _ in range(150):
+    for text, whole, c in _clean_cuts_of_random_texts(tok, name):
+        head = _ids(tok, text[:c])
+        assert whole[:len(head)] == head, (text[:c], text[c:c + 20])
+        cuts += 1
+    assert cuts > 500
+
+
+def _ids(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False).ids
+
+
+def _clean_cuts_of_random_texts(tok, seed, texts: int = 150):
+    """(text, its ids, c) for every clean cut ``c`` of ``texts`` random texts."""
+    rng = random.Random(seed)
+    for _ in range(texts):
         text = _random_text(rng)
-        whole = tok.encode(text, add_special_tokens=False).ids
+        whole = _ids(tok, text)
         c = find_clean_cut(text, 1)
         while c is not None:
-            head = tok.encode(text[:c], add_special_tokens=False).ids
-            assert whole[:len(head)] == head, (text[:c], text[c:c + 20])
-            cuts += 1
+            yield text, whole, c
             c = find_clean_cut(text, c + 1)
-    assert cuts > 500
 
 
 @pytest.mark.parametrize("name", sorted(CLEAN))
@@ -93,18 +103,10 @@ def test_every_clean_cut_splits_the_ids(name):
     text once relies on), texts that start or end with spaces and newlines included."""
     tok = CLEAN[name]()
     assert explain_unsplit(tok) is None and prove_clean_splits(tok)
-    rng = random.Random(name)
     cuts = 0
-    for _ in range(150):
-        text = _random_text(rng)
-        whole = tok.encode(text, add_special_tokens=False).ids
-        c = find_clean_cut(text, 1)
-        while c is not None:
-            parts = tok.encode(text[:c], add_special_tokens=False).ids + tok.encode(text[c:],
-                                                                                    add_special_tokens=False).ids
-            assert parts == whole, (text[:c][-20:], text[c:c + 20])
-            cuts += 1
-            c = find_clean_cut(text, c + 1)
+    for text, whole, c in _clean_cuts_of_random_texts(tok, name):
+        assert _ids(tok, text[:c]) + _ids(tok, text[c:]) == whole, (text[:c][-20:], text[c:c + 20])
+        cuts += 1
     assert cuts > 500
 
 

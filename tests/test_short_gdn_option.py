@@ -17,6 +17,7 @@ import types
 
 import pytest
 import torch
+from small_plans import random_token_requests
 from test_fast_path import TOLERANCE, compare, random_model, random_request
 
 from hf_openjev.fast_options import FastPathOptions
@@ -182,20 +183,6 @@ def heads27_checkpoint(tmp_path_factory):
     return build_tiny_checkpoint(tmp_path_factory.mktemp("heads27"), config=config)
 
 
-def _token_requests(rng: random.Random, vocab: int) -> list:
-    """1-3 requests [question][candidate] of token ids: shared states of 0-200 tokens, question heads, suffixes."""
-    requests = []
-    for _ in range(rng.randint(1, 3)):
-        prefix = [rng.randrange(5, vocab) for _ in range(rng.randint(0, 200))]
-        questions = []
-        for _ in range(rng.randint(1, 2)):
-            head = prefix + [rng.randrange(5, vocab) for _ in range(rng.randint(0, 100))]
-            questions.append([head + [rng.randrange(5, vocab) for _ in range(rng.randint(1, 40))]
-                              for _ in range(rng.randint(1, 5))])
-        requests.append(questions)
-    return requests
-
-
 def short_against_chunked(checkpoint, device: str, dtype, gdn_calls) -> None:
     """Scores with ``short_gdn_tokens=THRESHOLD`` (eager, then graphs where the device has them: captures, then
     replays equal to them) within 1% of the largest score of the chunked op's eager scores (bf16: one rounding step
@@ -207,7 +194,7 @@ def short_against_chunked(checkpoint, device: str, dtype, gdn_calls) -> None:
 
     model = load_export(checkpoint.export, dtype=dtype, device=device)
     rng = random.Random(3)
-    batches = [_token_requests(rng, model.config.vocab_size) for _ in range(4)]
+    batches = [random_token_requests(rng, model.config.vocab_size) for _ in range(4)]
     apply_patches(model, FastPathOptions(cuda_graphs=False))
     chunked = [score_fast(model, b)[0] for b in batches]
     assert {name for name, _, _ in gdn_calls} == {"chunked"}

@@ -131,12 +131,17 @@ def _normalizer_problem(spec) -> str | None:
 def explain_unclean(tokenizer) -> str | None:
     """Why :func:`find_clean_cut`'s cuts are not proven clean for ``tokenizer`` (a Transformers fast tokenizer or
     a ``tokenizers.Tokenizer``), or None when they are."""
+    return _explain_from_spec(tokenizer, explain_unclean_spec)
+
+
+def _explain_from_spec(tokenizer, explain_spec) -> str | None:
+    """``explain_spec`` of ``tokenizer``'s ``tokenizer.json`` content, or why there is none to read."""
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     try:
         spec = json.loads(backend.to_str())
     except Exception as exc:  # noqa: BLE001 - a slow tokenizer, a stand-in
         return f"not a fast tokenizer ({type(exc).__name__})"
-    return explain_unclean_spec(spec)
+    return explain_spec(spec)
 
 
 def explain_unclean_spec(spec: dict) -> str | None:
@@ -153,12 +158,7 @@ def explain_unclean_spec(spec: dict) -> str | None:
 def explain_unsplit(tokenizer) -> str | None:
     """Why :func:`find_clean_cut`'s cuts are not proven to split ``tokenizer``'s ids (``encode(text) ==
     encode(text[:c]) + encode(text[c:])``), or None when they are (see the module docstring)."""
-    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    try:
-        spec = json.loads(backend.to_str())
-    except Exception as exc:  # noqa: BLE001 - a slow tokenizer, a stand-in
-        return f"not a fast tokenizer ({type(exc).__name__})"
-    return explain_unsplit_spec(spec)
+    return _explain_from_spec(tokenizer, explain_unsplit_spec)
 
 
 def explain_unsplit_spec(spec: dict) -> str | None:

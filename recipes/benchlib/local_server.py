@@ -1,12 +1,14 @@
 """A server on this machine's loopback for a recipe: a free port to start it on, and the wait until it is ready.
 
-Standard library only (the recipes that start ``hf-openjev serve`` in a process of their own use it).
+Standard library only for the recipes that start ``hf-openjev serve`` in a process of their own; those that serve an
+app in process (:func:`serve_in_thread`) import uvicorn there.
 """
 
 from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -32,3 +34,22 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
             pass
         time.sleep(0.25)
     raise RuntimeError(f"the server was not healthy within {timeout:.0f} s")
+
+
+def serve_in_thread(app, *, name: str, timeout: float = 120, **config):
+    """uvicorn serving ``app`` on 127.0.0.1 in a daemon thread ``name`` (``config``: more of ``uvicorn.Config``'s
+    arguments, e.g. ``http``, ``loop``), once it has started: (server, thread, port); RuntimeError naming ``name`` if
+    it stops or ``timeout`` seconds pass first."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                                           lifespan="on", **config))
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: the server did not start on 127.0.0.1:{port}")
+        time.sleep(0.01)
+    return server, thread, port
