@@ -3,7 +3,8 @@ tensor straight into its shard, and the re-read of the written headers (docs/che
 
 Every tensor is bf16, so a shard's header is known before its first byte: :func:`plan_shards` cuts the ordered
 tensors into shards of at most ``max_shard_bytes`` (one ``model.safetensors``, or ``model-0000i-of-0000n``),
-:class:`ShardWriter` writes them in that order (a tensor whole, or as flat bf16 pieces) and the index
+:class:`ShardWriter` writes them in that order (a tensor whole, or as flat bf16 pieces; through the package's one
+safetensors writer, ``checkpoint.safetensors_stream.TensorFileWriter``) and the index
 ``model.safetensors.index.json`` when there are several, and :func:`check_written_shards` reads the headers back.
 A planned tensor is anything with ``name``, ``shape`` and ``nbytes`` (:class:`PlannedTensor`); the export's plan
 (:mod:`hf_openjev.export.merge`) supplies them.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from ..checkpoint.files import read_safetensors_headers
+from ..checkpoint.safetensors_stream import TensorFileWriter
 from ..errors import CheckpointError
 
 _HEADER_SLACK = 256  # bytes reserved per shard for the header's fixed part
@@ -71,7 +72,9 @@ def plan_shards(items: list[PlannedTensor], max_shard_bytes: int) -> list[Shard]
 
 
 class ShardWriter:
-    """Writes the planned shards in order, one tensor at a time, straight to disk (safetensors format)."""
+    """Writes the planned shards in order, one tensor at a time, straight to disk: each shard through
+    :class:`~hf_openjev.checkpoint.safetensors_stream.TensorFileWriter` (the one safetensors writer), checked here
+    against the plan's order, shapes and bf16."""
 
     def __init__(self, out_dir: Path, shards: list[Shard]):
         if sys.byteorder != "little":
@@ -79,7 +82,7 @@ class ShardWriter:
         self.out_dir = out_dir
         self.shards = shards
         self.index = -1
-        self.file = None
+        self.file: TensorFileWriter | None = None
         self.pending: list[PlannedTensor] = []
         self.sizes: list[tuple[str, int]] = []
 
@@ -87,16 +90,8 @@ class ShardWriter:
         self._close()
         self.index += 1
         shard = self.shards[self.index]
-        header: dict = {"__metadata__": {"format": "pt"}}
-        offset = 0
-        for item in shard.items:
-            header[item.name] = {"dtype": "BF16", "shape": list(item.shape), "data_offsets": [offset, offset + item.nbytes]}
-            offset += item.nbytes
-        blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
-        blob += b" " * (-len(blob) % 8)
-        self.file = open(self.out_dir / shard.filename, "wb")  # noqa: SIM115 - closed in _close
-        self.file.write(struct.pack("<Q", len(blob)))
-        self.file.write(blob)
+        self.file = TensorFileWriter(self.out_dir / shard.filename,
+                                     [(item.name, "BF16", tuple(item.shape)) for item in shard.items])
         self.pending = list(shard.items)
 
     def write(self, name: str, data) -> None:
@@ -115,20 +110,16 @@ class ShardWriter:
         for chunk in data:
             if chunk.dtype != torch.bfloat16:
                 raise RuntimeError(f"export writer: {name} chunk is {chunk.dtype}, not bf16")
-            if chunk.numel():
-                self.file.write(memoryview(chunk.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
-                written += chunk.numel() * 2
+            self.file.write(name, chunk)
+            written += chunk.numel() * 2
         if written != item.nbytes:
             raise RuntimeError(f"export writer: {name} got {written} bytes, planned {item.nbytes}")
 
     def _close(self) -> None:
         if self.file is not None:
             if self.pending:
-                raise RuntimeError(f"export writer: {len(self.pending)} tensors of {self.file.name} not written")
-            self.file.flush()
-            os.fsync(self.file.fileno())
-            self.file.close()
-            self.sizes.append((Path(self.file.name).name, Path(self.file.name).stat().st_size))
+                raise RuntimeError(f"export writer: {len(self.pending)} tensors of {self.file.path.name} not written")
+            self.sizes.append((self.file.path.name, self.file.finish()))
             self.file = None
 
     def finish(self) -> list[tuple[str, int]]:
@@ -144,7 +135,7 @@ class ShardWriter:
 
     def abort(self) -> None:
         if self.file is not None:
-            self.file.close()
+            self.file.abort()
             self.file = None
 
 
