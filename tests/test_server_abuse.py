@@ -373,6 +373,28 @@ def test_an_endless_header_is_cut_off_at_the_cap_and_a_12_kib_head_is_served(tin
 
 
 @pytest.mark.parametrize("stack", HTTP_STACKS)
+def test_an_http_1_1_request_without_host_is_refused_on_both_stacks_and_http_1_0_is_served(tiny_model, stack):
+    """RFC 9112 section 3.2: a server MUST answer an HTTP/1.1 request that lacks Host with 400. h11 refuses it
+    itself; httptools passes it on, so the head's rules (hf_openjev.serve.head_limit) refuse it there, by name.
+    HTTP/1.0 needs no Host: that request is scored."""
+    app = create_app(tiny_model)
+    body = json.dumps(REQUEST).encode()
+    without_host = (f"POST /v1/systemone HTTP/1.1\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    with serving(_live(app, **stack)) as (url, _):
+        with socket.create_connection(_address(url), timeout=10) as sock:
+            sock.sendall(without_host)
+            refused = _read_until_closed(sock)
+        with socket.create_connection(_address(url), timeout=10) as sock:
+            sock.sendall(without_host.replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+            served = _read_until_closed(sock)
+    assert refused.startswith(b"HTTP/1.1 400") and b"connection: close" in refused.lower()
+    if stack["http"] != "h11":
+        assert refused.endswith(b"Missing mandatory Host: header")
+    assert served.split(b"\r\n", 1)[0].endswith(b"200 OK") and b'"refund"' in served
+
+
+@pytest.mark.parametrize("stack", HTTP_STACKS)
 def test_200_pipelined_requests_in_one_send_are_all_answered_under_the_head_cap(tiny_model, stack):
     """32 KiB of small pipelined heads in one send: the cap counts one head's bytes, not a read's."""
     app = create_app(tiny_model)

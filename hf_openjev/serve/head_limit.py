@@ -1,4 +1,7 @@
-"""A cap on a request's head (request line and headers): a longer head gets a 400 and its connection is closed.
+"""A request head's rules on httptools, as h11 keeps them: a cap on its size, and the Host header of HTTP/1.1.
+
+A head (request line and headers) longer than the cap gets a 400 and its connection is closed; so does an HTTP/1.1
+request without a Host header (RFC 9112 section 3.2: a server MUST answer it with 400), which httptools passes on.
 
 h11 keeps at most ``max_incomplete_event_size`` bytes of a head it has not finished parsing (16 KiB, its
 default) and refuses the request past it. httptools keeps no such cap: its parser gathers a header's name and value
@@ -16,15 +19,21 @@ server holds of one head stays under :data:`MAX_HEAD_BYTES` plus one read.
 
 from __future__ import annotations
 
-__all__ = ["MAX_HEAD_BYTES", "with_head_limit"]
+__all__ = ["MAX_HEAD_BYTES", "MISSING_HOST", "with_head_limit"]
 
 MAX_HEAD_BYTES = 16 * 1024  # h11's own default (h11.DEFAULT_MAX_INCOMPLETE_EVENT_SIZE)
 HEAD_TOO_LARGE = "Request line and headers too large."
+MISSING_HOST = "Missing mandatory Host: header"  # h11's words for the same refusal
+
+
+class _HeadRefused(Exception):
+    """Raised in a parser callback to stop parsing: httptools turns it into the parse error uvicorn answers."""
 
 
 def with_head_limit(base, limit: int = MAX_HEAD_BYTES):
-    """``base`` (a uvicorn HTTP protocol class) refusing with a 400 the requests whose head passes ``limit`` bytes;
-    h11's protocol is returned as it is (h11 caps the head itself: ``h11_max_incomplete_event_size``)."""
+    """``base`` (a uvicorn HTTP protocol class) refusing with a 400 the requests whose head passes ``limit`` bytes
+    and the HTTP/1.1 requests without a Host header; h11's protocol is returned as it is (h11 caps the head itself,
+    ``h11_max_incomplete_event_size``, and refuses a missing Host)."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # no httptools: base is h11's
@@ -38,6 +47,7 @@ def with_head_limit(base, limit: int = MAX_HEAD_BYTES):
             self._jev_in_head = True  # the next bytes are a request's head
             self._jev_head_bytes = 0
             self._jev_began = False  # a request began in the chunk being parsed
+            self._jev_refusal: str | None = None  # why the head was refused, for uvicorn's 400
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -45,7 +55,13 @@ def with_head_limit(base, limit: int = MAX_HEAD_BYTES):
 
         def on_headers_complete(self) -> None:
             self._jev_in_head = False
+            if self.parser.get_http_version() == "1.1" and not any(name == b"host" for name, _ in self.headers):
+                self._jev_refusal = MISSING_HOST
+                raise _HeadRefused(MISSING_HOST)  # uvicorn answers the parse error: send_400_response below
             super().on_headers_complete()
+
+        def send_400_response(self, msg: str) -> None:
+            super().send_400_response(self._jev_refusal or msg)
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
