@@ -78,8 +78,7 @@ def process_settings_restored():
     package, access = logging.getLogger("hf_openjev"), logging.getLogger("hf_openjev.serve.access")
     saved = (package.level, access.level, list(access.handlers), access.propagate)
     yield
-    if torch.get_num_threads() != before:
-        torch.set_num_threads(before)
+    torch.set_num_threads(before)  # always: a count set on another thread is not visible here, but later threads get it
     if gc.get_freeze_count():
         gc.unfreeze()
     package.setLevel(saved[0])
