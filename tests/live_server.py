@@ -1,6 +1,7 @@
 """A uvicorn server running on a thread for tests that need real HTTP (port 0: the OS picks a free one; or a
-listening socket the test made), a stand-in for its run that starts and stops the app's lifespan without a
-socket, and the two HTTP stacks the protocol-level tests run on (:data:`HTTP_STACKS`)."""
+listening socket the test made), built as ``serve`` builds it (:func:`configured_server`), a stand-in for its run that
+starts and stops the app's lifespan without a socket, the two HTTP stacks the protocol-level tests run on
+(:data:`HTTP_STACKS`), and raw-socket helpers (:func:`address`, :func:`raw_request`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,33 @@ import pytest
 # (httptools and uvloop, the package's dependencies) and the h11 path it falls back to where they are not installed.
 HTTP_STACKS = [pytest.param({"http": "httptools", "loop": "uvloop"}, id="httptools"),
                pytest.param({"http": "h11", "loop": "asyncio"}, id="h11")]
+
+
+def configured_server(app, **options):
+    """A uvicorn server for ``app`` as ``serve`` configures it (header and write deadlines, connection cap, drain
+    before uvicorn's shutdown); ``options`` are ``_uvicorn_config``'s (``drain_timeout_s`` and
+    ``header_timeout_s`` default to 10 s)."""
+    from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
+    from hf_openjev.serve.startup import _uvicorn_config
+
+    config = _uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning",
+                             drain_timeout_s=options.pop("drain_timeout_s", 10), limit_concurrency=None,
+                             header_timeout_s=options.pop("header_timeout_s", 10), **options)
+    return build_server(config, on_exit=lambda: begin_drain(app), drain=lambda: finish_drain(app))
+
+
+def address(url: str) -> tuple[str, int]:
+    """``(host, port)`` of a :func:`serving` URL."""
+    host, port = url.rsplit("//", 1)[1].split(":")
+    return host, int(port)
+
+
+def raw_request(body: bytes, extra: str = "") -> bytes:
+    """A POST /v1/systemone with ``body`` as raw bytes; ``extra`` header lines (each ending in CRLF) after the
+    usual ones."""
+    head = (f"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}\r\n")
+    return head.encode() + body
 
 
 @contextlib.contextmanager

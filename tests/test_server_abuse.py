@@ -18,17 +18,15 @@ from pathlib import Path
 import httpx
 import pytest
 from jevcompat.checks import TICKET
-from live_server import HTTP_STACKS, serving
+from live_server import HTTP_STACKS, address, configured_server, raw_request, serving
 from repo_data import load_recipe
 from serve_cli_args import forbid_loading, serve_parser
 
 from hf_openjev.scoring import score_prepared
 from hf_openjev.serve import cli as serve_cli
 from hf_openjev.serve.app import create_app
-from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
 from hf_openjev.serve.limits import RequestLimits
 from hf_openjev.serve.middleware import ACCESS_LOGGER
-from hf_openjev.serve.startup import _uvicorn_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -89,23 +87,7 @@ async def _started(app):
     return task, inbox, outbox
 
 
-def _live(app, **options):
-    """A uvicorn server as ``serve`` configures it (header deadline, drain before uvicorn's shutdown)."""
-    config = _uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning",
-                             drain_timeout_s=options.pop("drain_timeout_s", 10), limit_concurrency=None,
-                             header_timeout_s=options.pop("header_timeout_s", 10), **options)
-    return build_server(config, on_exit=lambda: begin_drain(app), drain=lambda: finish_drain(app))
 
-
-def _address(url: str) -> tuple[str, int]:
-    host, port = url.rsplit("//", 1)[1].split(":")
-    return host, int(port)
-
-
-def _raw_request(body: bytes, extra: str = "") -> bytes:
-    head = (f"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n{extra}\r\n")
-    return head.encode() + body
 
 
 def _read_until_closed(sock) -> bytes:
@@ -168,12 +150,12 @@ def test_abandoned_requests_are_not_scored_nor_counted_as_400(tiny_model, caplog
     app = create_app(tiny_model, score_fn=scorer, max_wait_ms=0)
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     batcher = app.state.jev.batcher
-    with serving(_live(app)) as (url, _), ThreadPoolExecutor(max_workers=1) as pool:
+    with serving(configured_server(app)) as (url, _), ThreadPoolExecutor(max_workers=1) as pool:
         first = pool.submit(httpx.post, url + "/v1/systemone", json=REQUEST, timeout=30)
         assert scorer.entered.wait(20)
-        sockets = [socket.create_connection(_address(url), timeout=5) for _ in range(4)]
+        sockets = [socket.create_connection(address(url), timeout=5) for _ in range(4)]
         for sock in sockets:
-            sock.sendall(_raw_request(json.dumps(REQUEST).encode()))
+            sock.sendall(raw_request(json.dumps(REQUEST).encode()))
         deadline = time.monotonic() + 10
         while batcher.waiting < 4:
             assert time.monotonic() < deadline, "the requests were not queued"
@@ -213,12 +195,12 @@ def test_8_clients_sending_4_mib_digit_bodies_get_422_untokenized_while_small_re
 
     monkeypatch.setattr(tokenizer_class, "__call__", recording)
     app = create_app(tiny_model, max_wait_ms=0)
-    with serving(_live(app)) as (url, _):
+    with serving(configured_server(app)) as (url, _):
         with httpx.Client(base_url=url, timeout=30) as http:
             assert http.post("/v1/systemone", json=REQUEST).status_code == 200  # warm
             longest.clear()
             statuses, count, answers = load_recipe("probe_big_bodies").run_flood(
-                *_address(url), lambda: http.post("/v1/systemone", json=REQUEST).status_code, small_requests=10)
+                *address(url), lambda: http.post("/v1/systemone", json=REQUEST).status_code, small_requests=10)
     assert statuses == [422] and count >= 8
     assert answers == [200] * 10
     body_chars = 4 * 1024 * 1024 - 200
@@ -230,8 +212,8 @@ def test_8_clients_sending_4_mib_digit_bodies_get_422_untokenized_while_small_re
 @pytest.mark.parametrize("stack", HTTP_STACKS)
 def test_60_half_open_connections_are_closed_by_the_header_timeout(tiny_model, stack):
     app = create_app(tiny_model)
-    with serving(_live(app, header_timeout_s=0.5, **stack)) as (url, _):
-        sockets = [socket.create_connection(_address(url), timeout=5) for _ in range(60)]
+    with serving(configured_server(app, header_timeout_s=0.5, **stack)) as (url, _):
+        sockets = [socket.create_connection(address(url), timeout=5) for _ in range(60)]
         for sock in sockets[::2]:
             sock.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: test\r\n")  # half the headers, then nothing
         started = time.monotonic()
@@ -246,9 +228,9 @@ def test_60_half_open_connections_are_closed_by_the_header_timeout(tiny_model, s
 
 def test_a_stalled_body_gets_408_within_the_body_timeout(tiny_model):
     app = create_app(tiny_model, limits=RequestLimits(body_timeout_s=0.5))
-    with serving(_live(app)) as (url, _):
-        with socket.create_connection(_address(url), timeout=5) as sock:
-            sock.sendall(_raw_request(b"x" * 100)[:-90])  # ten bytes of a hundred
+    with serving(configured_server(app)) as (url, _):
+        with socket.create_connection(address(url), timeout=5) as sock:
+            sock.sendall(raw_request(b"x" * 100)[:-90])  # ten bytes of a hundred
             started = time.monotonic()
             answer = _read_until_closed(sock)
         assert time.monotonic() - started < 4
@@ -262,7 +244,7 @@ def test_after_sigterm_keep_alive_and_new_requests_get_json_503_and_in_flight_is
     scorer = Gate()
     app = create_app(tiny_model, score_fn=scorer, max_wait_ms=0, drain_timeout_s=10)
     caplog.set_level(logging.INFO)
-    server = _live(app, **stack)
+    server = configured_server(app, **stack)
     with serving(server) as (url, thread), ThreadPoolExecutor(max_workers=1) as pool, \
             httpx.Client(base_url=url, timeout=30) as kept:
         assert kept.get("/health").status_code == 200  # the connection is now kept alive
@@ -289,13 +271,13 @@ def test_past_the_drain_timeout_requests_get_json_503_without_tracebacks(tiny_mo
     scorer = Gate()
     app = create_app(tiny_model, score_fn=scorer, max_wait_ms=0, drain_timeout_s=0.5)
     caplog.set_level(logging.INFO)
-    server = _live(app, drain_timeout_s=0.5)
+    server = configured_server(app, drain_timeout_s=0.5)
     try:
         with serving(server) as (url, thread), ThreadPoolExecutor(max_workers=1) as pool, \
-                socket.create_connection(_address(url), timeout=10) as stalled:
+                socket.create_connection(address(url), timeout=10) as stalled:
             pending = pool.submit(httpx.post, url + "/v1/systemone", json=REQUEST, timeout=30)
             assert scorer.entered.wait(20)
-            stalled.sendall(_raw_request(b"x" * 100)[:-90])  # its body never completes
+            stalled.sendall(raw_request(b"x" * 100)[:-90])  # its body never completes
             deadline = time.monotonic() + 10
             while app.state.jev.active < 2:
                 assert time.monotonic() < deadline, "the stalled request never reached the app"
@@ -337,10 +319,10 @@ def test_content_length_with_transfer_encoding_is_refused_in_front(tiny_model, s
     scorer = Gate()
     scorer.gate.set()
     app = create_app(tiny_model, score_fn=scorer)
-    with serving(_live(app, **stack)) as (url, _), socket.create_connection(_address(url), timeout=5) as sock:
+    with serving(configured_server(app, **stack)) as (url, _), socket.create_connection(address(url), timeout=5) as sock:
         body = json.dumps(REQUEST).encode()
         chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
-        sock.sendall(_raw_request(b"", "Transfer-Encoding: chunked\r\n").replace(b"Content-Length: 0",
+        sock.sendall(raw_request(b"", "Transfer-Encoding: chunked\r\n").replace(b"Content-Length: 0",
                                                                                   b"Content-Length: 5") + chunked)
         answer = _read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 400")
@@ -357,8 +339,8 @@ def test_an_endless_header_is_cut_off_at_the_cap_and_a_12_kib_head_is_served(tin
     400, or a reset where the kernel drops it for the bytes left unread) at once, not at the 30 s header timeout,
     on httptools as on h11, so no connection holds more than the cap and one read of a head."""
     app = create_app(tiny_model)
-    with serving(_live(app, header_timeout_s=30, **stack)) as (url, _):
-        with socket.create_connection(_address(url), timeout=5) as sock:  # a timeout raises: the test fails
+    with serving(configured_server(app, header_timeout_s=30, **stack)) as (url, _):
+        with socket.create_connection(address(url), timeout=5) as sock:  # a timeout raises: the test fails
             sock.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nX-Endless: ")
             answer = b""
             with contextlib.suppress(ConnectionResetError, BrokenPipeError):
@@ -366,9 +348,9 @@ def test_an_endless_header_is_cut_off_at_the_cap_and_a_12_kib_head_is_served(tin
                     sock.sendall(b"a" * 16384)
                 answer = _read_until_closed(sock)
         assert answer == b"" or answer.startswith(b"HTTP/1.1 400")
-        with socket.create_connection(_address(url), timeout=10) as sock:
+        with socket.create_connection(address(url), timeout=10) as sock:
             big = "Connection: close\r\n" + "".join(f"X-Big-{i}: {'b' * 1000}\r\n" for i in range(12))
-            sock.sendall(_raw_request(json.dumps(REQUEST).encode(), big))
+            sock.sendall(raw_request(json.dumps(REQUEST).encode(), big))
             assert _read_until_closed(sock).startswith(b"HTTP/1.1 200")
 
 
@@ -381,11 +363,11 @@ def test_an_http_1_1_request_without_host_is_refused_on_both_stacks_and_http_1_0
     body = json.dumps(REQUEST).encode()
     without_host = (f"POST /v1/systemone HTTP/1.1\r\nContent-Type: application/json\r\n"
                     f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-    with serving(_live(app, **stack)) as (url, _):
-        with socket.create_connection(_address(url), timeout=10) as sock:
+    with serving(configured_server(app, **stack)) as (url, _):
+        with socket.create_connection(address(url), timeout=10) as sock:
             sock.sendall(without_host)
             refused = _read_until_closed(sock)
-        with socket.create_connection(_address(url), timeout=10) as sock:
+        with socket.create_connection(address(url), timeout=10) as sock:
             sock.sendall(without_host.replace(b"HTTP/1.1", b"HTTP/1.0", 1))
             served = _read_until_closed(sock)
     assert refused.startswith(b"HTTP/1.1 400") and b"connection: close" in refused.lower()
@@ -400,7 +382,7 @@ def test_200_pipelined_requests_in_one_send_are_all_answered_under_the_head_cap(
     app = create_app(tiny_model)
     heads = [f"GET /health HTTP/1.1\r\nHost: test\r\nX-Pad: {'p' * 120}\r\n\r\n" for _ in range(199)]
     heads.append("GET /health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
-    with serving(_live(app, **stack)) as (url, _), socket.create_connection(_address(url), timeout=10) as sock:
+    with serving(configured_server(app, **stack)) as (url, _), socket.create_connection(address(url), timeout=10) as sock:
         sock.sendall("".join(heads).encode())
         answers = _read_until_closed(sock)
     assert sum(len(h) for h in heads) > 32768 and answers.count(b"HTTP/1.1 200") == 200

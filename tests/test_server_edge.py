@@ -16,13 +16,12 @@ import time
 
 import httpx
 import pytest
-from live_server import HTTP_STACKS, listening_socket, serving
+from live_server import HTTP_STACKS, address, configured_server, listening_socket, raw_request, serving
 from serve_cli_args import forbid_loading, serve_parser
 
 from hf_openjev.scoring import score_prepared
 from hf_openjev.serve import cli as serve_cli
 from hf_openjev.serve.app import create_app
-from hf_openjev.serve.lifecycle import begin_drain, build_server, finish_drain
 from hf_openjev.serve.middleware import ACCESS_LOGGER
 from hf_openjev.serve.startup import _uvicorn_config
 
@@ -35,22 +34,7 @@ SPELLINGS = (f"Bearer {KEY}", f"bearer {KEY}", f"BEARER {KEY}", f"BeArEr {KEY}",
              f"Bearer   {KEY}", f"bearer    {KEY}")
 
 
-def _live(app, **options):
-    """A uvicorn server as ``serve`` configures it (header and write deadlines, connection cap, drain)."""
-    config = _uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning", drain_timeout_s=10,
-                             limit_concurrency=None, header_timeout_s=options.pop("header_timeout_s", 10), **options)
-    return build_server(config, on_exit=lambda: begin_drain(app), drain=lambda: finish_drain(app))
 
-
-def _address(url: str) -> tuple[str, int]:
-    host, port = url.rsplit("//", 1)[1].split(":")
-    return host, int(port)
-
-
-def _raw_request(body: bytes, extra: str = "") -> bytes:
-    head = (f"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n{extra}\r\n")
-    return head.encode() + body
 
 
 def _big_answer_request(answer_bytes: int) -> bytes:
@@ -101,15 +85,15 @@ def _wait_for(condition, seconds: float, what: str) -> None:
 def test_slow_readers_are_closed_by_the_write_timeout_and_their_answers_dropped(tiny_model, stack):
     app = create_app(tiny_model, max_wait_ms=0)
     body = _big_answer_request(1_000_000)
-    server = _live(app, write_timeout_s=0.5, **stack)
+    server = configured_server(app, write_timeout_s=0.5, **stack)
     with serving(server, sockets=[listening_socket(16384)]) as (url, _):
         readers = []
         for _ in range(4):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the server's sends block at once
             sock.settimeout(10)
-            sock.connect(_address(url))
-            sock.sendall(_raw_request(body))
+            sock.connect(address(url))
+            sock.sendall(raw_request(body))
             readers.append(sock)
         _wait_for(lambda: server.server_state.total_requests >= 4, 60, "the answers were never sent")
         _wait_for(lambda: not server.server_state.connections, 10, "the slow readers' connections stayed open")
@@ -123,12 +107,12 @@ def test_slow_readers_are_closed_by_the_write_timeout_and_their_answers_dropped(
 def test_a_reader_that_keeps_reading_gets_its_whole_answer_past_the_write_timeout(tiny_model):
     app = create_app(tiny_model, max_wait_ms=0)
     body = _big_answer_request(600_000)
-    with serving(_live(app, write_timeout_s=2), sockets=[listening_socket(16384)]) as (url, _):
+    with serving(configured_server(app, write_timeout_s=2), sockets=[listening_socket(16384)]) as (url, _):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
             sock.settimeout(10)
-            sock.connect(_address(url))
-            sock.sendall(_raw_request(body, "Connection: close\r\n"))
+            sock.connect(address(url))
+            sock.sendall(raw_request(body, "Connection: close\r\n"))
             got = b""
             for _ in range(100_000):  # at most 32 KiB every 0.1 s: seconds for the answer, each pause far below 2 s
                 chunk = sock.recv(32768)
@@ -146,14 +130,14 @@ def test_a_reader_that_keeps_reading_gets_its_whole_answer_past_the_write_timeou
 def test_connections_past_max_connections_get_a_json_503_and_the_others_are_served(tiny_model, stack):
     app = create_app(tiny_model, max_wait_ms=0)
     body = json.dumps(REQUEST).encode()
-    server = _live(app, max_connections=3, **stack)
+    server = configured_server(app, max_connections=3, **stack)
     with serving(server) as (url, _):
-        held = [socket.create_connection(_address(url), timeout=30) for _ in range(3)]
+        held = [socket.create_connection(address(url), timeout=30) for _ in range(3)]
         for sock in held:  # each answered and kept alive: three connections open
-            sock.sendall(_raw_request(body))
+            sock.sendall(raw_request(body))
             assert _read_response(sock)[0].startswith(b"HTTP/1.1 200")
-        with socket.create_connection(_address(url), timeout=30) as extra:
-            extra.sendall(_raw_request(body))
+        with socket.create_connection(address(url), timeout=30) as extra:
+            extra.sendall(raw_request(body))
             refused = b""
             for _ in range(100):
                 chunk = extra.recv(65536)
@@ -165,7 +149,7 @@ def test_connections_past_max_connections_get_a_json_503_and_the_others_are_serv
         assert b"retry-after: 1" in head.lower()
         error = json.loads(error)
         assert error["error"] == "server is busy" and "--max-connections" in error["detail"][0]["ctx"]["reason"]
-        held[0].sendall(_raw_request(body))  # the connections already open are still served
+        held[0].sendall(raw_request(body))  # the connections already open are still served
         assert _read_response(held[0])[0].startswith(b"HTTP/1.1 200")
         held.pop().close()
         _wait_for(lambda: len(server.server_state.connections) < 3, 10, "the closed connection was still counted")
@@ -273,14 +257,14 @@ def test_after_sigterm_an_idle_kept_alive_connection_gets_the_503_then_the_serve
     open (up to uvicorn's keep-alive timeout), so the request sent on it 0.3 s later gets the JSON 503 and
     ``Connection: close``; then the server stops."""
     app = create_app(tiny_model, max_wait_ms=0)
-    server = _live(app, **stack)
+    server = configured_server(app, **stack)
     body = json.dumps(REQUEST).encode()
-    with serving(server) as (url, thread), socket.create_connection(_address(url), timeout=10) as kept:
-        kept.sendall(_raw_request(body))
+    with serving(server) as (url, thread), socket.create_connection(address(url), timeout=10) as kept:
+        kept.sendall(raw_request(body))
         assert _read_response(kept)[0].startswith(b"HTTP/1.1 200")  # now idle and kept alive
         server.handle_exit(signal.SIGTERM, None)
         time.sleep(0.3)
-        kept.sendall(_raw_request(body))
+        kept.sendall(raw_request(body))
         head, answer = _read_response(kept)
         assert kept.recv(65536) == b""  # then closed
         thread.join(30)
