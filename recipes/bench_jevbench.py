@@ -13,7 +13,7 @@ One process, one set of weights, three arms:
 
 The workload is ``--manifest`` (default ``recipes/data/jevbench231-shapes.json``: the requests' exact token shapes
 under the real Qwen3.5 tokenizer) filled with seeded random ids. With ``--oracle oracle_<shape>.json``
-(recipes/oracle.py) every arm and --sweep entry is also compared with the fp32 oracle and judged by the fidelity
+(recipes/oracle.py; or gzipped, ``.json.gz``, as committed in recipes/data/) every arm and --sweep entry is also compared with the fp32 oracle and judged by the fidelity
 gate against B by ``hf-openjev fidelity``'s own code (hf_openjev.fidelity_check.judge_against_oracle):
 fidelity_<shape>.json/.md/.png beside the bench's files; the workload is then the oracle's
 (``jevbench231-shapes-estimated.json``) and the run refuses to start when its bf16 weights' sha256 differs from
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                              '{"share_tails": false}]\': after the arms, one warm-up and one measured pass of C per '
                              "entry, over --fast-options (the break-even measurements behind the planner defaults)")
     parser.add_argument("--oracle", default=None,
-                        help="an oracle_<shape>.json (recipes/oracle.py): compare every arm and sweep entry with it "
+                        help="an oracle_<shape>.json or .json.gz (recipes/oracle.py): compare every arm and sweep entry with it "
                              "and judge the fidelity gate against B; refused unless the weights are the oracle's")
     add_fp8_arguments(parser)
     return parser

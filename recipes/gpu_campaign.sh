@@ -20,7 +20,7 @@
 #                                        # closed loop at 1 and 8 in flight, the 16,384-token candidate
 #   bash recipes/gpu_campaign.sh fidelity SHAPE [--fp8 MODE]  # mid or 27b: B (one pass, for the gate), the
 #                                        # default and aligned sharing (with --fp8: the FP8 mode, no sweep) against
-#                                        # recipes/data/oracle_SHAPE.json: fidelity_SHAPE.{json,md,png}; join the runs
+#                                        # recipes/data/oracle_SHAPE.json.gz: fidelity_SHAPE.{json,md,png}; join the runs
 #                                        # of one shape with recipes/merge_fidelity.py
 #   bash recipes/gpu_campaign.sh session SHAPE [BENCH OPTIONS]  # 27b, 9b or 2b on the exact workload: B and C
 #                                        # in one process (B warmed on every request, so on every shape, before it
@@ -30,13 +30,14 @@
 #                                        # carried, or converted there)
 #   bash recipes/gpu_campaign.sh family-fidelity SHAPE  # 9b or 2b: the bench's random weights written as an export
 #                                        # (recipes/random_export.py), then `hf-openjev fidelity` on it against
-#                                        # recipes/data/oracle_SHAPE.json (the estimated workload): B and the default
+#                                        # recipes/data/oracle_SHAPE.json.gz (the estimated workload): B and the default
 #   bash recipes/gpu_campaign.sh gate-seeds SHAPE SEED...  # e.g. gate-seeds 2b 1 2: per seed, the fp32 oracle of
 #                                        # the bench's random weights and workload of that seed (recipes/oracle.py
 #                                        # --seed, --max-seconds: oracle_SHAPE_seedN.json), then family-fidelity
 #                                        # with that seed against it (fidelity_SHAPE_seedN.*); an oracle cut by the
 #                                        # time limit gets no fidelity: copy the returned oracle_SHAPE_seedN.json to
-#                                        # recipes/data/ and call again (it resumes from there)
+#                                        # recipes/data/ (as it is, or `gzip -9 -n` to .json.gz) and call again (it
+#                                        # resumes from recipes/data/oracle_SHAPE_seedN.json.gz and .json, each there)
 #   bash recipes/gpu_campaign.sh family  # one call for the 9B and 2B: each shape's B and C on the exact workload
 #                                        # (no HTTP), then the -m gpu suite beside family-fidelity 9b and 2b
 #   bash recipes/gpu_campaign.sh fingerprints SHAPES...  # e.g. 2b 9b 27b: the weights-hash probe at mid
@@ -100,8 +101,8 @@ gpu_pytest() {  # $1 = time limit (s), $2 = log file under $out, $3 = -k express
 
 family_fidelity() {  # $1 = 9b or 2b: the bench's random weights (seed $3, default 0) as an export, then
   # hf-openjev fidelity on it (the workload's ids drawn with that seed) against $2 (default: the committed
-  # recipes/data/oracle_$1.json); with a seed, the files are named $1_seed$3 (fidelity_2b_seed1.json)
-  local shape=$1 oracle=${2:-$REPO/recipes/data/oracle_$1.json} seed=${3:-}
+  # recipes/data/oracle_$1.json.gz); with a seed, the files are named $1_seed$3 (fidelity_2b_seed1.json)
+  local shape=$1 oracle=${2:-$REPO/recipes/data/oracle_$1.json.gz} seed=${3:-}
   local name=$shape${3:+_seed$3}
   local export_dir=/tmp/random-$name
   rm -rf "$export_dir"
@@ -171,7 +172,7 @@ case "$stage" in
     [ $# -gt 0 ] && sweep='[]'  # --fp8 MODE: quantizing is for good, so no sweep after it
     timeout 570 $bench --shape "$shape" --arms B,C --parity-only B --passes 1 --b-passes 1 --concurrency "" \
       --single "" --long-candidate 0 --sweep "$sweep" "$@" \
-      --oracle "$REPO/recipes/data/oracle_$shape.json" --out "$out/$shape" 2>&1 | quiet | grep -E "^arm|fidelity|rror" ;;
+      --oracle "$REPO/recipes/data/oracle_$shape.json.gz" --out "$out/$shape" 2>&1 | quiet | grep -E "^arm|fidelity|rror" ;;
   session)
     shape=${1:?session SHAPE: 27b, 9b or 2b}
     shift
@@ -186,8 +187,9 @@ case "$stage" in
       left=$((580 - (SECONDS - start)))
       [ "$left" -gt 30 ] || { echo "oracle $name: no time left"; continue; }
       resume=()
-      carried=$REPO/recipes/data/oracle_$name.json  # a cut run's file, copied back into the checkout
-      [ -f "$carried" ] && resume=(--resume "$carried")
+      for carried in "$REPO/recipes/data/oracle_$name.json.gz" "$REPO/recipes/data/oracle_$name.json"; do
+        [ -f "$carried" ] && resume+=(--resume "$carried")  # a cut run's file, copied back (gzipped or not)
+      done
       timeout "$left" python3 "$REPO/recipes/oracle.py" --shape "$gate_shape" --seed "$seed" "${resume[@]}" \
         --max-seconds $((left - 20)) --out "$out/seed$seed" 2>&1 | quiet >"$out/oracle_$name.log"
       echo "oracle $name rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
@@ -219,7 +221,7 @@ case "$stage" in
     for shape in "$@"; do
       left=$((580 - (SECONDS - start)))
       [ "$left" -gt 30 ] || { echo "oracle $shape: no time left"; continue; }
-      timeout "$left" python3 "$REPO/recipes/oracle.py" --shape "$shape" --resume "$REPO/recipes/data/oracle_$shape.json" \
+      timeout "$left" python3 "$REPO/recipes/oracle.py" --shape "$shape" --resume "$REPO/recipes/data/oracle_$shape.json.gz" \
         --out "$out/oracles" 2>&1 | quiet | grep -v "^oracle:" | tail -n 3
       echo "oracle $shape rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
       if [ "$shape" = "$first" ] && { [ "$shape" = 2b ] || [ "$shape" = 9b ]; }; then  # the new oracle, at once

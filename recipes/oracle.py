@@ -11,11 +11,13 @@ checking of earlier files and the atomic writes are ``hf-openjev fidelity``'s ow
 
 Writes ``<out>/oracle_<shape>.json`` (hf_openjev.fidelity_check.gate's oracle format) after every request, atomically, so
 a command killed at its time limit keeps what it finished; a later run resumes from that file (or from
-``--resume``) after checking shape, seed, weights and token ids. ``--max-seconds`` stops cleanly before a request
-whose estimated time would cross the budget, counted from the start of the command (build, hash, upcast included).
+``--resume``, plain ``.json`` or gzipped ``.json.gz`` like the committed ``recipes/data/oracle_<shape>.json.gz``)
+after checking shape, seed, weights and token ids. ``--max-seconds`` stops cleanly before a request whose estimated
+time would cross the budget, counted from the start of the command (build, hash, upcast included). The committed
+oracles are this file gzipped (``gzip -9 -n``: no name or time in the header, so the same JSON gives the same bytes):
 
-  python recipes/oracle.py --shape mid --out recipes/data
-  python recipes/oracle.py --shape 27b --out "$OUT" --resume recipes/data/oracle_27b.json --max-seconds 470
+  python recipes/oracle.py --shape mid --out "$OUT" && gzip -9 -n -c "$OUT/oracle_mid.json" >recipes/data/oracle_mid.json.gz
+  python recipes/oracle.py --shape 27b --out "$OUT" --resume recipes/data/oracle_27b.json.gz --max-seconds 470
   python recipes/oracle.py --shape 27b --out "$OUT/s1" --shard 1/2   # beside --shard 0/2 on another GPU
 """
 
@@ -57,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="the model's and the workload's seed (as the bench's)")
     parser.add_argument("--out", required=True, help="folder of oracle_<shape>.json (resumed when it exists)")
     parser.add_argument("--resume", action="append", default=[],
-                        help="an earlier oracle_<shape>.json to continue from (repeat it to merge several)")
+                        help="an earlier oracle_<shape>.json or .json.gz to continue from (repeat it to merge several)")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="time budget of the whole command: no request starts unless its estimate fits")
     parser.add_argument("--limit", type=int, default=None, help="first N requests only (smoke runs)")

@@ -19,6 +19,18 @@ def repo_path(relative: str) -> Path:
 JEVBENCH_EASY = repo_path("data/jevbench-sample/easy.jsonl")
 
 
+def committed_oracle_path(shape: str) -> Path:
+    """The committed fp32 oracle of a bench shape (``recipes/data/oracle_<shape>.json.gz``, gzip-compressed JSON)."""
+    return repo_path(f"recipes/data/oracle_{shape}.json.gz")
+
+
+def read_committed_oracle(shape: str) -> dict:
+    """The committed oracle of ``shape``, read (and its format checked) by the package's own oracle reader."""
+    from hf_openjev.fidelity_check.gate import load_oracle
+
+    return load_oracle(committed_oracle_path(shape))
+
+
 def load_recipe(name: str):
     """A script of ``recipes/`` imported as a module (they are scripts, not part of the package), with ``recipes/``
     on ``sys.path`` as ``python recipes/<name>.py`` has it, so that its ``benchlib`` imports resolve."""

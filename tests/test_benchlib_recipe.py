@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from repo_data import load_recipe
+from repo_data import load_recipe, read_committed_oracle
 
 KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
         "linear_num_key_heads", "linear_num_value_heads")
@@ -52,7 +52,7 @@ def test_the_exact_manifest_is_the_default_and_the_estimated_one_stays():
     assert [r["id"] for r in exact["requests"]] == [r["id"] for r in estimated["requests"]]
     assert len(exact["requests"]) == 231
     assert exact["chat_suffix_tokens"] == 9 and estimated["chars_per_token"] == 4.0
-    oracle = json.loads((MANIFEST.parent / "oracle_mid.json").read_text())
+    oracle = read_committed_oracle("mid")
     assert hashlib.sha256(ESTIMATED_MANIFEST.read_bytes()).hexdigest() == oracle["workload_sha256"]
     assert bench.SHAPES_FILE == ESTIMATED_MANIFEST  # what the oracle tests rebuild requests from
 

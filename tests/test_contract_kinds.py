@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from repo_data import REPO, load_recipe, repo_path
+from repo_data import REPO, load_recipe, read_committed_oracle, repo_path
 
 from hf_openjev.contract import (
     DIFFERING_READINGS,
@@ -145,7 +145,7 @@ def test_the_committed_fidelity_reports_keep_their_verdicts(shape):
     verdict, the same counts; and no noul probability (the oracle's, or a configuration's p_oracle +- |dp|) sits at
     exactly 0.5, where the rule changed (fidelity counted 0.5 as "yes" before)."""
     report = json.loads(repo_path(f"recipes/results/fidelity_{shape}.json").read_text())
-    oracle = json.loads(repo_path(f"recipes/data/oracle_{shape}.json").read_text())
+    oracle = read_committed_oracle(shape)
     entries = {e["id"]: e for e in oracle["requests"]}
     assert report["gate"]["near_tie_margin"] == NEAR_TIE_MARGIN
     for name, config in report["configurations"].items():

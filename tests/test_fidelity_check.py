@@ -4,12 +4,13 @@ agreement and accuracy, and where the oracle is placed."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from repo_data import JEVBENCH_EASY, load_recipe
+from repo_data import JEVBENCH_EASY, load_recipe, read_committed_oracle
 
 from hf_openjev.checkpoint.tiny import tiny_text_config
 from hf_openjev.cli import main
@@ -173,6 +174,29 @@ def test_the_oracle_resumes_after_a_crash_and_appends_new_tasks(export, tasks, t
     assert resumed["requests"][0] == kept["requests"][0]
 
 
+def test_a_gzipped_oracle_is_read_as_its_plain_json_and_a_corrupt_one_named(export, tasks, tmp_path, monkeypatch,
+                                                                            capsys):
+    """--oracle X.json.gz (as committed in recipes/data/): the oracle of X.json, nothing scored again, the run's own
+    oracle_<name>.json written as plain JSON; a cut .gz: one line naming the file, before anything loads."""
+    plain = first_oracle(export, tasks, tmp_path)
+    packed = tmp_path / "oracle_export.json.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0))
+    monkeypatch.setattr(oracle_module, "score_oracle_request", lambda *a: pytest.fail("the oracle was scored again"))
+    report = check_fidelity(model=export, out=tmp_path / "out", data=[tasks], configs=[], oracle=packed,
+                            progress=False)
+    own = json.loads((tmp_path / "out" / "oracle_export.json").read_text())  # plain JSON
+    assert own["requests"] == json.loads(plain.read_text())["requests"] and report["requests_compared"] == 3
+    broken = tmp_path / "broken.json.gz"
+    broken.write_bytes(packed.read_bytes()[:-20])
+    capsys.readouterr()
+    refuse_loading(monkeypatch)
+    code = main(["fidelity", "--model", str(export), "--data", str(tasks), "--out", str(tmp_path / "out2"),
+                 "--oracle", str(broken), "--configs", "default", "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{broken} is not a valid gzip file" in err, err
+
+
 def test_an_oracle_of_another_checkpoint_is_refused_before_any_scoring(export, tasks, tmp_path, monkeypatch):
     path = first_oracle(export, tasks, tmp_path)
     other = json.loads(path.read_text())
@@ -220,7 +244,7 @@ def test_the_workload_is_the_benchmarks_request_for_request():
     so the command and the benchmark score the same requests."""
     bench = load_recipe("bench_jevbench")
     ours = build_workload(bench.SHAPES_FILE, vocab=bench.VOCAB, seed=0)
-    oracle = json.loads((ROOT / "recipes" / "data" / "oracle_mid.json").read_text())
+    oracle = read_committed_oracle("mid")
     assert len(ours) == len(oracle["requests"]) == 231
     assert [hash_tokens(p.tokens) for _, p in ours] == [r["tokens_sha256"] for r in oracle["requests"]]
     assert [p.tokens for _, p in build_workload(bench.SHAPES_FILE, vocab=bench.VOCAB, seed=1, limit=2)] != \

@@ -1,13 +1,17 @@
 """recipes/gpu_campaign.sh's gate-seeds stage run on the CPU with a stand-in python3 (a PATH shim that records
 its arguments): per seed the oracle, the export and ``hf-openjev fidelity`` get that seed, and bad calls are
-refused before setup."""
+refused before setup; a cut run's oracle carried back into recipes/data/ is resumed whether gzipped or not; every
+committed oracle a stage names (recipes/data/oracle_<shape>.json.gz) is in the checkout."""
 
 import os
+import re
 import shutil
 import stat
 import subprocess
 import tarfile
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 COPIED = ["recipes/gpu_campaign.sh", "recipes/device_setup.sh", "recipes/gpu_parts.txt", "recipes/pytest_counts.sh"]
@@ -54,15 +58,18 @@ def script_calls(lines: list[str], script: str) -> list[str]:
     return [line for line in lines if script in line]
 
 
-def test_each_seed_gets_its_oracle_export_and_fidelity(tmp_path):
-    result, lines, out = run_stage(tmp_path, "gate-seeds", "2b", "1", "2", incomplete="2",
-                                   carried=("oracle_2b_seed2.json",))
+@pytest.mark.parametrize("carried", [("oracle_2b_seed2.json",), ("oracle_2b_seed2.json.gz",),
+                                     ("oracle_2b_seed2.json.gz", "oracle_2b_seed2.json")])
+def test_each_seed_gets_its_oracle_export_and_fidelity(tmp_path, carried):
+    result, lines, out = run_stage(tmp_path, "gate-seeds", "2b", "1", "2", incomplete="2", carried=carried)
     assert result.returncode == 0, result.stdout + result.stderr
     oracles = script_calls(lines, "recipes/oracle.py")
     assert len(oracles) == 2
     assert "--shape 2b --seed 1 --max-seconds" in oracles[0] and f"--out {out}/gate-seeds/seed1" in oracles[0]
     assert "--resume" not in oracles[0]
-    assert "--seed 2 --resume" in oracles[1] and "recipes/data/oracle_2b_seed2.json" in oracles[1]
+    resumed = re.findall(r"--resume (\S+)", oracles[1])
+    assert "--seed 2 --resume" in oracles[1] and len(resumed) == len(carried), oracles[1]
+    assert sorted(resumed) == sorted(f"{tmp_path}/repo/recipes/data/{name}" for name in carried), resumed
     exports = script_calls(lines, "random_export.py")
     assert len(exports) == 1 and "--shape 2b --seed 1 " in exports[0]  # seed 2's oracle was cut: no fidelity
     fidelity = script_calls(lines, "-m hf_openjev fidelity")
@@ -82,7 +89,7 @@ def test_family_fidelity_keeps_seed_zero_and_its_names(tmp_path):
     (export,) = script_calls(lines, "random_export.py")
     (fidelity,) = script_calls(lines, "-m hf_openjev fidelity")
     assert "--shape 9b --seed 0 " in export
-    assert "--seed 0 " in fidelity and "--name 9b " in fidelity and "recipes/data/oracle_9b.json" in fidelity
+    assert "--seed 0 " in fidelity and "--name 9b " in fidelity and "recipes/data/oracle_9b.json.gz " in fidelity
     assert f"--out {out}/family-fidelity/fidelity9b" in fidelity
 
 
@@ -91,3 +98,14 @@ def test_a_bad_shape_or_no_seed_is_refused_before_setup(tmp_path):
         result, lines, _ = run_stage(tmp_path, *args)
         assert result.returncode == 2 and "gate-seeds SHAPE SEED..." in result.stdout, (args, result.stdout)
         assert lines == [], (args, lines)  # no pip, no python: setup never ran
+
+
+@pytest.mark.parametrize("args", [("fidelity", "mid"), ("fidelity", "27b"), ("family-fidelity", "2b"),
+                                  ("fingerprints", "2b", "9b", "27b")])
+def test_every_committed_oracle_a_stage_names_is_in_the_checkout(tmp_path, args):
+    result, lines, _ = run_stage(tmp_path, *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    named = re.findall(r"/recipes/data/(oracle_\S+)", "\n".join(lines))
+    assert len(named) == len(args) - 1, (named, lines)  # one committed oracle per shape
+    missing = [name for name in named if not (REPO / "recipes" / "data" / name).is_file()]
+    assert not missing, missing

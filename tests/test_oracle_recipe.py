@@ -5,6 +5,7 @@ and a run on other weights refused."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -89,6 +90,26 @@ def test_a_later_run_resumes_without_recomputing(oracle_run, tmp_path, capsys):
     assert run_oracle(["--shape", "tiny", "--limit", "3", "--out", str(tmp_path)]) == 0
     assert "3 done, 0 to score" in capsys.readouterr().out
     assert json.loads((tmp_path / "oracle_tiny.json").read_text())["requests"] == resumed["requests"]
+
+
+def test_a_gzipped_file_is_resumed_as_its_plain_one_and_a_corrupt_one_refused(oracle_run, tmp_path, capsys):
+    """--resume X.json.gz (as committed in recipes/data/): the same entries as X.json, nothing scored again, the
+    output written as plain JSON; a cut .gz is refused in one line naming it, before any model is built."""
+    path, first = oracle_run
+    packed = tmp_path / "oracle_tiny.json.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes(), compresslevel=9, mtime=0))
+    assert run_oracle(["--shape", "tiny", "--limit", "2", "--resume", str(packed), "--out", str(tmp_path / "a")]) == 0
+    assert "2 done, 0 to score" in capsys.readouterr().out
+    resumed = json.loads((tmp_path / "a" / "oracle_tiny.json").read_text())
+    assert resumed["requests"] == first["requests"] and len(resumed["runs"]) == 2
+    broken = tmp_path / "broken.json.gz"
+    broken.write_bytes(packed.read_bytes()[:100])
+    oracle = load_recipe("oracle")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(oracle, "build_model", lambda *a, **k: pytest.fail("a model was built for a corrupt --resume"))
+        assert oracle.main(["--shape", "tiny", "--resume", str(broken), "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert f"refusing to resume: {broken} is not a valid gzip file" in err and len(err.strip().splitlines()) == 1
 
 
 def test_shards_score_their_share_and_a_last_run_merges_them(oracle_run, tmp_path, capsys):

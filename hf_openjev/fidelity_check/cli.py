@@ -23,14 +23,15 @@ def add_arguments(parser) -> None:
                              "an --out holding a full report of the same --name is refused before anything loads "
                              "(pass --overwrite, or another --out or --name)")
     parser.add_argument("--out", required=True, metavar="DIR",
-                        help="fidelity_<name>.json/.md/.png and the oracle, oracle_<name>.json (resumed when there)")
+                        help="fidelity_<name>.json/.md/.png and the oracle, oracle_<name>.json (plain JSON; resumed "
+                             "when there)")
     parser.add_argument("--name", default=None, help="the <name> of the files (default: the export's folder name)")
     parser.add_argument("--configs", default="default", metavar="LIST",
                         help=f"comma-separated configurations judged against B (the reference path in bf16): "
                              f"{', '.join(NAMED_CONFIGS)}, or a FastPathOptions .json file (default: default)")
     parser.add_argument("--oracle", default=None, metavar="FILE",
-                        help="an earlier oracle file to start from (e.g. recipes/data/oracle_27b.json); refused "
-                             "unless its weights fingerprint is this export's")
+                        help="an earlier oracle file to start from, .json or gzipped .json.gz (e.g. "
+                             "recipes/data/oracle_27b.json.gz); refused unless its weights fingerprint is this export's")
     parser.add_argument("--oracle-device", default="auto", choices=PLACEMENTS,
                         help="where the fp32 oracle runs: auto (one GPU when it fits, else several, else offloaded "
                              "layer by layer from the host; the CPU without a GPU), cpu, cuda, multi-gpu, offload")

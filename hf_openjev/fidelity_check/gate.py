@@ -9,8 +9,8 @@ driver (``recipes/bench_jevbench.py --oracle``) write it. A *request entry*::
                                                   # a noul question has one candidate: [p(yes)]
      "tokens_sha256": "..."}                      # optional: hash_tokens of the request's token ids
 
-An *oracle* (``oracle_<shape>.json``) is ``{"format": ORACLE_FORMAT, "shape", "seed", "weights_sha256",
-"complete", "requests": [entry, ...], ...}``.
+An *oracle* (``oracle_<shape>.json``; gzipped, ``oracle_<shape>.json.gz``, as committed in ``recipes/data/``) is
+``{"format": ORACLE_FORMAT, "shape", "seed", "weights_sha256", "complete", "requests": [entry, ...], ...}``.
 
 Statistics pool every candidate probability of every compared request (a choice question of 5 options gives 5
 values, a noul question 1). p99 is ``sorted[max(0, int(0.99 N) - 1)]``, the benchmark's percentile convention.
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..contract import KIND_NAMES, KINDS, NEAR_TIE_MARGIN
+from ..json_files import read_json_file
 
 GATE_MAX_RATIO = 1.25  # max |Δp| <= 1.25 x B's
 GATE_MEAN_RATIO = 1.10  # mean |Δp| <= 1.10 x B's
@@ -152,9 +153,11 @@ def short_weights(weights: Mapping | str) -> str:
 # --- the oracle file -----------------------------------------------------------------------------------------------
 
 def load_oracle(path: str | Path) -> dict:
-    """Read and check an ``oracle_<shape>.json`` (its format and keys; entries are checked when compared)."""
+    """Read and check an oracle file, ``oracle_<shape>.json`` or gzipped ``oracle_<shape>.json.gz``
+    (:func:`~hf_openjev.json_files.read_json_file`): its format and keys (entries are checked when compared). Every
+    error is a one-line ``ValueError`` naming the file."""
     path = Path(path)
-    oracle = json.loads(path.read_text())
+    oracle = read_json_file(path)
     if not isinstance(oracle, dict) or oracle.get("format") != ORACLE_FORMAT:
         raise ValueError(f"{path}: not an oracle file (format {ORACLE_FORMAT!r} expected)")
     missing = [k for k in ("shape", "seed", "weights_sha256", "requests") if k not in oracle]

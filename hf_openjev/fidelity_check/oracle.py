@@ -5,23 +5,25 @@ Exact arithmetic: stock Transformers (no patches) with its own torch code for th
 backend, one candidate per forward (the reference path with batch 1: no padding).
 
 The file is :mod:`hf_openjev.fidelity_check.gate`'s oracle format (``ORACLE_FORMAT``), so ``recipes/oracle.py``'s files
-(``recipes/data/oracle_27b.json``) read here and these read there. It carries the stored weights' fingerprint
+(``recipes/data/oracle_27b.json.gz``) read here and these read there. It carries the stored weights' fingerprint
 (``weights_sha256``, :func:`~hf_openjev.fidelity_check.gate.hash_weights` of the bf16 model) and each request's token-id
 hash; a file of other weights, or a request id whose tokens differ, is refused with a one-line ``ValueError``.
 Requests of other ids are appended; entries of requests not asked for this time are kept. The file is written
 atomically (a temporary file, then a rename) after every request, so a killed run keeps what it finished.
+Oracles are read from ``.json`` or gzipped ``.json.gz`` files (the name decides:
+:func:`~hf_openjev.json_files.read_json_file`) and written as plain ``.json`` unless the path given ends in ``.gz``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ..json_files import write_json_text
 from .gate import ORACLE_FORMAT, describe_request, hash_tokens, load_oracle, same_weights, short_weights
 
 KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
@@ -66,8 +68,9 @@ def exact_numerics():
 
 
 def read_oracle_progress(paths: Iterable[str | Path]) -> dict | None:
-    """The existing oracle files among ``paths`` merged (entries by id, first file first; their runs), once they
-    share one weights fingerprint (else ``ValueError``); None when none exists."""
+    """The existing oracle files among ``paths`` (``.json`` or ``.json.gz``, :func:`~.gate.load_oracle`) merged
+    (entries by id, first file first; their runs), once they share one weights fingerprint (else a one-line
+    ``ValueError``); None when none exists."""
     unique = {Path(p).resolve(): Path(p) for p in paths if Path(p).is_file()}
     found = [load_oracle(p) for p in unique.values()]
     if not found:
@@ -122,7 +125,8 @@ def score_oracle_request(model, request_id: str, kind: str, prepared) -> dict:
 def write_oracle(path: Path, header: dict, done: dict[str, dict], order: Sequence[str]) -> dict:
     """Write the oracle atomically: the entries of ``order`` first (in that order), then any other ones kept.
     ``n_total`` is the header's when it has one (``recipes/oracle.py``: the whole workload's size), else the
-    number of entries; ``complete``: every id of ``order`` is done."""
+    number of entries; ``complete``: every id of ``order`` is done. Plain JSON, gzipped when ``path`` ends in
+    ``.gz`` (:func:`~hf_openjev.json_files.write_json_text`)."""
     ordered = [done[i] for i in order if i in done]
     seen = set(order)
     ordered += [e for i, e in done.items() if i not in seen]
@@ -131,9 +135,7 @@ def write_oracle(path: Path, header: dict, done: dict[str, dict], order: Sequenc
               "n_done": len(ordered), "complete": n_asked == len(order),
               "seconds": sum(float(e.get("seconds", 0.0)) for e in ordered), "requests": ordered}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(oracle, indent=1))
-    os.replace(tmp, path)
+    write_json_text(path, json.dumps(oracle, indent=1))
     return oracle
 
 

@@ -2,8 +2,8 @@
 
 Order of work (every check that needs no weights comes first):
 
-1. configurations, inputs (task files or a workload), the oracle file and ``oracle_device`` are checked; the
-   export's manifest and tensor headers are read (its fp32 size);
+1. configurations, inputs (task files or a workload), the oracle file (read: ``.json`` or gzipped ``.json.gz``) and
+   ``oracle_device`` are checked; the export's manifest and tensor headers are read (its fp32 size);
 2. the export is loaded in bf16 on the GPU (the CPU without one) and its stored weights hashed; the requests are
    tokenized; an oracle (``oracle=`` and ``<out>/oracle_<name>.json``) of other weights or other token ids under
    the same request id is refused;
@@ -70,6 +70,7 @@ def check_arguments(*, model, out, data, workload, configs, oracle, oracle_devic
     """(configurations, task sources, the run's name) once every argument is usable; a one-line UsageError."""
     from ..checkpoint.manifest import read_manifest
     from ..eval.tasks import EvalInputError, resolve_inputs
+    from .gate import load_oracle
     from .workload import check_workload_file
 
     if (data is None) == (workload is None):
@@ -88,6 +89,8 @@ def check_arguments(*, model, out, data, workload, configs, oracle, oracle_devic
             check_workload_file(workload)
         if oracle is not None and not Path(oracle).is_file():
             raise ValueError(f"--oracle {oracle}: no such file")
+        if oracle is not None:
+            load_oracle(oracle)  # readable (.json or .json.gz) and an oracle, before any weights load
     except (ValueError, EvalInputError) as exc:
         raise UsageError(str(exc)) from None
     if Path(out).exists() and not Path(out).is_dir():
@@ -108,10 +111,10 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
     """Judge ``configs`` (see :func:`.configs.parse_configs`) on the export ``model`` against its fp32 oracle on
     the tasks of ``data`` (eval's inputs) or on the benchmark's random-id ``workload`` (a shapes file; ``seed``,
     ``limit``); write ``<out>/fidelity_<name>.{json,md,png}`` and ``<out>/oracle_<name>.json``; return the report.
-    ``oracle``: an earlier oracle file to start from (today's ORACLE_FORMAT); ``command``: what the report and the
-    oracle file record as the command. A ``limit`` run into an ``out`` that holds a full report of the same name is
-    refused before anything loads unless ``overwrite`` (:func:`check_report_not_replaced`); the report records
-    ``limit``. See the module docstring."""
+    ``oracle``: an earlier oracle file to start from (today's ORACLE_FORMAT; ``.json`` or gzipped ``.json.gz``);
+    ``command``: what the report and the oracle file record as the command. A ``limit`` run into an ``out`` that
+    holds a full report of the same name is refused before anything loads unless ``overwrite``
+    (:func:`check_report_not_replaced`); the report records ``limit``. See the module docstring."""
     command = command or "hf_openjev.fidelity_check.check_fidelity"
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     parsed, sources, run_name = check_arguments(model=model, out=out, data=data, workload=workload, configs=configs,
