@@ -186,6 +186,10 @@ def test_the_report_files(tmp_path):
     assert report["configurations"]["bad"]["passes"] is False and report["configurations"]["bad"]["flips"] == 1
     fidelity.write_fidelity_report(tmp_path, "fidelity_mid", report)
     assert (tmp_path / "fidelity_mid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    with Image.open(tmp_path / "fidelity_mid.png") as image:  # a palette PNG: the committed plots stay small
+        assert image.mode == "P" and image.size == (720, 288) and len(image.getcolors(256)) <= 64
     markdown = (tmp_path / "fidelity_mid.md").read_text()
     assert "| `bad` | 3 | 0.3 |" in markdown and "**no**" in markdown and "a/q (choice, 0 -> 2" in markdown
     without_b = fidelity.build_fidelity_report({"C": stats["bad"]})
