@@ -22,8 +22,7 @@ DENSE_ATTENTION_TOKENS = 2048
 
 # the options a packed forward reads (PackContext.options): a captured CUDA graph depends on them (its key holds them)
 FORWARD_FIELDS = ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32")
-_MINIMUM = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0,
-            "short_gdn_tokens": 0}
+_MINIMUM = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0}
 _CHOICES = {"fp8": tuple(FP8_MODES)}  # options that take one of a few names
 
 
@@ -89,11 +88,6 @@ class FastPathOptions:
     # without a table keep the steps); False: the fixed 32-token steps of packing/graph_buckets.py. Opt-in: other
     # padding changes the GEMMs' rounding, and this has not been through the fidelity gate yet (recipes/RESULTS.md)
     measured_buckets: bool = False
-    # a Gated DeltaNet call whose longest sequence (its dummies and re-run tails included) has at most this many
-    # tokens runs ops/gdn_prefill_short.py's kernel instead of fla's chunked one, when the model's GDN head dims are
-    # within that kernel's limits; decided on the host when the pack is laid out (``GdnCall.short``, part of the
-    # graph key, so not a FORWARD_FIELDS entry); 0: never. Opt-in: not yet timed nor through the fidelity gate
-    short_gdn_tokens: int = 0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

@@ -9,7 +9,6 @@ from hf_openjev.ops import (  # noqa: F401  (registers)
     elementwise,
     fp8_linear,
     gdn_prefill,
-    gdn_prefill_short,
     packed_attention,
     skinny_linear,
 )

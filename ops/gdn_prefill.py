@@ -120,17 +120,13 @@ def gdn_prefill(
     return gdn_prefill_reference(q, k, v, g, beta, cu_seqlens, initial_state, None, output_final_state)
 
 
-def fake_gdn_prefill(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True,
-                     chunk_offsets=None) -> tuple[Tensor, Tensor]:
-    """The fake (meta) kernel of both Gated DeltaNet prefill ops (``gdn_prefill`` and ``gdn_prefill_short``, which
-    take the same arguments and give the same results): the inputs checked, then empty (o [T, Hv, Dv] in q.dtype,
-    final_state [N, Hv, Dk, Dv] fp32, or [0, Hv, Dk, Dv] without ``output_final_state``)."""
+@gdn_prefill.register_fake
+def _(q, k, v, g, beta, cu_seqlens, initial_state, chunk_indices, output_final_state=True, chunk_offsets=None):
+    """``gdn_prefill``'s fake (meta) kernel: the inputs checked, then empty (o [T, Hv, Dv] in q.dtype, final_state
+    [N, Hv, Dk, Dv] fp32, or [0, Hv, Dk, Dv] without ``output_final_state``)."""
     check_gdn_inputs(q, k, v, g, beta, cu_seqlens, initial_state)
     return q.new_empty(v.shape), q.new_empty(_final_states_shape(q, v, cu_seqlens, output_final_state),
                                              dtype=torch.float32)
-
-
-gdn_prefill.register_fake(fake_gdn_prefill)
 
 
 def fla_chunk_forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_indices,

@@ -14,7 +14,6 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 import hf_openjev.ops  # noqa: F401 - registers torch.ops.hf_openjev.*
 from hf_openjev.ops.causal_conv import causal_conv1d_packed
 from hf_openjev.ops.gdn_prefill import gdn_prefill
-from hf_openjev.ops.gdn_prefill_short import gdn_prefill_short, short_gdn_fits
 from hf_openjev.ops.packed_attention import causal_attention, packed_attention, prefix_attention
 
 from .compiled_elementwise import elementwise_functions
@@ -26,8 +25,7 @@ def _bank(zero_row: torch.Tensor, external: torch.Tensor | None) -> list[torch.T
 
 
 class PackedGatedDeltaNet(qwen.Qwen3_5GatedDeltaNet):
-    """Gated DeltaNet over packed sequences: conv + delta rule per call (the chunked op, or the short-sequence one
-    for calls the layout marked ``short``), fp32 states across prefixes."""
+    """Gated DeltaNet over packed sequences: conv + chunked delta rule per call, fp32 states across prefixes."""
 
     def forward(self, hidden_states, *args, pack=None, **kwargs):
         if pack is None:
@@ -50,8 +48,6 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
                      pack.external_gdn.get(layer)) if reads_bank else []
     conv_bank = _bank(qkv.new_zeros(1, m.conv_dim, m.conv_kernel_size), pack.external_conv.get(layer)) \
         if reads_bank else []
-    # calls the layout marked short (the short_gdn_tokens option) run the short-sequence kernel if it takes the heads
-    short_fits = any(call.short for call in pack.gdn_calls) and short_gdn_fits(m.head_k_dim, m.head_v_dim)
     gdn_finals, conv_finals = [], []  # per call
     outputs = []
     for index, call in enumerate(pack.gdn_calls):  # layout_steps.GdnCall: one or more levels
@@ -77,9 +73,8 @@ def packed_gated_deltanet(m: qwen.Qwen3_5GatedDeltaNet, x: torch.Tensor, pack) -
         v = v.reshape(n, m.num_v_heads, m.head_v_dim)
         if pack.options.gdn_fp32:  # fla then keeps its WY factors and chunk states in fp32 (as the stock fallback)
             q, k, v = q.float(), k.float(), v.float()
-        gdn_op = gdn_prefill_short if call.short and short_fits else gdn_prefill  # same arguments and results
-        out, gdn_final = gdn_op(q, k, v, g_in, beta_in, call.cu_seqlens, gdn_init, call.chunk_indices, wants_final,
-                                call.chunk_offsets)
+        out, gdn_final = gdn_prefill(q, k, v, g_in, beta_in, call.cu_seqlens, gdn_init, call.chunk_indices,
+                                     wants_final, call.chunk_offsets)
         if call.keep is not None:
             out = out.index_select(0, call.keep)  # [hi - lo, Hv, Dv]: the call's own rows
         outputs.append(out.to(x.dtype))

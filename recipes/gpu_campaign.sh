@@ -13,8 +13,7 @@
 #   bash recipes/gpu_campaign.sh pytest [EXPR [TEST FILES...]]   # e.g. pytest "warm_up" tests/test_cuda_graphs.py
 #                                        # the -m gpu tests (all of tests/ by default; -k EXPR selects); 560 s at most;
 #                                        # prints pytest's own counts (recipes/pytest_counts.sh). The whole suite no
-#                                        # longer fits: 538 s of 560 at 6510109, before test_op_gdn_prefill_short's
-#                                        # GPU tests; run it in parts
+#                                        # longer fits: 538 s of 560 at 6510109; run it in parts
 #   bash recipes/gpu_campaign.sh bench   # 27B alone: the default (warm-up + one measured pass), singles of 107 and
 #                                        # 3,400 tokens, aligned sharing (the default until s11) as a sweep entry,
 #                                        # closed loop at 1 and 8 in flight, the 16,384-token candidate
@@ -61,9 +60,8 @@
 # recipes/device_setup.sh); packed attention's 21 tests with five of those 147 s (s9 verify9, 20bf304); the first 150
 # tests (cuda_graphs to fp8_linear) within 250 s while sharing the GPU (s11 call5_mid, a447b3e), which leaves
 # 250-300 s of the 538 for the chunked GDN op and packed attention, so the GDN op's file is split over parts 1 and 2.
-# test_op_gdn_prefill_short.py's GPU tests came later (no timing). Estimates, not measurements: the first committed
-# parts log (the lead's; every test's time, --durations=0) confirms or moves them, and any part over 300 s is split
-# there.
+# Estimates, not measurements: the first committed parts log (the lead's; every test's time, --durations=0) confirms
+# or moves them, and any part over 300 s is split there.
 #
 # Each stage leaves its files under $OUT/<stage>/ plus a tarball, $OUT/<stage>.tgz (for runners that return few files).
 # Put the figures that matter into recipes/RESULTS.md with the command, commit and device; raw output does not stay

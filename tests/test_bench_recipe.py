@@ -125,13 +125,6 @@ def test_a_malformed_sweep_is_refused_before_any_work(tmp_path, sweep):
     assert not (tmp_path / "o").exists()
 
 
-def test_a_sweep_compares_the_short_gdn_kernel_off_and_on(tmp_path):
-    bench = load_recipe("bench_jevbench")
-    run = bench.parse_arguments(["--shape", "tiny", "--arms", "C", "--sweep", '[{}, {"short_gdn_tokens": 128}]',
-                                 "--out", str(tmp_path)])
-    assert [run.c_options.replace(**entry).short_gdn_tokens for entry in run.sweep_entries] == [0, 128]
-
-
 UNKNOWN = "unknown fast-path option"
 
 
@@ -139,7 +132,8 @@ UNKNOWN = "unknown fast-path option"
     ("--fast-options", '{"min_shared": 64}', UNKNOWN), ("--patch-options", '{"graphs": false}', UNKNOWN),
     ("--sweep", '[{"share_tail": true}]', UNKNOWN),
     ("--fast-options", '{"max_tokens": 0}', "max_tokens must be a positive integer"),
-    ("--sweep", '[{"short_gdn_tokens": -1}]', "short_gdn_tokens must be a non-negative integer (0: never), got -1")])
+    ("--sweep", '[{"dense_attention_tokens": -1}]',
+     "dense_attention_tokens must be a non-negative integer (0: never), got -1")])
 def test_unknown_or_bad_fast_path_options_are_refused_before_any_work(tmp_path, capsys, flag, value, message):
     bench = load_recipe("bench_jevbench")
     with pytest.raises(SystemExit):

@@ -12,21 +12,19 @@ import pytest
 from hf_openjev.fast_options import DENSE_ATTENTION_TOKENS, FORWARD_FIELDS, FastPathOptions
 from hf_openjev.packing import planner
 
-INTS = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0,
-        "short_gdn_tokens": 0}  # name: minimum
+INTS = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0}  # name: minimum
 BOOLS = ["packed_candidates", "shared_prefix", "final_row_mlp", "stacked_projections", "cuda_graphs",
          "compile_elementwise", "fused_elementwise", "gdn_fp32", "share_tails", "measured_buckets"]
 
 
 def test_every_option_and_its_default():
     options = FastPathOptions()
-    assert set(FastPathOptions.names()) == set(INTS) | set(BOOLS) | {"fp8"} and len(FastPathOptions.names()) == 16
+    assert set(FastPathOptions.names()) == set(INTS) | set(BOOLS) | {"fp8"} and len(FastPathOptions.names()) == 15
     assert options.fp8 == "off"  # FP8 is opt-in
     assert (options.min_shared_tokens, options.max_sequences, options.max_tokens, options.share_tails) == (
         planner.DEFAULT_MIN_SHARED_TOKENS, planner.DEFAULT_MAX_SEQUENCES, planner.DEFAULT_MAX_TOKENS,
         planner.DEFAULT_SHARE_TAILS)
     assert options.dense_attention_tokens == DENSE_ATTENTION_TOKENS == 2048
-    assert options.short_gdn_tokens == 0  # the short-sequence GDN kernel is opt-in (not timed nor gated yet)
     assert [name for name in BOOLS if getattr(options, name)] == [
         "packed_candidates", "shared_prefix", "final_row_mlp", "stacked_projections", "cuda_graphs",
         "fused_elementwise", "share_tails"]
@@ -48,9 +46,7 @@ def test_a_bad_integer_is_refused_with_what_to_give(name, value):
 
 
 def test_the_smallest_integers_are_accepted_and_one_below_is_not():
-    assert FastPathOptions(dense_attention_tokens=0, min_shared_tokens=1, max_sequences=1, max_tokens=1,
-                           short_gdn_tokens=0)
-    assert FastPathOptions.from_mapping({"short_gdn_tokens": 128}).short_gdn_tokens == 128  # a --sweep entry
+    assert FastPathOptions(dense_attention_tokens=0, min_shared_tokens=1, max_sequences=1, max_tokens=1)
     for name, minimum in INTS.items():
         with pytest.raises(ValueError, match=name):
             FastPathOptions(**{name: minimum - 1})

@@ -1,6 +1,6 @@
 """The fast layout (hf_openjev.packing.layout, with its cache) against its reference (hf_openjev.packing.naive_layout)
 on random plans: tails, nested tails, splits with received and handed-on states, padding, merged or per-level GDN
-calls, dense levels, short GDN calls, a bucket policy. (These are packing/layout.py's tests; tests/test_layout.py holds the
+calls, dense levels, a bucket policy. (These are packing/layout.py's tests; tests/test_layout.py holds the
 package's import rules.)
 
 - the template a new shape gets, ``layout.lay_out_template``, equals ``naive_layout.record_template`` of the
@@ -30,7 +30,6 @@ torch.set_num_threads(1)
 
 PLAN_OPTIONS = [dict(), dict(share_tails=False, min_shared_tokens=64), dict(min_shared_tokens=4),
                 dict(max_sequences=2), dict(max_sequences=3, max_tokens=150), dict(shared_prefix=False)]
-SHORT_GDN_TOKENS = (0, 40, 100)  # off, then thresholds that split the random plans' GDN calls (taken in turn)
 
 
 def _random_requests(rng: random.Random) -> list:
@@ -80,18 +79,17 @@ def _store_for(plan, pack, store: dict) -> None:
 def test_list_templates_equal_the_reference_templates_on_random_plans(plan_options):
     rng = random.Random(5)
     compared, kinds = 0, set()
-    for trial in range(12):
+    for _ in range(12):
         plan = plan_requests(_random_requests(rng), **plan_options)
         store: dict = {}
         dense = rng.choice([0, 16, 2048])
-        short = SHORT_GDN_TOKENS[trial % len(SHORT_GDN_TOKENS)]
-        options = FastPathOptions(dense_attention_tokens=dense, short_gdn_tokens=short)
+        options = FastPathOptions(dense_attention_tokens=dense)
         for pack in plan.packs:
             _store_for(plan, pack, store)
             for pad in [False] if (pack.external or pack.export) else [False, True]:
                 for merge in (True, False):
                     new = lay_out_template(plan, pack, store, pad=pad, merge_levels=merge,
-                                           dense_attention_tokens=dense, short_gdn_tokens=short)
+                                           dense_attention_tokens=dense)
                     ctx, layout, bank = nl.lay_out_pack(plan, pack, store, options, pad=pad, merge_levels=merge)
                     assert_same_template(new, nl.record_template(ctx, layout, bank, plan, pack))
                     filled = fill_template(new, plan, pack, "cpu", options, PackContext)
@@ -102,11 +100,10 @@ def test_list_templates_equal_the_reference_templates_on_random_plans(plan_optio
                     kinds |= {"gathered" for call in ctx.gdn_calls if call.rows is not None}
                     kinds |= {"chain" for level in ctx.levels if level.chain_index is not None}
                     kinds |= {"dense" for level in ctx.levels if level.dense}
-                    kinds |= {"short" if call.short else "chunked" for call in ctx.gdn_calls}
                     kinds |= {"export"} if pack.export else set()
                     kinds |= {"received"} if pack.external else set()
                     kinds |= {"source"} if any(call.source is not None for call in ctx.gdn_calls) else set()
-    assert compared >= 24 and {"short", "chunked"} <= kinds
+    assert compared >= 24
     if plan_options.get("max_sequences"):
         assert {"export", "received"} <= kinds
     if not plan_options:  # the default plans: tails (gathered calls) and padded, shared-prefix levels
@@ -119,9 +116,8 @@ def test_cached_contexts_equal_the_reference_contexts_on_random_plans(plan_optio
     rng = random.Random(11)
     TEMPLATES.clear()
     compared = hits = exported = received = 0
-    for trial in range(10):
+    for _ in range(10):
         shape, dense = _random_shape(rng), rng.choice([0, 16, 2048])
-        short = SHORT_GDN_TOKENS[trial % len(SHORT_GDN_TOKENS)]
         for _ in range(2):  # the same shape with other token ids: the second round hits the cache
             plan = plan_requests(_requests_of_shape(shape, rng), **plan_options)
             store: dict = {}
@@ -130,7 +126,7 @@ def test_cached_contexts_equal_the_reference_contexts_on_random_plans(plan_optio
                 pads = [False] if (pack.external or pack.export) else [False, True]
                 for pad in pads:
                     for merge in (True, False):
-                        options = FastPathOptions(dense_attention_tokens=dense, short_gdn_tokens=short)
+                        options = FastPathOptions(dense_attention_tokens=dense)
                         before = TEMPLATES.hits
                         cached = build_pack_context(plan, pack, store, "cpu", options, pad=pad, merge_levels=merge)
                         hits += TEMPLATES.hits > before

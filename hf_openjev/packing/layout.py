@@ -58,7 +58,6 @@ from .layout_steps import (
     group_gdn_levels,
     group_levels,
     index_external,
-    is_short_call,
     parent_chain,
     select_final_rows,
     token_runs_of,
@@ -151,8 +150,7 @@ def lay_out_level_lists(plan, ids: list[int], layout: Layout, external, inputs: 
 
 
 def build_gdn_call_lists(plan, group: list[int], layout: Layout, level_fields: list[dict[str, int]], anchors: dict,
-                         bank: StateBank, inputs: InputLists, *, pad: bool,
-                         short_gdn_tokens: int = 0) -> tuple[GdnCall, dict[str, int]]:
+                         bank: StateBank, inputs: InputLists, *, pad: bool) -> tuple[GdnCall, dict[str, int]]:
     """``naive_layout.build_gdn_call`` on lists: ``(the GdnCall with no tensors, {tensor field: slot})``; a one-level
     call without tails takes its level's metadata slots."""
     first, last = layout.levels[group[0]], layout.levels[group[-1]]
@@ -162,8 +160,7 @@ def build_gdn_call_lists(plan, group: list[int], layout: Layout, level_fields: l
         shared = {name: level_fields[group[0]][name] for name in LEVEL_FIELDS}
         parents += [0] * (inputs.shape(shared["cu_seqlens"])[0] - 1 - len(sequences))
         source, parent_rows = bank.add_call_rows(sequences, parents)
-        call = GdnCall(group[0], group[-1], first.lo, first.hi, None, None, None, None, any(parents), source,
-                       short=is_short_call(inputs.values[shared["cu_seqlens"]], short_gdn_tokens))
+        call = GdnCall(group[0], group[-1], first.lo, first.hi, None, None, None, None, any(parents), source)
         return call, {**shared, "parent_rows": inputs.add(INT64, parent_rows)}
     rows, cu, keep = gather_call_rows(plan, sequences, anchors, layout, first.lo, last.hi)
     if pad:
@@ -175,8 +172,7 @@ def build_gdn_call_lists(plan, group: list[int], layout: Layout, level_fields: l
     fields = {"parent_rows": inputs.add(INT64, parent_rows)}  # the slots in GdnCall.tensors() order
     fields.update(zip(LEVEL_FIELDS, add_varlen_lists(inputs, cu)))
     fields.update(rows=inputs.add(INT64, rows), keep=inputs.add(INT64, keep))
-    call = GdnCall(group[0], group[-1], first.lo, last.hi, None, None, None, None, any(parents), source, None, None,
-                   is_short_call(cu, short_gdn_tokens))
+    call = GdnCall(group[0], group[-1], first.lo, last.hi, None, None, None, None, any(parents), source, None, None)
     return call, {name: fields[name] for name in CALL_FIELDS}
 
 
@@ -189,16 +185,15 @@ def key_tail_of(inputs: InputLists, levels, calls) -> tuple:
         for spec, f in levels)
     call_keys = tuple(
         (call.first, call.last, call.has_parents, call.source, inputs.shape(f["cu_seqlens"]),
-         inputs.shape(f["chunk_indices"]), inputs.shape(f["rows"]) if "rows" in f else None, call.short)
+         inputs.shape(f["chunk_indices"]), inputs.shape(f["rows"]) if "rows" in f else None)
         for call, f in calls)
     return (inputs.shape(2)[0], level_keys, call_keys)
 
 
 def lay_out_template(plan, pack, store, *, pad: bool, merge_levels: bool,
-                     dense_attention_tokens: int, buckets=None, short_gdn_tokens: int = 0) -> PackTemplate:
+                     dense_attention_tokens: int, buckets=None) -> PackTemplate:
     """The :class:`PackTemplate` of ``pack`` (a pack of ``plan``; ``store``: earlier packs' exports), from lists:
-    the one its reference, ``naive_layout.record_template``, makes (see the module docstring). ``short_gdn_tokens``
-    (0: never) marks the Gated DeltaNet calls that run ``gdn_prefill_short`` (``layout_steps.is_short_call``)."""
+    the one its reference, ``naive_layout.record_template``, makes (see the module docstring)."""
     anchors = find_anchors(plan, pack)  # refuses a tail continued from another pack before any work
     external = index_external(pack, store)
     layout = Layout(group_levels(plan, pack))
@@ -215,8 +210,7 @@ def lay_out_template(plan, pack, store, *, pad: bool, merge_levels: bool,
         layout.levels.append(levels[-1][0])
     bank = StateBank(external.ids)
     level_fields = [fields for _, fields in levels]
-    calls = [build_gdn_call_lists(plan, group, layout, level_fields, anchors, bank, inputs, pad=pad,
-                                  short_gdn_tokens=short_gdn_tokens)
+    calls = [build_gdn_call_lists(plan, group, layout, level_fields, anchors, bank, inputs, pad=pad)
              for group in group_gdn_levels(layout.level_ids, anchors, merge=merge_levels)]
     leaf_ids, inputs.values[2] = select_final_rows(plan, pack, layout, pad=pad)
     buffer = plan_layout_of_shapes([(dtype, inputs.shape(i)) for i, dtype in enumerate(inputs.dtypes)])

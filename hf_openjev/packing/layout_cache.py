@@ -3,7 +3,7 @@
 A pack's tensors (positions, varlen metadata, chunk tables, state routing, final rows, the graph key) depend only
 on its shape: each segment's length, start, place in the tree (its parent as a position in the pack or in
 ``pack.external``), whether it is scored or hands a state on; the received states' lengths; the exports; and the
-layout options (``pad``, the bucket policy, ``merge_levels``, ``dense_attention_tokens``, ``short_gdn_tokens``). :func:`shape_key` is
+layout options (``pad``, the bucket policy, ``merge_levels``, ``dense_attention_tokens``). :func:`shape_key` is
 that tuple. The first pack of a shape is laid out on lists (:func:`.layout.lay_out_template`) into a
 :class:`PackTemplate` (its inputs in one host byte buffer, :mod:`.input_buffer`); a later pack of the same shape
 copies that buffer, writes its token ids into it, moves it to the device in one copy and takes the context's tensors
@@ -25,7 +25,7 @@ DEFAULT_CAPACITY = 4096  # shapes kept (least recently used first out); a templa
 
 
 def shape_key(plan, pack, store, *, pad: bool, merge_levels: bool, dense_attention_tokens: int,
-              buckets=None, short_gdn_tokens: int = 0) -> tuple:
+              buckets=None) -> tuple:
     """Everything a pack's layout reads besides token ids (see the module docstring): equal keys, equal layouts."""
     segments = plan.segments
     position = {seg_id: i for i, seg_id in enumerate(pack.segments)}
@@ -43,7 +43,7 @@ def shape_key(plan, pack, store, *, pad: bool, merge_levels: bool, dense_attenti
     shape = tuple((len(s.tokens), where(s.parent), s.start, s.leaf is not None, s.hands_state)
                   for s in (segments[i] for i in pack.segments))
     external = tuple((store[i].length if i in store else None, segments[i].hands_state) for i in pack.external)
-    return (pad, buckets if pad else None, merge_levels, dense_attention_tokens, short_gdn_tokens, shape, external,
+    return (pad, buckets if pad else None, merge_levels, dense_attention_tokens, shape, external,
             tuple(where(i) for i in pack.export))
 
 

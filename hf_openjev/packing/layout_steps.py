@@ -1,17 +1,15 @@
 """The host-side pieces of a pack's layout that need no tensors of their own to be built: the state and layout
 records (:class:`SegmentState`, :class:`GdnCall`, :class:`LevelSpec`, :class:`Layout`, :class:`StateBank`,
 :class:`ExternalBlocks`) and the pure steps that group levels, find anchors, index received states, chain parents,
-group the Gated DeltaNet calls, gather their rows, choose their kernel and pick the final rows. :mod:`.layout`
-(the fast path's steps, on plain lists) and :mod:`.naive_layout` (its reference, the same steps on tensors) both
-build on them; see :mod:`.layout` for the layout itself."""
+group the Gated DeltaNet calls, gather their rows and pick the final rows. :mod:`.layout` (the fast path's steps,
+on plain lists) and :mod:`.naive_layout` (its reference, the same steps on tensors) both build on them; see
+:mod:`.layout` for the layout itself."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
-
-from hf_openjev.ops.gdn_prefill_short import use_short_gdn
 
 from .graph_buckets import bucket_sequences, bucket_tokens
 
@@ -46,9 +44,6 @@ class GdnCall:
     # row 0); the forward then reads that call's states directly, without assembling the bank
     rows: torch.Tensor | None = None  # [T'] int64 pack rows of the gathered layout (all < hi)
     keep: torch.Tensor | None = None  # [hi - lo] int64 gathered row of each of the rows [lo, hi)
-    # every sequence of its layout (dummies and re-run tails included) is short enough for ops.gdn_prefill_short
-    # (the ``short_gdn_tokens`` option, :func:`is_short_call`); the forward then calls it instead of gdn_prefill
-    short: bool = False
 
     def tensors(self) -> list[torch.Tensor]:
         """The call's own device inputs (a one-level call without tails shares its level's cu_seqlens/chunks)."""
@@ -59,7 +54,7 @@ class GdnCall:
     def key(self) -> tuple:
         return (self.first, self.last, self.has_parents, self.source, tuple(self.cu_seqlens.shape),
                 tuple(self.chunk_indices.shape),
-                None if self.rows is None else tuple(self.rows.shape), self.short)
+                None if self.rows is None else tuple(self.rows.shape))
 
 
 @dataclass
@@ -208,14 +203,6 @@ class StateBank:
             if real and all(lo_row <= r < hi_row for r in real):
                 return index, [r - lo_row for r in real] + [0] * (len(parents) - len(sequences))
         return None, list(parents)
-
-
-def is_short_call(cu: list[int], short_gdn_tokens: int) -> bool:
-    """Whether a Gated DeltaNet call over the sequences ``cu`` ([n+1] boundaries of its layout, dummies included)
-    runs ``gdn_prefill_short``: its longest sequence has at most ``short_gdn_tokens`` tokens (0: never). Host ints
-    only, so the forward needs no device sync to choose."""
-    longest = max(cu[i + 1] - cu[i] for i in range(len(cu) - 1))
-    return short_gdn_tokens > 0 and use_short_gdn(longest, short_gdn_tokens)
 
 
 def gather_call_rows(plan, sequences: list[int], anchors: dict, layout: Layout, lo: int,

@@ -44,7 +44,6 @@ from .layout_steps import (
     group_gdn_levels,
     group_levels,
     index_external,
-    is_short_call,
     parent_chain,
     select_final_rows,
     token_runs_of,
@@ -128,13 +127,12 @@ def lay_out_levels(plan, level_ids: list[list[int]], external: ExternalBlocks, *
 
 
 def build_gdn_call(plan, group: list[int], layout: Layout, anchors: dict, bank: StateBank, *,
-                   pad: bool, short_gdn_tokens: int = 0) -> GdnCall:
+                   pad: bool) -> GdnCall:
     """The conv + Gated DeltaNet call over the levels ``group``; numbers its sequences' bank rows (``bank``).
 
     One level whose sequences re-run no tail: over its own rows, with its level's metadata (dummies start from
     zeros, or the source's row 0). Otherwise a gathered layout (``gather_call_rows``), padded when ``pad``
-    with dummies that re-read the call's first row. ``short`` when its longest sequence, dummies included, has at
-    most ``short_gdn_tokens`` tokens (``is_short_call``; 0: never)."""
+    with dummies that re-read the call's first row."""
     first, last = layout.levels[group[0]], layout.levels[group[-1]]
     sequences = [seg_id for index in group for seg_id in layout.level_ids[index]]
     parents = [bank.anchor_row(anchors[seg_id][1]) for seg_id in sequences]
@@ -142,8 +140,7 @@ def build_gdn_call(plan, group: list[int], layout: Layout, anchors: dict, bank: 
         parents += [0] * (first.cu_seqlens.shape[0] - 1 - len(sequences))
         source, parent_rows = bank.add_call_rows(sequences, parents)
         return GdnCall(group[0], group[-1], first.lo, first.hi, first.cu_seqlens, first.chunk_indices,
-                       first.chunk_offsets, torch.tensor(parent_rows, dtype=torch.long), any(parents), source,
-                       short=is_short_call(first.cu_seqlens.tolist(), short_gdn_tokens))
+                       first.chunk_offsets, torch.tensor(parent_rows, dtype=torch.long), any(parents), source)
     rows, cu, keep = gather_call_rows(plan, sequences, anchors, layout, first.lo, last.hi)
     if pad:
         for length in pad_level([cu[i + 1] - cu[i] for i in range(len(sequences))]):
@@ -154,13 +151,12 @@ def build_gdn_call(plan, group: list[int], layout: Layout, anchors: dict, bank: 
     meta = prepare_varlen_metadata(cu)
     return GdnCall(group[0], group[-1], first.lo, last.hi, meta.cu_seqlens, meta.chunk_indices, meta.chunk_offsets,
                    torch.tensor(parent_rows, dtype=torch.long), any(parents), source,
-                   torch.tensor(rows, dtype=torch.long), torch.tensor(keep, dtype=torch.long),
-                   is_short_call(cu, short_gdn_tokens))
+                   torch.tensor(rows, dtype=torch.long), torch.tensor(keep, dtype=torch.long))
 
 
 def key_graph(ctx: PackContext) -> tuple:
     """The graph key of a padded context: contexts with equal keys have equal tensor shapes and run the same code
-    (the options' ``forward_key``, each level's shapes and attention kind, each GDN call's shapes and kernel)."""
+    (the options' ``forward_key``, each level's shapes and attention kind, each GDN call's shapes)."""
     return (*ctx.options.forward_key(), ctx.final_rows.shape[0], tuple(
         (level.hi - level.lo, tuple(level.cu_seqlens.shape), tuple(level.chunk_indices.shape), level.has_parents,
          level.max_chain, None if level.chain_index is None else tuple(level.chain_index.shape), level.dense)
@@ -184,8 +180,7 @@ def lay_out_pack(plan, pack, store: dict[int, SegmentState], options: PackOption
     layout = lay_out_levels(plan, group_levels(plan, pack), external, pad=pad,
                             dense_attention_tokens=options.dense_attention_tokens, buckets=buckets)
     bank = StateBank(external.ids)
-    gdn_calls = [build_gdn_call(plan, group, layout, anchors, bank, pad=pad,
-                                short_gdn_tokens=options.short_gdn_tokens)
+    gdn_calls = [build_gdn_call(plan, group, layout, anchors, bank, pad=pad)
                  for group in group_gdn_levels(layout.level_ids, anchors, merge=merge_levels)]
     leaf_ids, final_rows = select_final_rows(plan, pack, layout, pad=pad)
     ctx = PackContext(input_ids=torch.tensor(layout.token_ids, dtype=torch.long),

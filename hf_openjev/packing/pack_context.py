@@ -30,11 +30,10 @@ from .layout_steps import ExternalBlocks, GdnCall, LevelSpec, SegmentState, inde
 class PackOptions(Protocol):
     """What packing reads of the fast path's options. The caller passes its
     :class:`~hf_openjev.fast_options.FastPathOptions` (packing sits below it and never imports it): the layout reads
-    ``dense_attention_tokens`` and ``short_gdn_tokens``, the graph key starts with ``forward_key()``, and the forward
-    reads the rest through ``PackContext.options``."""
+    ``dense_attention_tokens``, the graph key starts with ``forward_key()``, and the forward reads the rest through
+    ``PackContext.options``."""
 
     dense_attention_tokens: int
-    short_gdn_tokens: int
 
     def forward_key(self) -> tuple: ...
 
@@ -136,9 +135,7 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, optio
 
     ``options`` (the fast path's :class:`~hf_openjev.fast_options.FastPathOptions`) go to the context (the forward
     reads them) and decide ``dense`` levels: a level of one sequence at least ``options.dense_attention_tokens``
-    long, with no prefix, runs one dense causal attention call (``LevelSpec.dense``; 0: never); a Gated DeltaNet
-    call whose longest sequence (dummies included) has at most ``options.short_gdn_tokens`` tokens is marked to run
-    ``gdn_prefill_short`` (``GdnCall.short``; 0: never).
+    long, with no prefix, runs one dense causal attention call (``LevelSpec.dense``; 0: never).
 
     ``pad=True`` (packs without external states or exports only) pads every level with dummy sequences to its
     shape bucket (:mod:`.graph_buckets`) and sets ``graph_key``: contexts with equal keys have equal tensor
@@ -156,12 +153,12 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, optio
     makes.
     """
     check_padding(pack, pad)
-    layout_options = dict(dense_attention_tokens=options.dense_attention_tokens, buckets=buckets,
-                          short_gdn_tokens=options.short_gdn_tokens)
-    key = shape_key(plan, pack, store, pad=pad, merge_levels=merge_levels, **layout_options)
+    key = shape_key(plan, pack, store, pad=pad, merge_levels=merge_levels,
+                    dense_attention_tokens=options.dense_attention_tokens, buckets=buckets)
     template = TEMPLATES.get(key)
     if template is None:  # a new shape: laid out in one pass of lists
-        template = lay_out_template(plan, pack, store, pad=pad, merge_levels=merge_levels, **layout_options)
+        template = lay_out_template(plan, pack, store, pad=pad, merge_levels=merge_levels,
+                                    dense_attention_tokens=options.dense_attention_tokens, buckets=buckets)
         TEMPLATES.put(key, template)
     ctx = fill_template(template, plan, pack, device, options, PackContext)
     if pack.external:
