@@ -55,12 +55,15 @@ def read_json_object(path: Path, what: str | None = None) -> dict:
 
 
 def write_json_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (JSON) to ``path`` atomically (a temporary file beside it, then a rename), gzip-compressed
+    """Write ``text`` (JSON) to ``path`` atomically (a temporary file beside it, synced, then a rename), gzip-compressed
     (level 9, no name or time in the header: the same text gives the same bytes) when :func:`is_gzipped`."""
     path = Path(path)
     data = text.encode("utf-8")
     if is_gzipped(path):
         data = gzip.compress(data, compresslevel=9, mtime=0)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
+    with open(tmp, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())  # on disk before the rename: a crash leaves the old file or the new, never an empty one
     os.replace(tmp, path)
