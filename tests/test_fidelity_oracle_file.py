@@ -8,7 +8,7 @@ import gzip
 import json
 
 import pytest
-from repo_data import committed_oracle_path
+from repo_data import committed_oracle_path, repo_path
 
 from hf_openjev.fidelity_check.gate import ORACLE_FORMAT, load_oracle
 from hf_openjev.fidelity_check.oracle import read_oracle_progress, write_oracle
@@ -52,6 +52,18 @@ def test_a_committed_gzipped_oracle_reads_as_its_plain_json(shape, tmp_path):
     assert load_oracle(packed) == load_oracle(plain) == expected
     assert read_oracle_progress([packed]) == read_oracle_progress([plain])
     assert read_oracle_progress([packed])["requests"] == expected["requests"]
+
+
+def test_every_committed_oracle_is_stored_as_gzip_without_name_or_time():
+    """Every oracle in recipes/data (the shapes' and the per-seed ones to come) is a ``.json.gz`` written by
+    ``gzip -9 -n``: a plain ``.json`` oracle (110 KB where the gzipped one is 33 KB) would push recipes/ past its
+    size rule (issue 38), and a name or time in the header would change the bytes from one compression to the next."""
+    files = sorted(repo_path("recipes/data").glob("oracle_*"))
+    assert len(files) >= 4
+    assert [f.name for f in files if not f.name.endswith(".json.gz")] == []
+    for f in files:
+        header = f.read_bytes()[:10]
+        assert header[:3] == b"\x1f\x8b\x08" and header[3] == 0 and header[4:8] == bytes(4), f.name
 
 
 def gzip_cases() -> dict[str, bytes]:
