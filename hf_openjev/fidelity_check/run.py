@@ -87,9 +87,9 @@ def check_arguments(*, model, out, data, workload, configs, oracle, oracle_devic
         sources = resolve_inputs(data) if data is not None else []
         if workload is not None:
             check_workload_file(workload)
-        if oracle is not None and not Path(oracle).is_file():
-            raise ValueError(f"--oracle {oracle}: no such file")
         if oracle is not None:
+            if not Path(oracle).is_file():
+                raise ValueError(f"--oracle {oracle}: no such file")
             load_oracle(oracle)  # readable (.json or .json.gz) and an oracle, before any weights load
     except (ValueError, EvalInputError) as exc:
         raise UsageError(str(exc)) from None

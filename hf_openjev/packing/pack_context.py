@@ -153,12 +153,12 @@ def build_pack_context(plan, pack, store: dict[int, SegmentState], device, optio
     makes.
     """
     check_padding(pack, pad)
-    key = shape_key(plan, pack, store, pad=pad, merge_levels=merge_levels,
-                    dense_attention_tokens=options.dense_attention_tokens, buckets=buckets)
+    layout_options = dict(pad=pad, merge_levels=merge_levels, dense_attention_tokens=options.dense_attention_tokens,
+                          buckets=buckets)
+    key = shape_key(plan, pack, store, **layout_options)
     template = TEMPLATES.get(key)
     if template is None:  # a new shape: laid out in one pass of lists
-        template = lay_out_template(plan, pack, store, pad=pad, merge_levels=merge_levels,
-                                    dense_attention_tokens=options.dense_attention_tokens, buckets=buckets)
+        template = lay_out_template(plan, pack, store, **layout_options)
         TEMPLATES.put(key, template)
     ctx = fill_template(template, plan, pack, device, options, PackContext)
     if pack.external:
