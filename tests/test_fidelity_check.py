@@ -448,3 +448,101 @@ def test_a_limited_run_does_not_replace_a_full_report_unless_told(first_run, exp
     assert json.loads((out / "oracle_export.json").read_text())["n_done"] == 3  # the oracle keeps every entry
     check_fidelity(model=export, out=out, data=[tasks], configs=[], limit=2, progress=False)  # limited over limited
     assert json.loads((out / "fidelity_export.json").read_text())["requests_compared"] == 2
+
+
+def test_a_cut_run_keeps_the_configurations_it_finished_and_the_next_run_reuses_them(export, tasks, tmp_path,
+                                                                                     monkeypatch):
+    """A run cut while answering a configuration used to lose every answer (nothing was written before the report).
+    Now B's answers survive the cut, the next run into the same --out answers only what is missing, and its report
+    is the report of an uncut run."""
+    import hf_openjev.fidelity_check.run as run_module
+
+    oracle = first_oracle(export, tasks, tmp_path)
+    uncut = check_fidelity(model=export, out=tmp_path / "uncut", data=[tasks], configs="default,aligned",
+                           oracle=oracle, progress=False)
+    real, answered, cut = run_module._answer, [], ["aligned"]
+
+    def cut_at_aligned(model, items, *, desc, **kwargs):
+        answered.append(desc)
+        if desc in cut:
+            raise KeyboardInterrupt  # a time limit, Ctrl-C
+        return real(model, items, desc=desc, **kwargs)
+
+    monkeypatch.setattr(run_module, "_answer", cut_at_aligned)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        check_fidelity(model=export, out=out, data=[tasks], configs="default,aligned", oracle=oracle, progress=False)
+    kept = json.loads((out / "answers_export.json").read_text())
+    assert answered == ["B: reference bf16", "default", "aligned"] and list(kept["configurations"]) == ["B", "default"]
+    answered.clear()
+    cut.clear()
+    report = check_fidelity(model=export, out=out, data=[tasks], configs="default,aligned", oracle=oracle,
+                            progress=False)
+    assert answered == ["aligned"] and report["answers_reused"] == ["B", "default"]
+    for name in ("B", "default", "aligned"):
+        ours, theirs = report["configurations"][name], uncut["configurations"][name]
+        assert ours["per_request_max_abs_dp"] == theirs["per_request_max_abs_dp"] and ours["passes"] == theirs["passes"]
+    answered.clear()
+    changed = tmp_path / "aligned.json"  # the same name, other options: answered again
+    changed.write_text(json.dumps({"share_tails": False, "final_row_mlp": False}))
+    report = check_fidelity(model=export, out=out, data=[tasks], configs=[str(changed)], oracle=oracle,
+                            progress=False)
+    assert answered == ["aligned"] and report["answers_reused"] == ["B"]
+
+
+def test_stored_fp8_answers_skip_loading_the_fp8_model(first_run, export, tasks, tmp_path, monkeypatch):
+    import shutil
+
+    import hf_openjev.fidelity_check.run as run_module
+
+    out = tmp_path / "out"
+    shutil.copytree(first_run[0], out)  # its answers_export.json holds B, default and fp8-all
+    real, modes = run_module._load_bf16, []
+    monkeypatch.setattr(run_module, "_load_bf16", lambda model, fp8, log, **kw: modes.append(fp8) or real(
+        model, fp8, log, **kw))
+    monkeypatch.setattr(run_module, "_answer", lambda *a, **k: pytest.fail("a configuration was answered again"))
+    report = check_fidelity(model=export, out=out, data=[tasks], configs="default,fp8-all", progress=False)
+    assert modes == ["off"] and report["answers_reused"] == ["B", "default", "fp8-all"]
+    assert report["configurations"]["fp8-all"]["per_request_max_abs_dp"] == \
+        first_run[1]["configurations"]["fp8-all"]["per_request_max_abs_dp"]
+
+
+def test_an_unreadable_answers_file_is_refused_in_one_line_before_anything_loads(export, tasks, tmp_path,
+                                                                                 monkeypatch, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "answers_export.json").write_text('{"format": "something else", "configurations": {}}')
+    refuse_loading(monkeypatch)
+    code = main(["fidelity", "--model", str(export), "--data", str(tasks), "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "answers_export.json is not a hf-openjev-fidelity-answers/1 file; delete it" in err, err
+    (out / "answers_export.json").write_text('{"format": ')
+    code = main(["fidelity", "--model", str(export), "--data", str(tasks), "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "is not valid JSON" in err and "delete it to answer every configuration again" in err, err
+
+
+def test_the_answer_store_keeps_other_requests_under_the_same_key_and_replaces_them_under_another(tmp_path):
+    from types import SimpleNamespace
+
+    from hf_openjev.fidelity_check.answers import AnswerStore
+
+    def item(rid, sha="t"):
+        return SimpleNamespace(id=rid, tokens_sha256=sha)
+
+    def entry(rid, p, sha="t"):
+        return {"id": rid, "kind": "noul", "probabilities": {"q": p}, "tokens_sha256": sha}
+
+    path = tmp_path / "answers_x.json"
+    key, other = {"options": {"a": 1}}, {"options": {"a": 2}}
+    store = AnswerStore(path)
+    store.record("c", key, [entry("r1", 0.1), entry("r2", 0.2)])
+    store.record("c", key, [entry("r2", 0.3), entry("r3", 0.4)])  # a --limit run, say: r1 kept
+    again = AnswerStore(path)  # read back from the file
+    assert again.reuse("c", key, [item("r3"), item("r1")]) == [entry("r3", 0.4), entry("r1", 0.1)]
+    assert again.reuse("c", key, [item("r1"), item("r4")]) is None  # one request missing
+    assert again.reuse("c", key, [item("r1", "other ids")]) is None  # other token ids under the same id
+    assert again.reuse("c", other, [item("r1")]) is None and again.reuse("d", key, [item("r1")]) is None
+    again.record("c", other, [entry("r1", 0.5)])
+    assert AnswerStore(path).configurations["c"] == {"key": other, "entries": [entry("r1", 0.5)]}

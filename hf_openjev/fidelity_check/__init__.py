@@ -2,7 +2,8 @@
 
 :func:`check_fidelity` (``run.py``) builds or extends the fp32 oracle of an export on task files or the
 benchmark's workload (``oracle.py``, placed by ``placement.py``), answers them with B (the reference path in
-bf16) and each configuration asked for (``configs.py``, ``requests.py``) and judges them
+bf16) and each configuration asked for (``configs.py``, ``requests.py``; kept as each finishes and reused by the
+next run into the same folder: ``answers.py``) and judges them
 (``report.py``: :func:`judge_against_oracle`, which the benchmark driver's ``--oracle`` mode calls too). The
 statistics and the gate itself are :mod:`hf_openjev.fidelity_check.gate`'s.
 """

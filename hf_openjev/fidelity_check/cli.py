@@ -23,8 +23,9 @@ def add_arguments(parser) -> None:
                              "an --out holding a full report of the same --name is refused before anything loads "
                              "(pass --overwrite, or another --out or --name)")
     parser.add_argument("--out", required=True, metavar="DIR",
-                        help="fidelity_<name>.json/.md/.png and the oracle, oracle_<name>.json (plain JSON; resumed "
-                             "when there)")
+                        help="fidelity_<name>.json/.md/.png, the oracle, oracle_<name>.json (plain JSON; resumed "
+                             "when there), and each configuration's answers, answers_<name>.json (written as each "
+                             "finishes; reused when the weights, options, versions and device are the same)")
     parser.add_argument("--name", default=None, help="the <name> of the files (default: the export's folder name)")
     parser.add_argument("--configs", default="default", metavar="LIST",
                         help=f"comma-separated configurations judged against B (the reference path in bf16): "

@@ -8,10 +8,13 @@ Order of work (every check that needs no weights comes first):
    tokenized; an oracle (``oracle=`` and ``<out>/oracle_<name>.json``) of other weights or other token ids under
    the same request id is refused;
 3. B (the reference path in bf16, right-padded batches, whatever kernels Transformers bound) and each bf16
-   configuration answer every request (the fast path patched in place);
+   configuration answer every request (the fast path patched in place), each written to ``<out>/answers_<name>.json``
+   as it finishes; answers an earlier run wrote there under the same weights, options, versions and device are
+   reused instead (:mod:`.answers`), so a cut run loses at most the configuration it was answering;
 4. the bf16 model is freed and the fp32 oracle scores the requests it lacks, placed where it fits
    (:mod:`.placement`), written after every request to ``<out>/oracle_<name>.json``;
-5. each FP8 configuration loads the export again with its mode (quantized on the CPU) and answers;
+5. each FP8 configuration whose answers are not stored loads the export again with its mode (quantized on the
+   CPU) and answers;
 6. :func:`~.report.judge_against_oracle` writes ``fidelity_<name>.{json,md,png}``.
 """
 
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
+from .answers import AnswerStore, answer_key, answers_path
 from .configs import REFERENCE, fp8_mode, parse_configs
 from .placement import PLACEMENTS
 from .requests import answer_items, entries_from_responses, items_from_tasks, items_from_workload
@@ -121,6 +125,7 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
                                                 oracle=oracle, oracle_device=oracle_device, name=name, limit=limit,
                                                 overwrite=overwrite)
     out = Path(out)
+    store = AnswerStore(answers_path(out, run_name))  # an earlier run's answers, refused in one line if unreadable
     tasks, invalid = _read_tasks(sources, progress) if data is not None else ([], [])
     if data is not None and not tasks:
         raise UsageError("no valid task in the data" + (f" (first: {invalid[0]['error']})" if invalid else ""))
@@ -134,23 +139,36 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
     progress_file, done = _open_oracle([p for p in (oracle, own_oracle) if p is not None], weights, items)
     pending = [item for item in items if item.id not in done]
     placement = _announce_placement(model, bf16, pending, oracle_device, log) if pending else None
-    entries = {REFERENCE: _answer(bf16, items, fast=False, desc="B: reference bf16", progress=progress)}
+    info, reused = run_info(), []
+
+    def answers(config, options, *, loaded=None, load=None):  # reused from the store, else answered (by ``loaded``
+        # or the model ``load()`` gives) and recorded there
+        key = answer_key(weights=weights, options=options, info=info)
+        found = store.reuse(config, key, items)
+        if found is not None:
+            log(f"{config}: {len(found)} answers reused from {store.path} (same weights, options, versions, device)")
+            reused.append(config)
+            return found
+        answered = _answer(loaded if load is None else load(), items, fast=options is not None, options=options,
+                           desc="B: reference bf16" if options is None else config, progress=progress)
+        store.record(config, key, answered)
+        return answered
+
+    entries = {REFERENCE: answers(REFERENCE, None, loaded=bf16)}
     for config, options in parsed.items():
         if fp8_mode(options) == "off":
-            entries[config] = _answer(bf16, items, fast=True, options=options, desc=config, progress=progress)
+            entries[config] = answers(config, options, loaded=bf16)
     del bf16
     _release_memory()
     oracle_data = _complete_oracle(model, items, done, progress_file, placement, path=own_oracle, name=run_name,
                                    seed=seed, weights=weights, progress=progress, command=command)
     for config, options in parsed.items():
-        if fp8_mode(options) != "off":
-            quantized, _ = _load_bf16(model, fp8_mode(options), log, hash_it=False)
-            entries[config] = _answer(quantized, items, fast=True, options=options, desc=config, progress=progress)
-            del quantized
+        if fp8_mode(options) != "off":  # its model loaded (quantized) only when its answers are not stored
+            entries[config] = answers(config, options, load=lambda o=options: _load_bf16(model, fp8_mode(o), log,
+                                                                                        hash_it=False)[0])
             _release_memory()
     from .report import judge_against_oracle
 
-    info = run_info()
     meta = {"command": command, "versions": info, "device": info["device"], "shape": run_name, "model": str(model),
             "seed": seed, "limit": limit, "inputs": {"data": [str(s.path) for s in sources],
                                      "workload": None if workload is None else str(workload)},
@@ -161,7 +179,7 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
                                     "oracle_stored": oracle_data.get("stored_weights_sha256"),
                                     "run_stored": weights["stored_weights_sha256"], "match": True},
             "configuration_options": {c: o.to_dict(changed_only=True) for c, o in parsed.items()},
-            "requests_compared": len(items), "seconds": time.perf_counter() - started}
+            "requests_compared": len(items), "answers_reused": reused, "seconds": time.perf_counter() - started}
     return judge_against_oracle(oracle_data, weights_sha256=weights, items=items, entries_by_name=entries,
                                 out=out, name=run_name, meta=meta)
 
