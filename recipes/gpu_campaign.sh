@@ -37,6 +37,12 @@
 #                                        # time limit gets no fidelity: copy the returned oracle_SHAPE_seedN.json to
 #                                        # recipes/data/ (as it is, or `gzip -9 -n` to .json.gz) and call again (it
 #                                        # resumes from recipes/data/oracle_SHAPE_seedN.json.gz and .json, each there)
+#   bash recipes/gpu_campaign.sh gate-probe SHAPE SEED [NAME=OPTIONS...]  # e.g. gate-probe 2b 1
+#                                        # noshare='{"shared_prefix": false}': family-fidelity with that seed against
+#                                        # its committed oracle, B, the default and each FastPathOptions JSON
+#                                        # (fidelity_SHAPE_seedN_probe.*); a cut run's answers_SHAPE_seedN_probe.json,
+#                                        # copied back into .answers/ (git-ignored; carry it), are reused, not answered
+#                                        # again. B alone takes ~140 s on a fresh kernel cache (fla autotunes)
 #   bash recipes/gpu_campaign.sh family  # one call for the 9B and 2B: each shape's B and C on the exact workload
 #                                        # (no HTTP), then the -m gpu suite beside family-fidelity 9b and 2b
 #   bash recipes/gpu_campaign.sh fingerprints SHAPES...  # e.g. 2b 9b 27b: the weights-hash probe at mid
@@ -68,10 +74,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-seeds | family | fingerprints | profile | warmup"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-seeds | family | fingerprints | profile | warmup"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-seeds|family|fingerprints|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-seeds|family|fingerprints|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -99,15 +105,18 @@ gpu_pytest() {  # $1 = time limit (s), $2 = log file under $out, $3 = -k express
 
 family_fidelity() {  # $1 = 9b or 2b: the bench's random weights (seed $3, default 0) as an export, then
   # hf-openjev fidelity on it (the workload's ids drawn with that seed) against $2 (default: the committed
-  # recipes/data/oracle_$1.json.gz); with a seed, the files are named $1_seed$3 (fidelity_2b_seed1.json)
-  local shape=$1 oracle=${2:-$REPO/recipes/data/oracle_$1.json.gz} seed=${3:-}
-  local name=$shape${3:+_seed$3}
+  # recipes/data/oracle_$1.json.gz); with a seed, the files are named $1_seed$3 (fidelity_2b_seed1.json); $4: the
+  # configurations (default: default); $5: a name suffix. Answers carried back in .answers/ are reused
+  local shape=$1 oracle=${2:-$REPO/recipes/data/oracle_$1.json.gz} seed=${3:-} configs=${4:-default}
+  local name=$shape${3:+_seed$3}${5:-}
   local export_dir=/tmp/random-$name
   rm -rf "$export_dir"
+  mkdir -p "$out/fidelity$name"
+  [ -f "$REPO/.answers/answers_$name.json" ] && cp "$REPO/.answers/answers_$name.json" "$out/fidelity$name/"
   python3 "$REPO/recipes/random_export.py" --shape "$shape" --seed "${seed:-0}" --device cuda --out "$export_dir" 2>&1 \
     | quiet | tail -n 2
   python3 -m hf_openjev fidelity --model "$export_dir" --workload "$REPO/recipes/data/jevbench231-shapes-estimated.json" \
-    --seed "${seed:-0}" --oracle "$oracle" --configs default --name "$name" --no-progress \
+    --seed "${seed:-0}" --oracle "$oracle" --configs "$configs" --name "$name" --no-progress \
     --out "$out/fidelity$name" 2>&1 | quiet | tail -n 12
   rm -rf "$export_dir"
 }
@@ -129,6 +138,24 @@ if [ "$stage" = pytest-part ]; then  # every named part known, before setup
     [ -n "$(part_entries "$part")" ] || { echo "unknown part $part (the parts: $names)"; exit 2; }
   done
   parts=("$@")
+fi
+if [ "$stage" = gate-probe ]; then  # a known shape, a seed with a committed oracle, NAME=JSON options, before setup
+  usage="gate-probe SHAPE SEED [NAME=OPTIONS...]: SHAPE 2b or 9b, a seed whose oracle is in recipes/data, then configurations as NAME='{\"shared_prefix\": false}' (FastPathOptions JSON)"
+  case "${1:-}" in 2b|9b) ;; *) echo "$usage"; exit 2 ;; esac
+  [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "$usage"; exit 2; }
+  probe_shape=$1 probe_seed=$2
+  probe_oracle=$PWD/recipes/data/oracle_${1}_seed$2.json.gz
+  [ "$2" = 0 ] && probe_oracle=$PWD/recipes/data/oracle_$1.json.gz
+  [ -f "$probe_oracle" ] || { echo "no committed oracle $probe_oracle: run gate-seeds $1 $2 first"; exit 2; }
+  shift 2
+  probe_dir=${TMPDIR:-/tmp}/gate-probe-configs
+  rm -rf "$probe_dir"; mkdir -p "$probe_dir"
+  probe_configs=default
+  for spec in "$@"; do
+    [[ "$spec" =~ ^[A-Za-z0-9_-]+=\{.*\}$ ]] || { echo "configuration $spec: $usage"; exit 2; }
+    printf '%s\n' "${spec#*=}" >"$probe_dir/${spec%%=*}.json"
+    probe_configs+=",$probe_dir/${spec%%=*}.json"
+  done
 fi
 if [ "$stage" = gate-seeds ]; then  # a known shape and one or more seeds, before setup
   usage="gate-seeds SHAPE SEED...: SHAPE 2b or 9b, then one or more seeds (non-negative integers), e.g. 2b 1 2"
@@ -179,6 +206,10 @@ case "$stage" in
       --e2e-warmup-requests 8 "$@" --out "$out/$shape" 2>&1 | quiet | grep -vE "^\s*$" | tail -n 40 ;;
   family-fidelity)
     family_fidelity "${1:?family-fidelity SHAPE: 9b or 2b}" ;;
+  gate-probe)
+    timeout $((585 - (SECONDS - start))) bash -c "$(declare -f family_fidelity quiet); out='$out' REPO='$REPO' \
+      family_fidelity '$probe_shape' '$probe_oracle' '$probe_seed' '$probe_configs' _probe"
+    echo "gate-probe rc=$? at $((SECONDS - start)) s" ;;
   gate-seeds)
     for seed in "${seeds[@]}"; do  # per seed: its fp32 oracle (resumed from a carried one), then B and the default
       name=${gate_shape}_seed$seed
@@ -246,5 +277,5 @@ case "$stage" in
     done ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
-case "$stage" in family|session|fingerprints|gate-seeds) rm -rf "$out" ;; esac  # many files: the tarball alone comes back
+case "$stage" in family|session|fingerprints|gate-seeds|gate-probe) rm -rf "$out" ;; esac  # many files: the tarball alone comes back
 ls -la "${OUT:-/tmp/out}"

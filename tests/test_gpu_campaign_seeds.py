@@ -1,8 +1,10 @@
 """recipes/gpu_campaign.sh's gate-seeds stage run on the CPU with a stand-in python3 (a PATH shim that records
 its arguments): per seed the oracle, the export and ``hf-openjev fidelity`` get that seed, and bad calls are
 refused before setup; a cut run's oracle carried back into recipes/data/ is resumed whether gzipped or not; every
-committed oracle a stage names (recipes/data/oracle_<shape>.json.gz) is in the checkout."""
+committed oracle a stage names (recipes/data/oracle_<shape>.json.gz) is in the checkout; gate-probe judges options
+files against a seed's committed oracle and puts carried answers where the command reuses them."""
 
+import json
 import os
 import re
 import shutil
@@ -109,3 +111,38 @@ def test_every_committed_oracle_a_stage_names_is_in_the_checkout(tmp_path, args)
     assert len(named) == len(args) - 1, (named, lines)  # one committed oracle per shape
     missing = [name for name in named if not (REPO / "recipes" / "data" / name).is_file()]
     assert not missing, missing
+
+
+def test_gate_probe_judges_each_options_file_against_the_seeds_committed_oracle(tmp_path):
+    """gate-probe 2b 1 NAME=JSON...: the default and one FastPathOptions file per NAME, the seed's committed oracle,
+    files named 2b_seed1_probe; answers carried back in .answers/ are put where the command reuses them."""
+    carried = tmp_path / "repo" / ".answers" / "answers_2b_seed1_probe.json"
+    carried.parent.mkdir(parents=True)
+    carried.write_text('{"carried": true}')
+    result, lines, out = run_stage(tmp_path, "gate-probe", "2b", "1", 'noshare={"shared_prefix": false}',
+                                   'fp32gdn={"gdn_fp32": true}', carried=("oracle_2b_seed1.json.gz",))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (export,) = script_calls(lines, "random_export.py")
+    (fidelity,) = script_calls(lines, "-m hf_openjev fidelity")
+    assert "--shape 2b --seed 1 " in export
+    configs = re.search(r"--configs (\S+)", fidelity).group(1).split(",")
+    assert configs[0] == "default" and [Path(c).name for c in configs[1:]] == ["noshare.json", "fp32gdn.json"]
+    assert [json.loads(Path(c).read_text()) for c in configs[1:]] == [{"shared_prefix": False}, {"gdn_fp32": True}]
+    assert f"--oracle {tmp_path}/repo/recipes/data/oracle_2b_seed1.json.gz " in fidelity
+    assert "--name 2b_seed1_probe " in fidelity and "--seed 1 " in fidelity
+    with tarfile.open(out / "gate-probe.tgz") as tar:
+        answers = tar.extractfile("./fidelity2b_seed1_probe/answers_2b_seed1_probe.json").read()
+    assert answers == b'{"carried": true}'
+
+
+@pytest.mark.parametrize("args, message", [
+    (("gate-probe", "27b", "1"), "gate-probe SHAPE SEED"),
+    (("gate-probe", "2b", "x"), "gate-probe SHAPE SEED"),
+    (("gate-probe", "2b", "7"), "no committed oracle"),  # no recipes/data/oracle_2b_seed7.json.gz
+    (("gate-probe", "2b", "0", "noshare"), "configuration noshare: gate-probe SHAPE SEED"),
+    (("gate-probe", "2b", "0", "a b={}"), "configuration a b={}"),
+])
+def test_gate_probe_refuses_bad_calls_before_setup(tmp_path, args, message):
+    result, lines, _ = run_stage(tmp_path, *args, carried=("oracle_2b.json.gz",))
+    assert result.returncode == 2 and message in result.stdout, (args, result.stdout)
+    assert lines == [], (args, lines)
