@@ -469,9 +469,17 @@ def test_a_cut_run_keeps_the_configurations_it_finished_and_the_next_run_reuses_
         return real(model, items, desc=desc, **kwargs)
 
     monkeypatch.setattr(run_module, "_answer", cut_at_aligned)
-    out = tmp_path / "out"
+    out, logged = tmp_path / "out", []
     with pytest.raises(KeyboardInterrupt):
-        check_fidelity(model=export, out=out, data=[tasks], configs="default,aligned", oracle=oracle, progress=False)
+        check_fidelity(model=export, out=out, data=[tasks], configs="default,aligned", oracle=oracle, progress=False,
+                       log=logged.append)
+    # the finished configuration's verdict was logged before the cut, as the report states it
+    from hf_openjev.fidelity_check.report import describe_verdict
+
+    final = describe_verdict("default", {**uncut["configurations"]["default"], "decision_agreement": None,
+                                         "accuracy": None})
+    assert [line for line in logged if line.startswith("default: ")] == \
+        [final + " (against the oracle given; the report follows at the end)"], logged
     kept = json.loads((out / "answers_export.json").read_text())
     assert answered == ["B: reference bf16", "default", "aligned"] and list(kept["configurations"]) == ["B", "default"]
     answered.clear()

@@ -43,6 +43,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from .report import describe_verdict
     from .run import check_fidelity
 
     command = "hf-openjev " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -51,11 +52,6 @@ def run(args) -> int:
                             oracle_device=args.oracle_device, name=args.name, progress=args.progress, command=command,
                             overwrite=args.overwrite)
     for config, c in report["configurations"].items():
-        verdict = {True: "passes", False: "FAILS", None: "-"}[c["passes"]]
-        accuracy = f", accuracy {c['accuracy']['accuracy']:.4f}" if c.get("accuracy") else ""
-        print(f"{config}: max |dp| {c['max_abs_dp']:.4g}, p99 {c['p99_abs_dp']:.4g}, mean {c['mean_abs_dp']:.4g}, "
-              f"{c['flips']} flips (+{c['near_tie_flips']} near-tie), agreement "
-              f"{c['decision_agreement']['agreement']:.4f}{accuracy}: {verdict}"
-              + ("" if config != "B" else " (the yardstick)"))
+        print(describe_verdict(config, c))
     print(f"wrote {args.out}/fidelity_{report['shape']}.json, .md, .png")
     return 0

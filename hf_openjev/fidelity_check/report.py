@@ -13,7 +13,13 @@ from pathlib import Path
 
 from ..contract import KINDS
 from .configs import REFERENCE
-from .gate import build_fidelity_report, compare_with_oracle, select_requests, write_fidelity_report
+from .gate import (
+    build_fidelity_report,
+    compare_with_oracle,
+    judge_configurations,
+    select_requests,
+    write_fidelity_report,
+)
 from .oracle import check_oracle_progress
 
 
@@ -37,6 +43,29 @@ def accuracy_against_labels(items: Sequence, entries: Sequence[Mapping]) -> dict
         probabilities = entry["probabilities"][task.qid]
         correct += predict(task_distribution(task.kind, probabilities, task.labels)) == task.expected
     return {"n": len(scored), "correct": correct, "accuracy": correct / len(scored)}
+
+
+def describe_verdict(config: str, c: Mapping) -> str:
+    """One line of a configuration's figures and verdict, as the command prints them."""
+    verdict = {True: "passes", False: "FAILS", None: "-"}[c["passes"]]
+    agreement = f", agreement {c['decision_agreement']['agreement']:.4f}" if c.get("decision_agreement") else ""
+    accuracy = f", accuracy {c['accuracy']['accuracy']:.4f}" if c.get("accuracy") else ""
+    return (f"{config}: max |dp| {c['max_abs_dp']:.4g}, p99 {c['p99_abs_dp']:.4g}, mean {c['mean_abs_dp']:.4g}, "
+            f"{c['flips']} flips (+{c['near_tie_flips']} near-tie){agreement}{accuracy}: {verdict}"
+            + (" (the yardstick)" if config == REFERENCE else ""))
+
+
+def early_verdict(oracle_entries: Mapping[str, Mapping], items: Sequence, entries_by_name: Mapping[str, Sequence],
+                  config: str) -> str | None:
+    """``config`` against B as the report will judge it (:func:`describe_verdict`, without agreement and accuracy),
+    once both have answered and the oracle (entries by id) covers every item; else None. A run that is cut later
+    has logged it."""
+    if REFERENCE not in entries_by_name or config not in entries_by_name \
+            or any(item.id not in oracle_entries for item in items):
+        return None
+    ordered = select_requests(list(oracle_entries.values()), [item.id for item in items])
+    stats = {name: compare_with_oracle(ordered, list(entries_by_name[name])) for name in (REFERENCE, config)}
+    return describe_verdict(config, judge_configurations(stats, reference=REFERENCE)[config])
 
 
 def select_oracle_entries(oracle: Mapping, *, weights_sha256: Mapping | str, items: Sequence) -> list[dict]:

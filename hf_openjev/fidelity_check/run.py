@@ -31,6 +31,7 @@ from ..errors import UsageError
 from .answers import AnswerStore, answer_key, answers_path
 from .configs import REFERENCE, fp8_mode, parse_configs
 from .placement import PLACEMENTS
+from .report import early_verdict
 from .requests import answer_items, entries_from_responses, items_from_tasks, items_from_workload
 
 
@@ -154,18 +155,24 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
         store.record(config, key, answered)
         return answered
 
-    entries = {REFERENCE: answers(REFERENCE, None, loaded=bf16)}
+    def answer(config, options, **model):  # into ``entries``; its verdict logged at once when the oracle has all
+        entries[config] = answers(config, options, **model)
+        line = early_verdict(done, items, entries, config) if config != REFERENCE else None
+        if line is not None:
+            log(line + " (against the oracle given; the report follows at the end)")
+
+    entries = {}
+    answer(REFERENCE, None, loaded=bf16)
     for config, options in parsed.items():
         if fp8_mode(options) == "off":
-            entries[config] = answers(config, options, loaded=bf16)
+            answer(config, options, loaded=bf16)
     del bf16
     _release_memory()
     oracle_data = _complete_oracle(model, items, done, progress_file, placement, path=own_oracle, name=run_name,
                                    seed=seed, weights=weights, progress=progress, command=command)
     for config, options in parsed.items():
         if fp8_mode(options) != "off":  # its model loaded (quantized) only when its answers are not stored
-            entries[config] = answers(config, options, load=lambda o=options: _load_bf16(model, fp8_mode(o), log,
-                                                                                        hash_it=False)[0])
+            answer(config, options, load=lambda o=options: _load_bf16(model, fp8_mode(o), log, hash_it=False)[0])
             _release_memory()
     from .report import judge_against_oracle
 
