@@ -39,8 +39,9 @@
 #                                        # resumes from recipes/data/oracle_SHAPE_seedN.json.gz and .json, each there)
 #   bash recipes/gpu_campaign.sh gate-probe SHAPE SEED [NAME=OPTIONS...]  # e.g. gate-probe 2b 1
 #                                        # noshare='{"shared_prefix": false}': family-fidelity with that seed against
-#                                        # its committed oracle, B, the default and each FastPathOptions JSON
-#                                        # (fidelity_SHAPE_seedN_probe.*); a cut run's answers_SHAPE_seedN_probe.json,
+#                                        # its committed oracle, B, the default and each FastPathOptions JSON, or
+#                                        # B1 (the reference path one candidate per forward: the flips rounding alone
+#                                        # moves) or aligned (fidelity_SHAPE_seedN_probe.*); a cut run's answers_SHAPE_seedN_probe.json,
 #                                        # copied back into .answers/ (git-ignored; carry it), are reused, not answered
 #                                        # again. B alone takes ~140 s on a fresh kernel cache (fla autotunes)
 #   bash recipes/gpu_campaign.sh family  # one call for the 9B and 2B: each shape's B and C on the exact workload
@@ -140,7 +141,7 @@ if [ "$stage" = pytest-part ]; then  # every named part known, before setup
   parts=("$@")
 fi
 if [ "$stage" = gate-probe ]; then  # a known shape, a seed with a committed oracle, NAME=JSON options, before setup
-  usage="gate-probe SHAPE SEED [NAME=OPTIONS...]: SHAPE 2b or 9b, a seed whose oracle is in recipes/data, then configurations as NAME='{\"shared_prefix\": false}' (FastPathOptions JSON)"
+  usage="gate-probe SHAPE SEED [NAME=OPTIONS...]: SHAPE 2b or 9b, a seed whose oracle is in recipes/data, then configurations: B1, aligned, or NAME='{\"shared_prefix\": false}' (FastPathOptions JSON)"
   case "${1:-}" in 2b|9b) ;; *) echo "$usage"; exit 2 ;; esac
   [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "$usage"; exit 2; }
   probe_shape=$1 probe_seed=$2
@@ -152,6 +153,7 @@ if [ "$stage" = gate-probe ]; then  # a known shape, a seed with a committed ora
   rm -rf "$probe_dir"; mkdir -p "$probe_dir"
   probe_configs=default
   for spec in "$@"; do
+    case "$spec" in B1|aligned) probe_configs+=",$spec"; continue ;; esac  # named (hf-openjev fidelity --configs)
     [[ "$spec" =~ ^[A-Za-z0-9_-]+=\{.*\}$ ]] || { echo "configuration $spec: $usage"; exit 2; }
     printf '%s\n' "${spec#*=}" >"$probe_dir/${spec%%=*}.json"
     probe_configs+=",$probe_dir/${spec%%=*}.json"

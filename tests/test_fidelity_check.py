@@ -554,3 +554,25 @@ def test_the_answer_store_keeps_other_requests_under_the_same_key_and_replaces_t
     assert again.reuse("c", other, [item("r1")]) is None and again.reuse("d", key, [item("r1")]) is None
     again.record("c", other, [entry("r1", 0.5)])
     assert AnswerStore(path).configurations["c"] == {"key": other, "entries": [entry("r1", 0.5)]}
+
+
+def test_b1_is_the_reference_path_one_candidate_per_forward_judged_like_a_configuration(export, tasks, tmp_path,
+                                                                                        monkeypatch):
+    """B1 measures the gate itself: B again with other padding (one candidate per forward), judged against B."""
+    import hf_openjev.fidelity_check.run as run_module
+    from hf_openjev.fidelity_check.configs import parse_configs
+
+    assert parse_configs("B1,default")["B1"] is None
+    oracle = first_oracle(export, tasks, tmp_path)
+    real, calls = run_module.answer_items, []
+
+    def recorded(model, items, *, fast, batch_size=32, **kwargs):
+        calls.append((kwargs.get("desc"), fast, batch_size))
+        return real(model, items, fast=fast, batch_size=batch_size, **kwargs)
+
+    monkeypatch.setattr(run_module, "answer_items", recorded)
+    report = check_fidelity(model=export, out=tmp_path, data=[tasks], configs="B1", oracle=oracle, progress=False)
+    assert calls == [("B: reference bf16", False, 32), ("B1", False, 1)]
+    assert report["configuration_options"] == {"B1": {"reference_path": "one candidate per forward"}}
+    assert report["configurations"]["B1"]["passes"] in (True, False)  # judged against B like any configuration
+    assert "`B1`" in (tmp_path / "fidelity_export.md").read_text()

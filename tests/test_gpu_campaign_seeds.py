@@ -119,15 +119,17 @@ def test_gate_probe_judges_each_options_file_against_the_seeds_committed_oracle(
     carried = tmp_path / "repo" / ".answers" / "answers_2b_seed1_probe.json"
     carried.parent.mkdir(parents=True)
     carried.write_text('{"carried": true}')
-    result, lines, out = run_stage(tmp_path, "gate-probe", "2b", "1", 'noshare={"shared_prefix": false}',
+    result, lines, out = run_stage(tmp_path, "gate-probe", "2b", "1", 'noshare={"shared_prefix": false}', "B1",
                                    'fp32gdn={"gdn_fp32": true}', carried=("oracle_2b_seed1.json.gz",))
     assert result.returncode == 0, result.stdout + result.stderr
     (export,) = script_calls(lines, "random_export.py")
     (fidelity,) = script_calls(lines, "-m hf_openjev fidelity")
     assert "--shape 2b --seed 1 " in export
     configs = re.search(r"--configs (\S+)", fidelity).group(1).split(",")
-    assert configs[0] == "default" and [Path(c).name for c in configs[1:]] == ["noshare.json", "fp32gdn.json"]
-    assert [json.loads(Path(c).read_text()) for c in configs[1:]] == [{"shared_prefix": False}, {"gdn_fp32": True}]
+    assert configs[:3:2] == ["default", "B1"] and [Path(configs[i]).name for i in (1, 3)] == ["noshare.json",
+                                                                                                 "fp32gdn.json"]
+    assert [json.loads(Path(configs[i]).read_text()) for i in (1, 3)] == [{"shared_prefix": False},
+                                                                          {"gdn_fp32": True}]
     assert f"--oracle {tmp_path}/repo/recipes/data/oracle_2b_seed1.json.gz " in fidelity
     assert "--name 2b_seed1_probe " in fidelity and "--seed 1 " in fidelity
     with tarfile.open(out / "gate-probe.tgz") as tar:

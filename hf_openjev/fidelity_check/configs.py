@@ -2,8 +2,11 @@
 
 ``B`` (the reference path in bf16, the gate's yardstick) always runs. Names: ``default`` (the fast path's
 defaults), ``aligned`` (prefixes shared only up to a multiple of 64 tokens), ``fp8-all`` and ``fp8-no-gdn`` (FP8
-projections). A path ending in ``.json`` holds one object of :class:`~hf_openjev.fast_options.FastPathOptions`
-names and values; the configuration is named after the file's stem. Pure Python: checked before anything loads.
+projections), and ``B1``: the reference path again, one candidate per forward (no padding). B1 is no fast-path
+configuration but a measure of the gate itself: it differs from B only in how bf16 rounds (other GEMM shapes), so
+its flips against B's say how many flips rounding alone moves on these weights. A path ending in ``.json`` holds one
+object of :class:`~hf_openjev.fast_options.FastPathOptions` names and values; the configuration is named after the
+file's stem. Pure Python: checked before anything loads.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ from pathlib import Path
 from ..fast_options import FastPathOptions
 
 REFERENCE = "B"
+REFERENCE_ONE_BY_ONE = "B1"  # the reference path, one candidate per forward: parsed to None (no fast-path options)
 NAMED_CONFIGS = {"default": {}, "aligned": {"share_tails": False}, "fp8-all": {"fp8": "all"},
                  "fp8-no-gdn": {"fp8": "no-gdn"}}
 
 
-def parse_configs(spec: str | list[str]) -> dict[str, FastPathOptions]:
-    """``"default,aligned,opts.json"`` (or a list of those) -> {name: FastPathOptions}, in the order given; a
-    one-line ValueError for an unknown name, an unreadable file or a bad option."""
+def parse_configs(spec: str | list[str]) -> dict[str, FastPathOptions | None]:
+    """``"default,aligned,opts.json"`` (or a list of those) -> {name: FastPathOptions, or None for ``B1``}, in the
+    order given; a one-line ValueError for an unknown name, an unreadable file or a bad option."""
     parts = [p.strip() for p in (spec.split(",") if isinstance(spec, str) else spec) if p and p.strip()]
     configs: dict[str, FastPathOptions] = {}
     for part in parts:
@@ -28,9 +32,11 @@ def parse_configs(spec: str | list[str]) -> dict[str, FastPathOptions]:
             name, options = _read_options_file(Path(part))
         elif part in NAMED_CONFIGS:
             name, options = part, FastPathOptions.from_mapping(NAMED_CONFIGS[part])
+        elif part == REFERENCE_ONE_BY_ONE:
+            name, options = part, None
         else:
-            raise ValueError(f"unknown configuration {part!r}: use {', '.join(NAMED_CONFIGS)} or a FastPathOptions "
-                             ".json file")
+            raise ValueError(f"unknown configuration {part!r}: use {', '.join(NAMED_CONFIGS)}, "
+                             f"{REFERENCE_ONE_BY_ONE} or a FastPathOptions .json file")
         if name == REFERENCE or name in configs:
             why = "reserved for the reference path" if name == REFERENCE else "given twice"
             raise ValueError(f"configuration name {name!r} is {why}; rename the file")
@@ -51,6 +57,12 @@ def _read_options_file(path: Path) -> tuple[str, FastPathOptions]:
         raise ValueError(f"{path}: {exc}") from None
 
 
-def fp8_mode(options: FastPathOptions) -> str:
+def fp8_mode(options: FastPathOptions | None) -> str:
     """The FP8 mode a configuration needs its model loaded with ("off": the bf16 model serves it)."""
-    return options.fp8
+    return "off" if options is None else options.fp8
+
+
+def describe_options(options: FastPathOptions | None) -> dict:
+    """What the report records of a configuration: its options that differ from the defaults (B1: the reference
+    path's batch)."""
+    return {"reference_path": "one candidate per forward"} if options is None else options.to_dict(changed_only=True)

@@ -29,10 +29,12 @@ from pathlib import Path
 
 from ..errors import UsageError
 from .answers import AnswerStore, answer_key, answers_path
-from .configs import REFERENCE, fp8_mode, parse_configs
+from .configs import REFERENCE, REFERENCE_ONE_BY_ONE, describe_options, fp8_mode, parse_configs
 from .placement import PLACEMENTS
 from .report import early_verdict
 from .requests import answer_items, entries_from_responses, items_from_tasks, items_from_workload
+
+REFERENCE_BATCH = 32  # B's candidates per forward, as a user runs the stock model (requests.answer_items' default)
 
 
 def run_info() -> dict:
@@ -151,7 +153,8 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
             reused.append(config)
             return found
         answered = _answer(loaded if load is None else load(), items, fast=options is not None, options=options,
-                           desc="B: reference bf16" if options is None else config, progress=progress)
+                           desc="B: reference bf16" if config == REFERENCE else config, progress=progress,
+                           batch_size=1 if config == REFERENCE_ONE_BY_ONE else REFERENCE_BATCH)
         store.record(config, key, answered)
         return answered
 
@@ -185,7 +188,7 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
             "oracle_sha256_check": {"oracle": oracle_data["weights_sha256"], "run": weights["weights_sha256"],
                                     "oracle_stored": oracle_data.get("stored_weights_sha256"),
                                     "run_stored": weights["stored_weights_sha256"], "match": True},
-            "configuration_options": {c: o.to_dict(changed_only=True) for c, o in parsed.items()},
+            "configuration_options": {c: describe_options(o) for c, o in parsed.items()},
             "requests_compared": len(items), "answers_reused": reused, "seconds": time.perf_counter() - started}
     return judge_against_oracle(oracle_data, weights_sha256=weights, items=items, entries_by_name=entries,
                                 out=out, name=run_name, meta=meta)
@@ -275,11 +278,13 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def _answer(model, items, *, fast: bool, options=None, desc: str, progress: bool) -> list[dict]:
-    """The entries of one configuration; the fast path on CUDA answers its second pass (warmed up, as measured)."""
+def _answer(model, items, *, fast: bool, options=None, desc: str, progress: bool,
+            batch_size: int = REFERENCE_BATCH) -> list[dict]:
+    """The entries of one configuration; the fast path on CUDA answers its second pass (warmed up, as measured);
+    the reference path runs right-padded batches of ``batch_size`` candidates."""
     warm_up = fast and model.device.type == "cuda"
     return entries_from_responses(items, answer_items(model, items, fast=fast, options=options, warm_up=warm_up,
-                                                      desc=desc, progress=progress))
+                                                      desc=desc, progress=progress, batch_size=batch_size))
 
 
 def _release_memory() -> None:
