@@ -27,6 +27,7 @@ from .devices import check_device
 from .dtypes import resolve_dtype
 from .errors import CheckpointError
 from .family import check_family_member, is_test_package, package_names
+from .tokenizer.tokenizer_analysis import direct_backend
 
 SERVED_ALIASES = ("open-jev", "jev-latest")
 
@@ -93,12 +94,20 @@ class JevModel(nn.Module):
         return self.backbone.embed_tokens.weight.dtype
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` with no special tokens added (no BOS)."""
+        """Token ids of ``text`` with no special tokens added (no BOS): ``tokenizer(text, add_special_tokens=False)``'s,
+        read from its Rust backend directly where that gives the same ids
+        (:func:`~hf_openjev.tokenizer.tokenizer_analysis.direct_backend`)."""
+        backend = direct_backend(self.tokenizer)
+        if backend is not None:
+            return backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, as :meth:`encode` gives them, in one batch call (a fast tokenizer runs a batch on
         several threads)."""
+        backend = direct_backend(self.tokenizer)
+        if backend is not None:
+            return [encoding.ids for encoding in backend.encode_batch(list(texts), add_special_tokens=False)]
         return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
 
     def to(self, *args, **kwargs):  # the head stays fp32 whatever dtype the backbone is moved to

@@ -103,3 +103,53 @@ def test_a_loaded_export_tokenizer_is_fingerprinted_by_its_file_and_what_was_add
     third.add_tokens(["two words"])  # changes the cuts' verdict: another fingerprint, analysed afresh
     assert tokenizer_fingerprint(third) != tokenizer_fingerprint(first)
     assert "contains a space" in analyse_tokenizer(third, cache_dir=tmp_path / "cache").unclean
+
+
+DIRECT_TEXTS = ["", " ", "hello world", "  leading and trailing  ", "<|im_start|>user\nhi<|im_end|>\n", "日本語 🙂 cafe\u0301",
+                "'s 'll n't 12345 3.14", "\r\n\r\n\t tabs", "Question: which? " * 40, "<think>\n\n</think>\n\n"]
+
+
+@pytest.mark.parametrize("which", ["qwen3.5", "toy"])
+def test_the_backend_called_directly_gives_the_tokenizers_ids(request, which):
+    """JevModel.encode / encode_many read the Rust backend directly (direct_backend): the ids of
+    ``tokenizer(text, add_special_tokens=False)`` on texts with added tokens, whitespace runs, CJK, marks, digits."""
+    from hf_openjev.tokenizer.tokenizer_analysis import direct_backend
+
+    model = request.getfixturevalue("qwen_tiny_model" if which == "qwen3.5" else "tiny_model")
+    tokenizer = model.tokenizer
+    assert direct_backend(tokenizer) is tokenizer.backend_tokenizer
+    expected = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in DIRECT_TEXTS]
+    assert [model.encode(text) for text in DIRECT_TEXTS] == expected
+    assert model.encode_many(DIRECT_TEXTS) == expected
+
+
+def test_the_tokenizers_own_call_where_the_backend_alone_would_differ(qwen_tiny_model, monkeypatch):
+    """Truncation or padding left set on the backend, split special tokens, a class with its own call: the
+    tokenizer's call, and so its ids."""
+    from hf_openjev.tokenizer.tokenizer_analysis import direct_backend
+
+    model = qwen_tiny_model
+    tokenizer, backend = model.tokenizer, model.tokenizer.backend_tokenizer
+    text = "<|im_start|>user\n" + "a longer text than five tokens " * 3
+    whole = tokenizer(text, add_special_tokens=False)["input_ids"]
+    try:
+        backend.enable_truncation(5)  # a user's own call with truncation=True, max_length=5 leaves this set
+        assert direct_backend(tokenizer) is None and model.encode(text) == whole
+        backend.no_truncation()
+        backend.enable_padding(length=200)
+        assert direct_backend(tokenizer) is None and model.encode(text) == whole
+    finally:
+        backend.no_truncation()
+        backend.no_padding()
+    monkeypatch.setattr(tokenizer, "split_special_tokens", True)
+    assert direct_backend(tokenizer) is None
+    assert model.encode(text) == tokenizer(text, add_special_tokens=False)["input_ids"] != whole  # split, as asked
+    monkeypatch.setattr(tokenizer, "split_special_tokens", False)
+    backend.encode_special_tokens = False
+
+    class OwnCall(type(tokenizer)):
+        def __call__(self, *args, **kwargs):
+            return super().__call__(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "__class__", OwnCall)
+    assert direct_backend(tokenizer) is None and model.encode(text) == whole

@@ -33,7 +33,7 @@ from ..checkpoint.files import note_tokenizer_file, tokenizer_file_digest
 from .prefix_cuts import explain_unclean_spec, explain_unsplit_spec, find_clean_cut
 from .token_floor import make_token_floor, token_floor_maxima
 
-__all__ = ["FORMAT", "TokenizerAnalysis", "analyse_tokenizer", "analysis_path", "note_tokenizer_file",
+__all__ = ["FORMAT", "TokenizerAnalysis", "analyse_tokenizer", "analysis_path", "direct_backend", "note_tokenizer_file",
            "prove_clean_cuts", "prove_clean_splits", "prove_token_floor", "tokenizer_fingerprint"]
 
 logger = logging.getLogger(__name__)
@@ -219,3 +219,30 @@ def prove_clean_splits(tokenizer) -> bool:
     except TypeError:  # not weak-referenceable
         pass
     return not problem
+
+
+def direct_backend(tokenizer):
+    """The Rust tokenizer behind ``tokenizer`` when calling it directly gives the ids of ``tokenizer(text,
+    add_special_tokens=False)["input_ids"]``, else None. Transformers' call wraps one ``encode_batch`` of its
+    backend in ~20 us of Python a call (set_truncation_and_padding, split_special_tokens, the BatchEncoding), which a
+    request's few calls per candidate add up.
+
+    The same ids are certain where: the tokenizer is Transformers' own fast class (its ``__call__`` and
+    ``_encode_plus`` not overridden, no input/target mode), the backend has no truncation and no padding set (the
+    call would turn them off for the text; set, they would cut it here), and it splits no special tokens (the call
+    sets ``encode_special_tokens`` from ``split_special_tokens`` each time). Checked at every call: a user's own call
+    with truncation leaves it set on the backend."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # another Transformers layout: the call it is
+        return None
+    kind = type(tokenizer)
+    if not isinstance(tokenizer, TokenizersBackend) or kind.__call__ is not PreTrainedTokenizerBase.__call__ \
+            or kind._encode_plus is not TokenizersBackend._encode_plus or hasattr(tokenizer, "_switch_to_input_mode"):
+        return None
+    backend = tokenizer.backend_tokenizer
+    if backend.truncation is not None or backend.padding is not None or tokenizer.split_special_tokens \
+            or backend.encode_special_tokens:
+        return None
+    return backend
