@@ -72,7 +72,9 @@ def test_freeze_startup_objects_leaves_a_full_collection_only_the_newer_objects(
 
     before = [[i] for i in range(1000)]  # tracked objects alive at the freeze
     frozen = freeze_startup_objects()
-    assert frozen == gc.get_freeze_count() > 1000
+    # frozen objects that die (another thread of the test process releasing what it held) leave the permanent
+    # generation, so the count read again may be lower than the one returned, never higher (s17: 24 fewer once)
+    assert frozen > 1000 and 0 < gc.get_freeze_count() <= frozen
     after = [[i] for i in range(1000)]  # and made after it
     walked = {id(o) for o in gc.get_objects()}  # what a full pass walks
     assert not any(id(o) in walked for o in before) and all(id(o) in walked for o in after)
