@@ -26,7 +26,7 @@ def parse_configs(spec: str | list[str]) -> dict[str, FastPathOptions | None]:
     """``"default,aligned,opts.json"`` (or a list of those) -> {name: FastPathOptions, or None for ``B1``}, in the
     order given; a one-line ValueError for an unknown name, an unreadable file or a bad option."""
     parts = [p.strip() for p in (spec.split(",") if isinstance(spec, str) else spec) if p and p.strip()]
-    configs: dict[str, FastPathOptions] = {}
+    configs: dict[str, FastPathOptions | None] = {}
     for part in parts:
         if part.endswith(".json"):
             name, options = _read_options_file(Path(part))

@@ -34,8 +34,6 @@ from .placement import PLACEMENTS
 from .report import early_verdict
 from .requests import answer_items, entries_from_responses, items_from_tasks, items_from_workload
 
-REFERENCE_BATCH = 32  # B's candidates per forward, as a user runs the stock model (requests.answer_items' default)
-
 
 def run_info() -> dict:
     """Versions and the device, for the report and the oracle file."""
@@ -142,29 +140,25 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
     progress_file, done = _open_oracle([p for p in (oracle, own_oracle) if p is not None], weights, items)
     pending = [item for item in items if item.id not in done]
     placement = _announce_placement(model, bf16, pending, oracle_device, log) if pending else None
-    info, reused = run_info(), []
+    info, reused, entries = run_info(), [], {}
 
-    def answers(config, options, *, loaded=None, load=None):  # reused from the store, else answered (by ``loaded``
-        # or the model ``load()`` gives) and recorded there
+    def answer(config, options, *, loaded=None, load=None):  # into ``entries``: reused from the store, else answered
+        # (by ``loaded``, or the model ``load()`` gives) and recorded there; the verdict logged when the oracle has all
         key = answer_key(weights=weights, options=options, info=info)
         found = store.reuse(config, key, items)
         if found is not None:
             log(f"{config}: {len(found)} answers reused from {store.path} (same weights, options, versions, device)")
             reused.append(config)
-            return found
-        answered = _answer(loaded if load is None else load(), items, fast=options is not None, options=options,
-                           desc="B: reference bf16" if config == REFERENCE else config, progress=progress,
-                           batch_size=1 if config == REFERENCE_ONE_BY_ONE else REFERENCE_BATCH)
-        store.record(config, key, answered)
-        return answered
-
-    def answer(config, options, **model):  # into ``entries``; its verdict logged at once when the oracle has all
-        entries[config] = answers(config, options, **model)
+        else:
+            found = _answer(loaded if load is None else load(), items, fast=options is not None, options=options,
+                            desc="B: reference bf16" if config == REFERENCE else config, progress=progress,
+                            one_by_one=config == REFERENCE_ONE_BY_ONE)
+            store.record(config, key, found)
+        entries[config] = found
         line = early_verdict(done, items, entries, config) if config != REFERENCE else None
         if line is not None:
             log(line + " (against the oracle given; the report follows at the end)")
 
-    entries = {}
     answer(REFERENCE, None, loaded=bf16)
     for config, options in parsed.items():
         if fp8_mode(options) == "off":
@@ -279,12 +273,13 @@ def _duration(seconds: float) -> str:
 
 
 def _answer(model, items, *, fast: bool, options=None, desc: str, progress: bool,
-            batch_size: int = REFERENCE_BATCH) -> list[dict]:
+            one_by_one: bool = False) -> list[dict]:
     """The entries of one configuration; the fast path on CUDA answers its second pass (warmed up, as measured);
-    the reference path runs right-padded batches of ``batch_size`` candidates."""
+    the reference path runs right-padded batches (``answer_items``' size; ``one_by_one``: one candidate each)."""
     warm_up = fast and model.device.type == "cuda"
+    batch = {"batch_size": 1} if one_by_one else {}
     return entries_from_responses(items, answer_items(model, items, fast=fast, options=options, warm_up=warm_up,
-                                                      desc=desc, progress=progress, batch_size=batch_size))
+                                                      desc=desc, progress=progress, **batch))
 
 
 def _release_memory() -> None:
