@@ -232,8 +232,11 @@ def direct_backend(tokenizer):
     ``_encode_plus`` not overridden, no input/target mode), the backend has no truncation and no padding set (the
     call would turn them off for the text; set, they would cut it here), and it splits no special tokens (the call
     sets ``encode_special_tokens`` from ``split_special_tokens`` each time). Checked at every call: a user's own call
-    with truncation leaves it set on the backend (the class's part is decided once per class)."""
-    if not _plain_fast_class(type(tokenizer)):
+    with truncation leaves it set on the backend, and a class's methods may be replaced (tests record calls so)."""
+    classes = _fast_classes()
+    kind = type(tokenizer)
+    if classes is None or not issubclass(kind, classes[1]) or kind.__call__ is not classes[0].__call__ \
+            or kind._encode_plus is not classes[1]._encode_plus or hasattr(kind, "_switch_to_input_mode"):
         return None
     backend = tokenizer.backend_tokenizer
     if backend.truncation is not None or backend.padding is not None or tokenizer.split_special_tokens \
@@ -242,14 +245,13 @@ def direct_backend(tokenizer):
     return backend
 
 
+
 @functools.cache
-def _plain_fast_class(kind: type) -> bool:
-    """Whether ``kind`` is Transformers' fast tokenizer class or a subclass keeping its call as it is (its
-    ``__call__`` and ``_encode_plus``, no input/target mode)."""
+def _fast_classes():
+    """(PreTrainedTokenizerBase, TokenizersBackend), imported once; None under another Transformers layout."""
     try:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    except ImportError:  # another Transformers layout: its own call
-        return False
-    return issubclass(kind, TokenizersBackend) and kind.__call__ is PreTrainedTokenizerBase.__call__ \
-        and kind._encode_plus is TokenizersBackend._encode_plus and not hasattr(kind, "_switch_to_input_mode")
+    except ImportError:
+        return None
+    return PreTrainedTokenizerBase, TokenizersBackend
