@@ -1,6 +1,6 @@
 """Reading and writing the package's JSON files (a leaf: the manifest, the FP8 scheme and the oracles use it).
 
-A file whose name ends in ``.gz`` is gzip-compressed JSON (the committed oracles, ``recipes/data/oracle_*.json.gz``),
+A file whose name ends in ``.gz`` is gzip-compressed JSON (the committed oracles, ``data/bench/oracle_*.json.gz``),
 any other name plain JSON; the suffix alone decides, on reading and on writing. Errors are one line naming the file.
 """
 

@@ -14,7 +14,7 @@ Per arm: one warm-up pass, then one timed pass.
 
 Writes ``e2e_<shape>_<arms>.json`` (per arm: ``mean_ms``, ``p50_ms``, ``p95_ms``, the kind x longest-candidate
 table, per-request ms; the command, versions, device, git commit) and ``.md`` with the native server's group means
-beside it. Requests are bucketed by the exact manifest's token counts (``recipes/data/jevbench231-shapes.json``,
+beside it. Requests are bucketed by the exact manifest's token counts (``data/bench/jevbench231-shapes.json``,
 matched by task id). ``--in-process bench_<shape>_<dtype>.json`` adds what HTTP and tokenization add per request
 over that in-process run's mean (same shape and arms).
 """

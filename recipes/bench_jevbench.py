@@ -11,9 +11,9 @@ One process, one set of weights, three arms:
   B1 (optional) arm B with one candidate per batch: the reference path against itself (fla bound), the same
      floor for parity against B
 
-The workload is ``--manifest`` (default ``recipes/data/jevbench231-shapes.json``: the requests' exact token shapes
+The workload is ``--manifest`` (default ``data/bench/jevbench231-shapes.json``: the requests' exact token shapes
 under the real Qwen3.5 tokenizer) filled with seeded random ids. With ``--oracle oracle_<shape>.json``
-(recipes/oracle.py; or gzipped, ``.json.gz``, as committed in recipes/data/) every arm and --sweep entry is also compared with the fp32 oracle and judged by the fidelity
+(recipes/oracle.py; or gzipped, ``.json.gz``, as committed in data/bench/) every arm and --sweep entry is also compared with the fp32 oracle and judged by the fidelity
 gate against B by ``hf-openjev fidelity``'s own code (hf_openjev.fidelity_check.judge_against_oracle):
 fidelity_<shape>.json/.md/.png beside the bench's files; the workload is then the oracle's
 (``jevbench231-shapes-estimated.json``) and the run refuses to start when its bf16 weights' sha256 differs from

@@ -3,7 +3,7 @@
 #
 # On a machine with pip and network, once: `bash recipes/device_wheels.sh` downloads the fla-core wheel the GPU
 # machine lacks into .whl/ (git-ignored). Then, on the GPU machine, from a copy of the checkout (the tests and the
-# benchmarks read only the repository's own data/ and recipes/data/) with .whl/ beside it:
+# benchmarks read only the repository's own data/) with .whl/ beside it:
 #
 #   bash recipes/gpu_campaign.sh pytest-part NAME...  # e.g. pytest-part quick, or pytest-part 1 2 (two parts of
 #                                        # at most 300 s each fit one call): the -m gpu suite's parts listed in
@@ -19,7 +19,7 @@
 #                                        # closed loop at 1 and 8 in flight, the 16,384-token candidate
 #   bash recipes/gpu_campaign.sh fidelity SHAPE [--fp8 MODE]  # mid or 27b: B (one pass, for the gate), the
 #                                        # default and aligned sharing (with --fp8: the FP8 mode, no sweep) against
-#                                        # recipes/data/oracle_SHAPE.json.gz: fidelity_SHAPE.{json,md,png}; join the runs
+#                                        # data/bench/oracle_SHAPE.json.gz: fidelity_SHAPE.{json,md,png}; join the runs
 #                                        # of one shape with recipes/merge_fidelity.py
 #   bash recipes/gpu_campaign.sh session SHAPE [BENCH OPTIONS]  # 27b, 9b or 2b on the exact workload: B and C
 #                                        # in one process (B warmed on every request, so on every shape, before it
@@ -29,14 +29,14 @@
 #                                        # carried, or converted there)
 #   bash recipes/gpu_campaign.sh family-fidelity SHAPE  # 9b or 2b: the bench's random weights written as an export
 #                                        # (recipes/random_export.py), then `hf-openjev fidelity` on it against
-#                                        # recipes/data/oracle_SHAPE.json.gz (the estimated workload): B and the default
+#                                        # data/bench/oracle_SHAPE.json.gz (the estimated workload): B and the default
 #   bash recipes/gpu_campaign.sh gate-seeds SHAPE SEED...  # e.g. gate-seeds 2b 1 2: per seed, the fp32 oracle of
 #                                        # the bench's random weights and workload of that seed (recipes/oracle.py
 #                                        # --seed, --max-seconds: oracle_SHAPE_seedN.json), then family-fidelity
 #                                        # with that seed against it (fidelity_SHAPE_seedN.*); an oracle cut by the
 #                                        # time limit gets no fidelity: copy the returned oracle_SHAPE_seedN.json to
-#                                        # recipes/data/ (as it is, or `gzip -9 -n` to .json.gz) and call again (it
-#                                        # resumes from recipes/data/oracle_SHAPE_seedN.json.gz and .json, each there)
+#                                        # data/bench/ (as it is, or `gzip -9 -n` to .json.gz) and call again (it
+#                                        # resumes from data/bench/oracle_SHAPE_seedN.json.gz and .json, each there)
 #   bash recipes/gpu_campaign.sh gate-probe SHAPE SEED [NAME=OPTIONS...]  # e.g. gate-probe 2b 1
 #                                        # noshare='{"shared_prefix": false}': family-fidelity with that seed against
 #                                        # its committed oracle, B, the default and each FastPathOptions JSON, or
@@ -106,9 +106,9 @@ gpu_pytest() {  # $1 = time limit (s), $2 = log file under $out, $3 = -k express
 
 family_fidelity() {  # $1 = 9b or 2b: the bench's random weights (seed $3, default 0) as an export, then
   # hf-openjev fidelity on it (the workload's ids drawn with that seed) against $2 (default: the committed
-  # recipes/data/oracle_$1.json.gz); with a seed, the files are named $1_seed$3 (fidelity_2b_seed1.json); $4: the
+  # data/bench/oracle_$1.json.gz); with a seed, the files are named $1_seed$3 (fidelity_2b_seed1.json); $4: the
   # configurations (default: default); $5: a name suffix. Answers carried back in .answers/ are reused
-  local shape=$1 oracle=${2:-$REPO/recipes/data/oracle_$1.json.gz} seed=${3:-} configs=${4:-default}
+  local shape=$1 oracle=${2:-$REPO/data/bench/oracle_$1.json.gz} seed=${3:-} configs=${4:-default}
   local name=$shape${3:+_seed$3}${5:-}
   local export_dir=/tmp/random-$name
   rm -rf "$export_dir"
@@ -116,7 +116,7 @@ family_fidelity() {  # $1 = 9b or 2b: the bench's random weights (seed $3, defau
   [ -f "$REPO/.answers/answers_$name.json" ] && cp "$REPO/.answers/answers_$name.json" "$out/fidelity$name/"
   python3 "$REPO/recipes/random_export.py" --shape "$shape" --seed "${seed:-0}" --device cuda --out "$export_dir" 2>&1 \
     | quiet | tail -n 2
-  python3 -m hf_openjev fidelity --model "$export_dir" --workload "$REPO/recipes/data/jevbench231-shapes-estimated.json" \
+  python3 -m hf_openjev fidelity --model "$export_dir" --workload "$REPO/data/bench/jevbench231-shapes-estimated.json" \
     --seed "${seed:-0}" --oracle "$oracle" --configs "$configs" --name "$name" --no-progress \
     --out "$out/fidelity$name" 2>&1 | quiet | tail -n 12
   rm -rf "$export_dir"
@@ -141,12 +141,12 @@ if [ "$stage" = pytest-part ]; then  # every named part known, before setup
   parts=("$@")
 fi
 if [ "$stage" = gate-probe ]; then  # a known shape, a seed with a committed oracle, NAME=JSON options, before setup
-  usage="gate-probe SHAPE SEED [NAME=OPTIONS...]: SHAPE 2b or 9b, a seed whose oracle is in recipes/data, then configurations: B1, aligned, or NAME='{\"shared_prefix\": false}' (FastPathOptions JSON)"
+  usage="gate-probe SHAPE SEED [NAME=OPTIONS...]: SHAPE 2b or 9b, a seed whose oracle is in data/bench, then configurations: B1, aligned, or NAME='{\"shared_prefix\": false}' (FastPathOptions JSON)"
   case "${1:-}" in 2b|9b) ;; *) echo "$usage"; exit 2 ;; esac
   [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "$usage"; exit 2; }
   probe_shape=$1 probe_seed=$2
-  probe_oracle=$PWD/recipes/data/oracle_${1}_seed$2.json.gz
-  [ "$2" = 0 ] && probe_oracle=$PWD/recipes/data/oracle_$1.json.gz
+  probe_oracle=$PWD/data/bench/oracle_${1}_seed$2.json.gz
+  [ "$2" = 0 ] && probe_oracle=$PWD/data/bench/oracle_$1.json.gz
   [ -f "$probe_oracle" ] || { echo "no committed oracle $probe_oracle: run gate-seeds $1 $2 first"; exit 2; }
   shift 2
   probe_dir=${TMPDIR:-/tmp}/gate-probe-configs
@@ -199,7 +199,7 @@ case "$stage" in
     [ $# -gt 0 ] && sweep='[]'  # --fp8 MODE: quantizing is for good, so no sweep after it
     timeout 570 $bench --shape "$shape" --arms B,C --parity-only B --passes 1 --b-passes 1 --concurrency "" \
       --single "" --long-candidate 0 --sweep "$sweep" "$@" \
-      --oracle "$REPO/recipes/data/oracle_$shape.json.gz" --out "$out/$shape" 2>&1 | quiet | grep -E "^arm|fidelity|rror" ;;
+      --oracle "$REPO/data/bench/oracle_$shape.json.gz" --out "$out/$shape" 2>&1 | quiet | grep -E "^arm|fidelity|rror" ;;
   session)
     shape=${1:?session SHAPE: 27b, 9b or 2b}
     shift
@@ -218,7 +218,7 @@ case "$stage" in
       left=$((580 - (SECONDS - start)))
       [ "$left" -gt 30 ] || { echo "oracle $name: no time left"; continue; }
       resume=()
-      for carried in "$REPO/recipes/data/oracle_$name.json.gz" "$REPO/recipes/data/oracle_$name.json"; do
+      for carried in "$REPO/data/bench/oracle_$name.json.gz" "$REPO/data/bench/oracle_$name.json"; do
         [ -f "$carried" ] && resume+=(--resume "$carried")  # a cut run's file, copied back (gzipped or not)
       done
       timeout "$left" python3 "$REPO/recipes/oracle.py" --shape "$gate_shape" --seed "$seed" "${resume[@]}" \
@@ -252,7 +252,7 @@ case "$stage" in
     for shape in "$@"; do
       left=$((580 - (SECONDS - start)))
       [ "$left" -gt 30 ] || { echo "oracle $shape: no time left"; continue; }
-      timeout "$left" python3 "$REPO/recipes/oracle.py" --shape "$shape" --resume "$REPO/recipes/data/oracle_$shape.json.gz" \
+      timeout "$left" python3 "$REPO/recipes/oracle.py" --shape "$shape" --resume "$REPO/data/bench/oracle_$shape.json.gz" \
         --out "$out/oracles" 2>&1 | quiet | grep -v "^oracle:" | tail -n 3
       echo "oracle $shape rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
       if [ "$shape" = "$first" ] && { [ "$shape" = 2b ] || [ "$shape" = 9b ]; }; then  # the new oracle, at once

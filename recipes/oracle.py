@@ -4,20 +4,20 @@ The bench's random model (``benchlib.random_model.build_model``: bf16 weights, s
 (``hf_openjev.fidelity_check.gate.hash_weights``), then upcast to fp32 and run by stock Transformers with its own torch code
 (fla unbound as in arm A, SDPA's math backend), TF32 off, one candidate per forward (the reference path with
 batch size 1: no padding). The workload is the bench's (``build_workload``, same seed, same random ids) on
-``--manifest``, by default ``recipes/data/jevbench231-shapes-estimated.json``, on which the committed oracles were
+``--manifest``, by default ``data/bench/jevbench231-shapes-estimated.json``, on which the committed oracles were
 built (the bench's ``--oracle`` runs then use it too). The numerics, the scoring of a request, the merging and
 checking of earlier files and the atomic writes are ``hf-openjev fidelity``'s own
 (``hf_openjev.fidelity_check.oracle``); this script adds the bench's model, shards and the time budget.
 
 Writes ``<out>/oracle_<shape>.json`` (hf_openjev.fidelity_check.gate's oracle format) after every request, atomically, so
 a command killed at its time limit keeps what it finished; a later run resumes from that file (or from
-``--resume``, plain ``.json`` or gzipped ``.json.gz`` like the committed ``recipes/data/oracle_<shape>.json.gz``)
+``--resume``, plain ``.json`` or gzipped ``.json.gz`` like the committed ``data/bench/oracle_<shape>.json.gz``)
 after checking shape, seed, weights and token ids. ``--max-seconds`` stops cleanly before a request whose estimated
 time would cross the budget, counted from the start of the command (build, hash, upcast included). The committed
 oracles are this file gzipped (``gzip -9 -n``: no name or time in the header, so the same JSON gives the same bytes):
 
-  python recipes/oracle.py --shape mid --out "$OUT" && gzip -9 -n -c "$OUT/oracle_mid.json" >recipes/data/oracle_mid.json.gz
-  python recipes/oracle.py --shape 27b --out "$OUT" --resume recipes/data/oracle_27b.json.gz --max-seconds 470
+  python recipes/oracle.py --shape mid --out "$OUT" && gzip -9 -n -c "$OUT/oracle_mid.json" >data/bench/oracle_mid.json.gz
+  python recipes/oracle.py --shape 27b --out "$OUT" --resume data/bench/oracle_27b.json.gz --max-seconds 470
   python recipes/oracle.py --shape 27b --out "$OUT/s1" --shard 1/2   # beside --shard 0/2 on another GPU
 """
 

@@ -1,10 +1,10 @@
 """The benchmark's random model (``bench_jevbench.build_model``: seeded bf16 weights, random head) written as a
-merged export, so that ``hf-openjev fidelity`` runs on exactly the weights of ``recipes/data/oracle_<shape>.json.gz``
+merged export, so that ``hf-openjev fidelity`` runs on exactly the weights of ``data/bench/oracle_<shape>.json.gz``
 (its ``weights_sha256``) and reproduces the committed fidelity tables:
 
   python recipes/random_export.py --shape 27b --out /scratch/random-27b      # 51 GB of bf16 on disk
-  hf-openjev fidelity --model /scratch/random-27b --workload recipes/data/jevbench231-shapes.json \\
-      --oracle recipes/data/oracle_27b.json.gz --configs default --out results/ --name 27b
+  hf-openjev fidelity --model /scratch/random-27b --workload data/bench/jevbench231-shapes.json \\
+      --oracle data/bench/oracle_27b.json.gz --configs default --out results/ --name 27b
 
 The export holds the backbone (``save_pretrained``: config.json and bf16 safetensors shards), the manifest
 (``open_jev_export.json``: the bench's head, temperature and empty chat halves) and the tiny tokenizer (the

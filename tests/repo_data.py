@@ -20,8 +20,8 @@ JEVBENCH_EASY = repo_path("data/jevbench-sample/easy.jsonl")
 
 
 def committed_oracle_path(shape: str) -> Path:
-    """The committed fp32 oracle of a bench shape (``recipes/data/oracle_<shape>.json.gz``, gzip-compressed JSON)."""
-    return repo_path(f"recipes/data/oracle_{shape}.json.gz")
+    """The committed fp32 oracle of a bench shape (``data/bench/oracle_<shape>.json.gz``, gzip-compressed JSON)."""
+    return repo_path(f"data/bench/oracle_{shape}.json.gz")
 
 
 def read_committed_oracle(shape: str) -> dict:

@@ -210,7 +210,7 @@ def test_the_27b_policy_keeps_the_jevbench_graph_buckets_bounded():
 
     from hf_openjev.patches.cuda_graphs import DEFAULT_CAPACITY, graph_ready
 
-    shapes = json.loads(repo_path("recipes/data/jevbench231-shapes.json").read_text())
+    shapes = json.loads(repo_path("data/bench/jevbench231-shapes.json").read_text())
     policy, rng = table_policy("27b"), random.Random(0)
     keys, real, padded = set(), 0, 0
     for item in shapes["requests"]:

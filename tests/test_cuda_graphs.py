@@ -272,14 +272,14 @@ def test_triton_elementwise_equals_the_plain_code_in_the_fast_path_on_cuda(heads
 
 @pytest.mark.parametrize("tails", [dict(), dict(share_tails=True, min_shared_tokens=16)])
 def test_a_bounded_graph_cache_covers_the_jevbench_workload(tails):
-    """The 231 JevBench request shapes (recipes/data) need fewer graph buckets than the cache holds, at <= 20%
+    """The 231 JevBench request shapes (data/bench) need fewer graph buckets than the cache holds, at <= 20%
     padding, and almost every pack is graph-ready (design: a cache smaller than the shapes in use thrashes)."""
     import json
     from pathlib import Path
 
     from hf_openjev.patches.cuda_graphs import DEFAULT_CAPACITY, graph_ready
 
-    shapes = json.loads((Path(__file__).resolve().parents[1] / "recipes/data/jevbench231-shapes.json").read_text())
+    shapes = json.loads((Path(__file__).resolve().parents[1] / "data/bench/jevbench231-shapes.json").read_text())
     rng = random.Random(0)
     keys, packs, eager, real, padded = set(), 0, 0, 0, 0
     for item in shapes["requests"]:

@@ -24,7 +24,7 @@ from hf_openjev.fidelity_check.workload import build_workload
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = ROOT / "recipes" / "data" / "jevbench231-shapes-estimated.json"  # the committed oracles' workload
+SHAPES = ROOT / "data" / "bench" / "jevbench231-shapes-estimated.json"  # the committed oracles' workload
 GB = 10**9
 
 
@@ -176,7 +176,7 @@ def test_the_oracle_resumes_after_a_crash_and_appends_new_tasks(export, tasks, t
 
 def test_a_gzipped_oracle_is_read_as_its_plain_json_and_a_corrupt_one_named(export, tasks, tmp_path, monkeypatch,
                                                                             capsys):
-    """--oracle X.json.gz (as committed in recipes/data/): the oracle of X.json, nothing scored again, the run's own
+    """--oracle X.json.gz (as committed in data/bench/): the oracle of X.json, nothing scored again, the run's own
     oracle_<name>.json written as plain JSON; a cut .gz: one line naming the file, before anything loads."""
     plain = first_oracle(export, tasks, tmp_path)
     packed = tmp_path / "oracle_export.json.gz"

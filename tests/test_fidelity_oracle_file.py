@@ -35,7 +35,7 @@ def test_a_header_s_n_total_is_the_whole_workload_s_size(tmp_path):
     assert (written["n_total"], written["n_done"], written["complete"]) == (231, 1, False)
 
 
-# --- gzipped oracles (the committed ones: recipes/data/oracle_<shape>.json.gz) ------------------------------------
+# --- gzipped oracles (the committed ones: data/bench/oracle_<shape>.json.gz) ------------------------------------
 
 @pytest.mark.parametrize("shape", ["2b", "9b", "27b", "mid"])
 def test_a_committed_gzipped_oracle_reads_as_its_plain_json(shape, tmp_path):
@@ -55,10 +55,10 @@ def test_a_committed_gzipped_oracle_reads_as_its_plain_json(shape, tmp_path):
 
 
 def test_every_committed_oracle_is_stored_as_gzip_without_name_or_time():
-    """Every oracle in recipes/data (the shapes' and the per-seed ones to come) is a ``.json.gz`` written by
+    """Every oracle in data/bench (the shapes' and the per-seed ones to come) is a ``.json.gz`` written by
     ``gzip -9 -n``: a plain ``.json`` oracle (110 KB where the gzipped one is 33 KB) would push recipes/ past its
     size rule (issue 38), and a name or time in the header would change the bytes from one compression to the next."""
-    files = sorted(repo_path("recipes/data").glob("oracle_*"))
+    files = sorted(repo_path("data/bench").glob("oracle_*"))
     assert len(files) >= 4
     assert [f.name for f in files if not f.name.endswith(".json.gz")] == []
     for f in files:

@@ -30,7 +30,7 @@ def test_one_request_by_hand():
 
 def test_the_workload_table(tmp_path, capsys):
     recipe = load_recipe("gemm_floor")
-    estimated = Path(__file__).resolve().parents[1] / "recipes/data/jevbench231-shapes-estimated.json"
+    estimated = Path(__file__).resolve().parents[1] / "data/bench/jevbench231-shapes-estimated.json"
     assert recipe.main(["--manifest", str(estimated), "--out", str(tmp_path)]) == 0  # the figures below are its
     import json
 
@@ -72,7 +72,7 @@ def test_the_default_workload_is_the_exact_manifest_and_other_shapes_scale_the_f
     for name, r in exact.items():  # the same plans, each pack's floor scaled by the 9B's GEMM weights
         assert nine[name]["computed_tokens"] == r["computed_tokens"]
         assert nine[name]["mean_ms"] == pytest.approx(r["mean_ms"] * recipe.shape_scale("9b"))
-    estimated = Path(__file__).resolve().parents[1] / "recipes/data/jevbench231-shapes-estimated.json"
+    estimated = Path(__file__).resolve().parents[1] / "data/bench/jevbench231-shapes-estimated.json"
     assert recipe.main(["--manifest", str(estimated), "--out", str(tmp_path / "e")]) == 0
     other = json.loads((tmp_path / "e" / "gemm_floor.json").read_text())
     assert other["no sharing"]["computed_tokens"] != exact["no sharing"]["computed_tokens"]

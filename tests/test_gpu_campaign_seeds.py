@@ -1,7 +1,7 @@
 """recipes/gpu_campaign.sh's gate-seeds stage run on the CPU with a stand-in python3 (a PATH shim that records
 its arguments): per seed the oracle, the export and ``hf-openjev fidelity`` get that seed, and bad calls are
-refused before setup; a cut run's oracle carried back into recipes/data/ is resumed whether gzipped or not; every
-committed oracle a stage names (recipes/data/oracle_<shape>.json.gz) is in the checkout; gate-probe judges options
+refused before setup; a cut run's oracle carried back into data/bench/ is resumed whether gzipped or not; every
+committed oracle a stage names (data/bench/oracle_<shape>.json.gz) is in the checkout; gate-probe judges options
 files against a seed's committed oracle and puts carried answers where the command reuses them."""
 
 import json
@@ -41,8 +41,8 @@ def run_stage(tmp_path: Path, *args: str, incomplete: str = "", carried: tuple[s
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, repo / rel)
     for name in carried:
-        (repo / "recipes" / "data").mkdir(parents=True, exist_ok=True)
-        (repo / "recipes" / "data" / name).write_text("{}")
+        (repo / "data" / "bench").mkdir(parents=True, exist_ok=True)
+        (repo / "data" / "bench" / name).write_text("{}")
     shim = tmp_path / "bin" / "python3"
     shim.parent.mkdir(exist_ok=True)
     shim.write_text(SHIM)
@@ -71,7 +71,7 @@ def test_each_seed_gets_its_oracle_export_and_fidelity(tmp_path, carried):
     assert "--resume" not in oracles[0]
     resumed = re.findall(r"--resume (\S+)", oracles[1])
     assert "--seed 2 --resume" in oracles[1] and len(resumed) == len(carried), oracles[1]
-    assert sorted(resumed) == sorted(f"{tmp_path}/repo/recipes/data/{name}" for name in carried), resumed
+    assert sorted(resumed) == sorted(f"{tmp_path}/repo/data/bench/{name}" for name in carried), resumed
     exports = script_calls(lines, "random_export.py")
     assert len(exports) == 1 and "--shape 2b --seed 1 " in exports[0]  # seed 2's oracle was cut: no fidelity
     fidelity = script_calls(lines, "-m hf_openjev fidelity")
@@ -91,7 +91,7 @@ def test_family_fidelity_keeps_seed_zero_and_its_names(tmp_path):
     (export,) = script_calls(lines, "random_export.py")
     (fidelity,) = script_calls(lines, "-m hf_openjev fidelity")
     assert "--shape 9b --seed 0 " in export
-    assert "--seed 0 " in fidelity and "--name 9b " in fidelity and "recipes/data/oracle_9b.json.gz " in fidelity
+    assert "--seed 0 " in fidelity and "--name 9b " in fidelity and "data/bench/oracle_9b.json.gz " in fidelity
     assert f"--out {out}/family-fidelity/fidelity9b" in fidelity
 
 
@@ -107,9 +107,9 @@ def test_a_bad_shape_or_no_seed_is_refused_before_setup(tmp_path):
 def test_every_committed_oracle_a_stage_names_is_in_the_checkout(tmp_path, args):
     result, lines, _ = run_stage(tmp_path, *args)
     assert result.returncode == 0, result.stdout + result.stderr
-    named = re.findall(r"/recipes/data/(oracle_\S+)", "\n".join(lines))
+    named = re.findall(r"/data/bench/(oracle_\S+)", "\n".join(lines))
     assert len(named) == len(args) - 1, (named, lines)  # one committed oracle per shape
-    missing = [name for name in named if not (REPO / "recipes" / "data" / name).is_file()]
+    missing = [name for name in named if not (REPO / "data" / "bench" / name).is_file()]
     assert not missing, missing
 
 
@@ -130,7 +130,7 @@ def test_gate_probe_judges_each_options_file_against_the_seeds_committed_oracle(
                                                                                                  "fp32gdn.json"]
     assert [json.loads(Path(configs[i]).read_text()) for i in (1, 3)] == [{"shared_prefix": False},
                                                                           {"gdn_fp32": True}]
-    assert f"--oracle {tmp_path}/repo/recipes/data/oracle_2b_seed1.json.gz " in fidelity
+    assert f"--oracle {tmp_path}/repo/data/bench/oracle_2b_seed1.json.gz " in fidelity
     assert "--name 2b_seed1_probe " in fidelity and "--seed 1 " in fidelity
     with tarfile.open(out / "gate-probe.tgz") as tar:
         answers = tar.extractfile("./fidelity2b_seed1_probe/answers_2b_seed1_probe.json").read()
@@ -140,7 +140,7 @@ def test_gate_probe_judges_each_options_file_against_the_seeds_committed_oracle(
 @pytest.mark.parametrize("args, message", [
     (("gate-probe", "27b", "1"), "gate-probe SHAPE SEED"),
     (("gate-probe", "2b", "x"), "gate-probe SHAPE SEED"),
-    (("gate-probe", "2b", "7"), "no committed oracle"),  # no recipes/data/oracle_2b_seed7.json.gz
+    (("gate-probe", "2b", "7"), "no committed oracle"),  # no data/bench/oracle_2b_seed7.json.gz
     (("gate-probe", "2b", "0", "noshare"), "configuration noshare: gate-probe SHAPE SEED"),
     (("gate-probe", "2b", "0", "a b={}"), "configuration a b={}"),
 ])

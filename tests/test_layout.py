@@ -11,7 +11,9 @@
   checkpoint formats, never the reverse; the flat core (``hf_openjev/*.py``) holds at most 20 modules;
 - no folder imports a flat-core module that imports the folder (``packing`` never reads ``fast_options``, which
   reads the planner's defaults: the options are passed in);
-- no function or method is over 80 lines (CONTRIBUTING "Where things go"), and no file of ``serve/`` over 600.
+- no function or method is over 80 lines (CONTRIBUTING "Where things go"), and no file of ``serve/`` over 600;
+- ``recipes/`` holds scripts and today's results, at most 0.6 MB that is not code (docs/design.md: raw campaign
+  output does not stay in the tree); the inputs they read live in ``data/``.
 """
 
 from __future__ import annotations
@@ -191,6 +193,22 @@ def test_the_flat_core_is_small():
     flat = sorted(path.name for path in (ROOT / "hf_openjev").glob("*.py"))
     assert len(flat) <= MAX_FLAT_MODULES, f"{len(flat)} flat modules in hf_openjev/ (at most {MAX_FLAT_MODULES}: " \
                                           f"put command-only code in its command's folder): {flat}"
+
+
+RECIPES_MAX_DATA_BYTES = 600_000
+
+
+def test_recipes_hold_no_raw_runs():
+    """Everything in ``recipes/`` but its code (results, RESULTS.md, tables) stays under 0.6 MB, and no data folder
+    is back there: the benchmark's inputs and the oracles are ``data/bench/``'s."""
+    files = [p for p in (ROOT / "recipes").rglob("*")
+             if p.is_file() and p.suffix not in (".py", ".sh", ".pyc") and "__pycache__" not in p.parts]
+    size = sum(p.stat().st_size for p in files)
+    largest = sorted(files, key=lambda p: p.stat().st_size)[-3:]
+    assert size <= RECIPES_MAX_DATA_BYTES, (
+        f"recipes/ holds {size:,} bytes that are not code (at most {RECIPES_MAX_DATA_BYTES:,}): move raw runs out "
+        f"of the tree and cite their commit in RESULTS.md; largest: {[str(p.relative_to(ROOT)) for p in largest]}")
+    assert not (ROOT / "recipes" / "data").exists(), "inputs live in data/bench/, not recipes/data/"
 
 
 def test_core_imports_no_command():

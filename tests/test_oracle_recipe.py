@@ -93,7 +93,7 @@ def test_a_later_run_resumes_without_recomputing(oracle_run, tmp_path, capsys):
 
 
 def test_a_gzipped_file_is_resumed_as_its_plain_one_and_a_corrupt_one_refused(oracle_run, tmp_path, capsys):
-    """--resume X.json.gz (as committed in recipes/data/): the same entries as X.json, nothing scored again, the
+    """--resume X.json.gz (as committed in data/bench/): the same entries as X.json, nothing scored again, the
     output written as plain JSON; a cut .gz is refused in one line naming it, before any model is built."""
     path, first = oracle_run
     packed = tmp_path / "oracle_tiny.json.gz"

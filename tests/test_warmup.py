@@ -27,9 +27,9 @@ def _write(tmp_path, data, name="shapes.json"):
 def test_the_jevbench_manifest_is_a_shape_file():
     from pathlib import Path
 
-    shapes = warmup.load_shapes(Path(__file__).resolve().parents[1] / "recipes/data/jevbench231-shapes.json")
+    shapes = warmup.load_shapes(Path(__file__).resolve().parents[1] / "data/bench/jevbench231-shapes.json")
     assert len(shapes) == 231 and shapes[0] == (36, [37, 33, 34, 36, 39])  # exact shapes (real tokenizer)
-    estimated = warmup.load_shapes(Path(__file__).resolve().parents[1] / "recipes/data/jevbench231-shapes-estimated.json")
+    estimated = warmup.load_shapes(Path(__file__).resolve().parents[1] / "data/bench/jevbench231-shapes-estimated.json")
     assert len(estimated) == 231 and estimated[0] == (38, [43, 37, 40, 42, 42])  # the 4-characters-a-token estimate
 
 

@@ -15,7 +15,7 @@ def add_arguments(parser) -> None:
     source.add_argument("--data", nargs="+", metavar="PATH",
                         help="JevBench task files (.jsonl, .json, .parquet) or dataset directories, as eval reads them")
     source.add_argument("--workload", metavar="SHAPES.json",
-                        help="the benchmark's request shapes (recipes/data/jevbench231-shapes.json) filled with "
+                        help="the benchmark's request shapes (data/bench/jevbench231-shapes.json) filled with "
                              "seeded random token ids, as recipes/bench_jevbench.py builds them")
     parser.add_argument("--seed", type=int, default=0, help="the workload's seed (default 0, the benchmark's)")
     parser.add_argument("--limit", type=int, default=None, metavar="N",
@@ -33,7 +33,7 @@ def add_arguments(parser) -> None:
                              "again, one candidate per forward: the flips bf16 rounding alone moves; default: default)")
     parser.add_argument("--oracle", default=None, metavar="FILE",
                         help="an earlier oracle file to start from, .json or gzipped .json.gz (e.g. "
-                             "recipes/data/oracle_27b.json.gz); refused unless its weights fingerprint is this export's")
+                             "data/bench/oracle_27b.json.gz); refused unless its weights fingerprint is this export's")
     parser.add_argument("--oracle-device", default="auto", choices=PLACEMENTS,
                         help="where the fp32 oracle runs: auto (one GPU when it fits, else several, else offloaded "
                              "layer by layer from the host; the CPU without a GPU), cpu, cuda, multi-gpu, offload")

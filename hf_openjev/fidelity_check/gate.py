@@ -9,7 +9,7 @@ driver (``recipes/bench_jevbench.py --oracle``) write it. A *request entry*::
                                                   # a noul question has one candidate: [p(yes)]
      "tokens_sha256": "..."}                      # optional: hash_tokens of the request's token ids
 
-An *oracle* (``oracle_<shape>.json``; gzipped, ``oracle_<shape>.json.gz``, as committed in ``recipes/data/``) is
+An *oracle* (``oracle_<shape>.json``; gzipped, ``oracle_<shape>.json.gz``, as committed in ``data/bench/``) is
 ``{"format": ORACLE_FORMAT, "shape", "seed", "weights_sha256", "complete", "requests": [entry, ...], ...}``.
 
 Statistics pool every candidate probability of every compared request (a choice question of 5 options gives 5

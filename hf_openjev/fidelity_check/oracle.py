@@ -5,7 +5,7 @@ Exact arithmetic: stock Transformers (no patches) with its own torch code for th
 backend, one candidate per forward (the reference path with batch 1: no padding).
 
 The file is :mod:`hf_openjev.fidelity_check.gate`'s oracle format (``ORACLE_FORMAT``), so ``recipes/oracle.py``'s files
-(``recipes/data/oracle_27b.json.gz``) read here and these read there. It carries the stored weights' fingerprint
+(``data/bench/oracle_27b.json.gz``) read here and these read there. It carries the stored weights' fingerprint
 (``weights_sha256``, :func:`~hf_openjev.fidelity_check.gate.hash_weights` of the bf16 model) and each request's token-id
 hash; a file of other weights, or a request id whose tokens differ, is refused with a one-line ``ValueError``.
 Requests of other ids are appended; entries of requests not asked for this time are kept. The file is written

@@ -1,6 +1,6 @@
 """The benchmark's workload as prepared requests: JevBench request shapes filled with seeded random token ids.
 
-A shapes file (``recipes/data/jevbench231-shapes.json``) lists ``{"id", "kind", "prefix_tokens",
+A shapes file (``data/bench/jevbench231-shapes.json``) lists ``{"id", "kind", "prefix_tokens",
 "suffix_tokens": [n per candidate]}`` per request. :func:`build_workload` draws the ids with ``random.Random(seed)``
 in file order, so the same file, vocabulary and seed always give the same ids (the benchmark's, the fp32
 oracle's and ``hf-openjev fidelity --workload``'s).

@@ -2,7 +2,7 @@
 
 The first pack of a new shape bucket captures a CUDA graph (about a second per bucket at the 27B shape, and the
 231 JevBench requests need over a hundred buckets; recipes/RESULTS.md). A server that warms up on its traffic's shapes pays that at start, not on
-its first requests. A shape file is the JevBench manifest's format (``recipes/data/jevbench231-shapes.json``)::
+its first requests. A shape file is the JevBench manifest's format (``data/bench/jevbench231-shapes.json``)::
 
     {"requests": [{"prefix_tokens": 38, "suffix_tokens": [43, 37, 40]}, ...]}
 

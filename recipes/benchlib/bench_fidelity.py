@@ -29,7 +29,7 @@ def open_oracle(args, parser):
     built_on = oracle.get("workload_sha256")
     if built_on and manifest_identity(args.manifest)["manifest_sha256"] != built_on:
         parser.error(f"--oracle {args.oracle} was built on another workload than --manifest {args.manifest}: "
-                     f"drop --manifest (the oracle's is recipes/data/{ESTIMATED_MANIFEST.name})")
+                     f"drop --manifest (the oracle's is data/bench/{ESTIMATED_MANIFEST.name})")
     return oracle
 
 

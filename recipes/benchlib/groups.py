@@ -1,6 +1,6 @@
 """The kind x longest-candidate bucket table of a pass, and the same table beside the native server's group means.
 
-The native server's figures live in ``recipes/data/native-server-groups.json`` with their source and protocol.
+The native server's figures live in ``data/bench/native-server-groups.json`` with their source and protocol.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 BUCKETS = [(1, 128), (129, 512), (513, 2048), (2049, 4096), (4097, 16384)]
-NATIVE_FILE = Path(__file__).resolve().parents[1] / "data" / "native-server-groups.json"
+NATIVE_FILE = Path(__file__).resolve().parents[2] / "data" / "bench" / "native-server-groups.json"
 
 
 def bucket_of(n_tokens: int) -> str:
@@ -40,7 +40,7 @@ def native_comparison_lines(arms: dict[str, dict], *, native: dict | None = None
     native = native or load_native_groups()
     names = list(arms)
     lines = ["", "## beside the native server (ms per request; its figures: "
-             f"{native['protocol']}; source: recipes/data/{NATIVE_FILE.name})", "",
+             f"{native['protocol']}; source: data/bench/{NATIVE_FILE.name})", "",
              "| kind | bucket | n | native | " + " | ".join(f"arm {a}" for a in names) + " |",
              "|---|---|---|---|" + "---|" * len(names)]
     for kind, buckets in native["groups"].items():

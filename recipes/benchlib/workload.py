@@ -1,6 +1,6 @@
 """The benchmark's workload: the 231 JevBench requests' token shapes (a manifest) filled with seeded random ids.
 
-Two manifests live in ``recipes/data``: ``jevbench231-shapes.json``, the exact shapes under the real Qwen3.5
+Two manifests live in ``data/bench``: ``jevbench231-shapes.json``, the exact shapes under the real Qwen3.5
 tokenizer (the default), and ``jevbench231-shapes-estimated.json``, the earlier estimate at 4 characters a token,
 on which the committed fp32 oracles (and so every ``--oracle`` fidelity comparison) were built.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from benchlib.shapes import VOCAB
 from hf_openjev.fidelity_check.workload import build_workload  # noqa: F401  (the bench's random-id workload; re-exported)
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data" / "bench"
 MANIFEST = DATA / "jevbench231-shapes.json"  # exact token shapes (real tokenizer): the benchmark's default
 ESTIMATED_MANIFEST = DATA / "jevbench231-shapes-estimated.json"  # 4 chars a token: the fp32 oracles' workload
 
@@ -25,7 +25,7 @@ def add_manifest_argument(parser: argparse.ArgumentParser, *, default: Path | No
     """--manifest: the token-shape file the workload is built from."""
     shown = default.name if default is not None else "the oracle's workload, else " + MANIFEST.name
     parser.add_argument("--manifest", type=Path, default=default,
-                        help=f"token shapes of the workload's requests (default: recipes/data/{shown}; "
+                        help=f"token shapes of the workload's requests (default: data/bench/{shown}; "
                              f"{ESTIMATED_MANIFEST.name} is the fp32 oracles' estimated workload)")
 
 
@@ -38,7 +38,7 @@ def check_manifest(path: Path) -> str | None:
     except json.JSONDecodeError as error:
         return f"{path} is not JSON: {error}"
     if not isinstance(data, dict) or not isinstance(data.get("requests"), list) or not data["requests"]:
-        return f"{path} has no requests list (see recipes/data/{MANIFEST.name} for the format)"
+        return f"{path} has no requests list (see data/bench/{MANIFEST.name} for the format)"
     return None
 
 
