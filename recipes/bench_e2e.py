@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -163,18 +164,45 @@ def measure_arm(model, arm: str, work: list[tuple[dict, dict]], *, warmup_reques
             "path": "fast" if arm == "C" else "reference"}
 
 
+def request_names(work: list[tuple[dict, dict]]) -> dict:
+    """The requests' ids in ``per_request_ms``'s order, and each one's longest sequence in tokens."""
+    return {"request_ids": [item["id"] for item, _ in work],
+            "request_tokens": [item["prefix_tokens"] + max(item["suffix_tokens"]) for item, _ in work]}
+
+
+# the server's own time is reported by the longest sequence's tokens: issue 37's targets are set up to 512 and at 3,400
+SERVER_TIME_BUCKETS = ((1, 512), (513, 2048), (2049, 16384), (3300, 3500))
+
+
+def server_time_by_bucket(http: dict[str, float], in_process: dict[str, float], tokens: dict[str, int]) -> dict:
+    """``"lo-hi"`` -> {n, median_ms, p90_ms} of HTTP minus in-process per request (matched by id), by ``tokens``."""
+    out = {}
+    for lo, hi in SERVER_TIME_BUCKETS:
+        diffs = sorted(http[i] - in_process[i] for i in http if i in in_process and lo <= tokens[i] <= hi)
+        if diffs:
+            out[f"{lo}-{hi}"] = {"n": len(diffs), "median_ms": statistics.median(diffs),
+                                 "p90_ms": diffs[min(len(diffs) - 1, int(0.9 * len(diffs)))]}
+    return out
+
+
 def add_in_process(results: dict, path: Path, *, bench: dict | None = None) -> None:
-    """Per arm of both runs: this run's mean minus the in-process run's (HTTP, tokenization, JSON); ``bench``: the
-    in-process results themselves (the same process ran both), ``path`` then only names them."""
+    """Per arm of both runs: this run's mean minus the in-process run's (HTTP, tokenization, JSON), and, where both
+    name their requests (``request_ids``), the same per request by bucket (``server_ms``: the server's own time);
+    ``bench``: the in-process results themselves (the same process ran both), ``path`` then only names them."""
     bench = json.loads(path.read_text()) if bench is None else bench
+    same = bench.get("manifest_sha256") == results["manifest_sha256"] and bench.get("shape") == results["shape"]
     results["in_process"] = {"file": path.name, "shape": bench.get("shape"), "manifest": bench.get("manifest"),
-                             "same_workload": bench.get("manifest_sha256") == results["manifest_sha256"]
-                             and bench.get("shape") == results["shape"]}
+                             "same_workload": same}
     for arm, r in results["arms"].items():
         other = bench.get("arms", {}).get(arm)
         if other and not other.get("parity_only") and not other.get("cold") and not r.get("cold"):
             r["in_process_mean_ms"] = bench["arms"][arm]["mean_ms"]
             r["over_in_process_ms"] = r["mean_ms"] - bench["arms"][arm]["mean_ms"]
+            if same and bench.get("request_ids") and results.get("request_ids"):
+                r["server_ms"] = server_time_by_bucket(
+                    dict(zip(results["request_ids"], r["per_request_ms"])),
+                    dict(zip(bench["request_ids"], other["per_request_ms"])),
+                    dict(zip(results["request_ids"], results["request_tokens"])))
 
 
 def write_markdown(results: dict, path: Path) -> None:
@@ -189,6 +217,12 @@ def write_markdown(results: dict, path: Path) -> None:
         name = arm + warmth_note(r.get("cold", False), r.get("warmup_requests", r["n"]), r["n"])
         lines.append(f"| {name} | {r['path']} | {r['n']} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | "
                      f"{r['warmup_s']:.1f} | {'-' if over is None else f'{over:.1f}'} |")
+    for arm, r in results["arms"].items():
+        if r.get("server_ms"):
+            lines += ["", f"Arm {arm}, the server's own time (HTTP minus in process, per request, by the longest "
+                          "sequence's tokens): " + "; ".join(f"{b} tokens median {v['median_ms']:.2f} ms, p90 "
+                                                             f"{v['p90_ms']:.2f} (n {v['n']})"
+                                                             for b, v in r["server_ms"].items())]
     if results.get("in_process") and not results["in_process"]["same_workload"]:
         lines += ["", f"The in-process file {results['in_process']['file']} ran another shape or manifest: its "
                       "differences are not HTTP + tokenization alone."]
@@ -214,7 +248,7 @@ def measure_after_bench(model, arms: list[str], prepared, *, bench: dict, out: P
                "git_commit": git_commit(), "shape": bench["shape"], "seed": bench["seed"], "dtype": bench["dtype"],
                "manifest": bench["manifest"], "manifest_sha256": bench["manifest_sha256"], "data": DATA.name,
                "n": len(work), "tokenizer": f"{type(tokenizer).__name__}, {len(tokenizer)} tokens (Qwen3.5)",
-               "warmup_requests": warmup_requests, "arms": {}}
+               "warmup_requests": warmup_requests, **request_names(work), "arms": {}}
     attach_tokenizer(model, tokenizer)
     name = f"e2e_{bench['shape']}_{'-'.join(arms)}"
     for arm in arms:
@@ -224,10 +258,9 @@ def measure_after_bench(model, arms: list[str], prepared, *, bench: dict, out: P
         r["warmup_requests"] = len(work[:limit])
         r["cold"] = not covers_every_shape([*seen_items, *(item for item, _ in work[:limit])], [i for i, _ in work])
         print(f"e2e arm {arm}{warmth_note(r['cold'], r['warmup_requests'], len(work))}: mean {r['mean_ms']:.1f} ms, p50 {r['p50_ms']:.1f}, p95 {r['p95_ms']:.1f}", flush=True)
+        add_in_process(results, out / f"{stem}.json", bench=bench)  # after every arm: a cut run keeps the first's
         (out / f"{name}.json").write_text(json.dumps(results, indent=1))
-    add_in_process(results, out / f"{stem}.json", bench=bench)
-    (out / f"{name}.json").write_text(json.dumps(results, indent=1))
-    write_markdown(results, out / f"{name}.md")
+        write_markdown(results, out / f"{name}.md")
     return results
 
 
@@ -247,7 +280,7 @@ def main(argv=None) -> int:
                **manifest_identity(args.manifest), "data": str(args.data.name), "n": len(work),
                "tokenizer": f"{type(tokenizer).__name__}, {len(tokenizer)} tokens"
                             + (f" ({args.tokenizer.name})" if args.tokenizer else " (Qwen3.5)"),
-               "arms": {}}
+               **request_names(work), "arms": {}}
     model = build_model(args.shape, seed=args.seed, device=default_device(), dtype=getattr(torch, args.dtype))
     attach_tokenizer(model, tokenizer)
     for arm in args.arms:

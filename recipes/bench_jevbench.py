@@ -300,6 +300,7 @@ def main(argv=None) -> int:
     results["model_build_s"] = time.perf_counter() - t0
     results["weights_gb"] = weights_gb(model)
     work = build_workload(args.manifest, vocab=VOCAB, seed=args.seed, limit=args.limit, max_length=args.max_length)
+    results["request_ids"] = [item["id"] for item, _ in work]  # per_request_ms's order (bench_e2e matches by id)
     print(f"model {args.shape} built in {results['model_build_s']:.1f}s, {results['weights_gb']:.1f} GB; "
           f"{len(work)} requests of {args.manifest.name}", flush=True)
     fidelity = start_fidelity(oracle, model, work, args=args, out=out, results=results) if oracle else None

@@ -92,9 +92,28 @@ def test_an_http_b_is_cold_unless_its_warm_up_or_the_in_process_b_ran_every_shap
     assert cold["arms"]["B"]["cold"] is True and cold["arms"]["B"]["warmup_requests"] == 1
     assert "over_in_process_ms" not in cold["arms"]["B"]  # no comparison taken from a cold arm
     assert "| B (cold: warmed on 1 of 3 requests" in (tmp_path / "e2e_tiny_B.md").read_text()
+    bench["request_ids"] = [item["id"] for item in reversed(items)]  # the in-process order need not be HTTP's
+    bench["arms"]["B"]["per_request_ms"] = [0.5, 0.25, 0.125]
     warm = recipe.measure_after_bench(model, ["B"], prepared, bench=bench, out=tmp_path, warmup_requests=1,
                                       stem="bench_tiny_float32", seen_items=items)
-    assert warm["arms"]["B"]["cold"] is False and "over_in_process_ms" in warm["arms"]["B"]
+    b = warm["arms"]["B"]
+    assert b["cold"] is False and "over_in_process_ms" in b
+    assert warm["request_ids"] == [item["id"] for item in items] and all(n <= 128 for n in warm["request_tokens"])
+    own = sorted(t - {items[0]["id"]: 0.125, items[1]["id"]: 0.25, items[2]["id"]: 0.5}[i]
+                 for i, t in zip(warm["request_ids"], b["per_request_ms"]))
+    assert b["server_ms"] == {"1-512": {"n": 3, "median_ms": pytest.approx(own[1]), "p90_ms": pytest.approx(own[2])}}
+    assert "the server's own time" in (tmp_path / "e2e_tiny_B.md").read_text()
+
+
+def test_the_servers_own_time_is_matched_by_id_and_bucketed_by_tokens():
+    recipe = load_recipe("bench_e2e")
+    http = {"a": 3.0, "b": 5.0, "c": 14.0, "d": 9.0, "e": 1.0}
+    in_process = {"a": 1.0, "b": 2.0, "c": 4.0, "d": 2.0}  # "e": not in the in-process run, left out
+    tokens = {"a": 100, "b": 512, "c": 3400, "d": 513, "e": 50}
+    assert recipe.server_time_by_bucket(http, in_process, tokens) == {
+        "1-512": {"n": 2, "median_ms": 2.5, "p90_ms": 3.0}, "513-2048": {"n": 1, "median_ms": 7.0, "p90_ms": 7.0},
+        "2049-16384": {"n": 1, "median_ms": 10.0, "p90_ms": 10.0}, "3300-3500": {"n": 1, "median_ms": 10.0,
+                                                                                  "p90_ms": 10.0}}
 
 
 def test_the_client_holds_one_connection_and_stops_at_an_error(tmp_path):

@@ -28,6 +28,7 @@ def test_the_benchmark_driver_runs_every_section_on_the_tiny_shape(tmp_path):
     assert "patch options: {'gdn_fp32': True}" in (tmp_path / "bench_tiny_float32.md").read_text()
     assert results["parity_C_vs_E"]["max_abs_dp"] == 0.0
     assert results["arms"]["C"]["n"] == 6 and results["arms"]["A"]["n"] == 6
+    assert len(results["request_ids"]) == len(set(results["request_ids"])) == 6  # per_request_ms's order, by id
     assert results["arms"]["B"]["cold"] is False and results["arms"]["B"]["warmup_requests"] == 6  # every shape
     assert "speedup_C_over_B" in results
     parity = results["parity_C_vs_A"]

@@ -12,6 +12,7 @@ import pytest
 import torch
 from repo_data import JEVBENCH_EASY, load_recipe, read_committed_oracle
 
+import hf_openjev
 from hf_openjev.checkpoint.tiny import tiny_text_config
 from hf_openjev.cli import main
 from hf_openjev.errors import UsageError
@@ -118,6 +119,7 @@ def test_the_report_has_the_gate_agreement_and_accuracy(first_run):
         assert agreement["n_questions"] == 3 and agreement["agreement"] == 1 - agreement["disagreements"] / 3
         assert c["accuracy"]["n"] == 3 and c["accuracy"]["accuracy"] == c["accuracy"]["correct"] / 3
     assert report["oracle_accuracy"]["n"] == 3
+    assert report["hf_openjev"] == hf_openjev.__version__
     markdown = (out / "fidelity_export.md").read_text()
     assert "| `default` | 3 |" in markdown and "agreement with the oracle" in markdown
     assert (out / "fidelity_export.png").stat().st_size > 0
@@ -509,8 +511,10 @@ def test_stored_fp8_answers_skip_loading_the_fp8_model(first_run, export, tasks,
     monkeypatch.setattr(run_module, "_load_bf16", lambda model, fp8, log, **kw: modes.append(fp8) or real(
         model, fp8, log, **kw))
     monkeypatch.setattr(run_module, "_answer", lambda *a, **k: pytest.fail("a configuration was answered again"))
+    monkeypatch.setenv("HF_OPENJEV_COMMIT", "abc1234")
     report = check_fidelity(model=export, out=out, data=[tasks], configs="default,fp8-all", progress=False)
     assert modes == ["off"] and report["answers_reused"] == ["B", "default", "fp8-all"]
+    assert report["git_commit"] == "abc1234" and "Git commit: `abc1234`" in (out / "fidelity_export.md").read_text()
     assert report["configurations"]["fp8-all"]["per_request_max_abs_dp"] == \
         first_run[1]["configurations"]["fp8-all"]["per_request_max_abs_dp"]
 

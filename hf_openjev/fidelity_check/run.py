@@ -52,6 +52,17 @@ def run_info() -> dict:
     return info
 
 
+def package_identity() -> dict:
+    """This package's version, and ``git_commit`` when ``$HF_OPENJEV_COMMIT`` names the commit of a checkout copied
+    without its history (the GPU campaign sets it); kept out of :func:`run_info`, so stored answers stay reusable."""
+    import os
+
+    from .. import __version__
+
+    commit = os.environ.get("HF_OPENJEV_COMMIT")
+    return {"hf_openjev": __version__, **({"git_commit": commit} if commit else {})}
+
+
 def check_report_not_replaced(out: Path, name: str, limit: int | None, overwrite: bool) -> None:
     """A ``limit`` run writes the same ``fidelity_<name>.*`` as a full one: refuse it (one-line UsageError) when
     ``out`` holds a report that is not provably a limited one (its ``limit`` recorded), unless ``overwrite``."""
@@ -173,7 +184,8 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
             _release_memory()
     from .report import judge_against_oracle
 
-    meta = {"command": command, "versions": info, "device": info["device"], "shape": run_name, "model": str(model),
+    meta = {"command": command, **package_identity(), "versions": info, "device": info["device"], "shape": run_name,
+            "model": str(model),
             "seed": seed, "limit": limit, "inputs": {"data": [str(s.path) for s in sources],
                                      "workload": None if workload is None else str(workload)},
             "invalid_tasks": invalid + rejected,
