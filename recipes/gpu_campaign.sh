@@ -51,6 +51,10 @@
 #                                        # weights' fingerprint too (recipes/oracle.py --resume: nothing re-scored;
 #                                        # $OUT/fingerprints/oracles/); the first shape, if 2b or 9b,
 #                                        # then family-fidelity against its new oracle
+#   bash recipes/gpu_campaign.sh server-time [SHAPE]  # the server's own time per request by phase on this host
+#                                        # (recipes/server_time.py, 3 timed passes): the stand-in scorer, then the
+#                                        # SHAPE's (default 27b) real forward on the GPU (--shape); server_time.{json,md}
+#                                        # under stand-in/ and SHAPE/
 #   bash recipes/gpu_campaign.sh profile # 27B kernel profiles with graphs: a 107- and a 3,400-token candidate and
 #                                        # JevBench requests 0, 129, 204, the default and with aligned sharing
 #   bash recipes/gpu_campaign.sh warmup [SHAPES...]  # C's warm-up split (recipes/warmup_breakdown.py) at 2b 9b 27b
@@ -75,10 +79,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-seeds | family | fingerprints | profile | warmup"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-seeds | family | fingerprints | server-time | profile | warmup"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-seeds|family|fingerprints|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-seeds|family|fingerprints|server-time|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -167,6 +171,9 @@ if [ "$stage" = gate-seeds ]; then  # a known shape and one or more seeds, befor
   [ $# -gt 0 ] || { echo "$usage"; exit 2; }
   for seed in "$@"; do [[ "$seed" =~ ^[0-9]+$ ]] || { echo "seed $seed: $usage"; exit 2; }; done
   seeds=("$@")
+fi
+if [ "$stage" = server-time ]; then  # a known shape, before setup
+  case "${1:-27b}" in 2b|9b|27b) ;; *) echo "server-time [SHAPE]: SHAPE 2b, 9b or 27b (default 27b)"; exit 2 ;; esac
 fi
 
 setup
@@ -261,6 +268,13 @@ case "$stage" in
         echo "family-fidelity $shape rc=$? at $((SECONDS - start)) s"
       fi
     done ;;
+  server-time)
+    shape=${1:-27b}
+    timeout 150 python3 "$REPO/recipes/server_time.py" --repeats 3 --out "$out/stand-in" 2>&1 | quiet | tail -n 18
+    echo "stand-in rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
+    timeout $((585 - (SECONDS - start))) python3 "$REPO/recipes/server_time.py" --shape "$shape" --repeats 3 \
+      --out "$out/$shape" 2>&1 | quiet | tail -n 18
+    echo "$shape rc=${PIPESTATUS[0]} at $((SECONDS - start)) s" ;;
   profile)
     timeout $((575 - (SECONDS - start))) python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 \
       --requests 0,129,204 --fast-options '{}' '{"share_tails": false, "min_shared_tokens": 64}' \

@@ -2,6 +2,13 @@
 
     python recipes/server_time.py --out recipes/results/server_time [--latency-ms 5] [--repeats 5]
         [--http auto|h11|httptools] [--loop auto|asyncio|uvloop]
+    python recipes/server_time.py --out $OUT/server_time --shape 27b   # on a GPU: the real forward
+
+With ``--shape`` (on CUDA) the model is the bench's random one of that shape in bf16, patched for the fast path with
+the default options, and the batcher scores with the real forward (the app's own ``score_prepared``), timed as
+``scoring``: the other phases are then the server's own time beside a real forward, on that machine's host (the
+GIL shared with the forward's host work, the GPU's synchronizations), what ``bench_e2e``'s per-request "HTTP minus in
+process" measures without saying where it goes. The warm-up pass captures the CUDA graphs the requests need.
 
 The package's own server app (``hf_openjev.serve.app.create_app``: middleware, body read, strict JSON, validation,
 tokenization, the batcher and its worker thread, the answer, its serialization) runs in this process under uvicorn
@@ -221,19 +228,41 @@ def serve(app, http: str = "auto", loop: str = "auto"):
     return serve_in_thread(app, name="server-time", http=http, loop=loop)
 
 
-def build_app(timer: PhaseTimer, tokenizer, latency_s: float):
-    """The package's app over the tiny random model with ``tokenizer``, the fast path's set-up and the GPU's slice
-    size; its forward the stand-in."""
+def real_scorer(timer: PhaseTimer, options):
+    """The batcher's ``score_fn`` the app uses by default (``score_prepared`` with ``options``), stamped like the
+    stand-in: its scores are Python floats, so the GPU's work is done at ``score_end``."""
+    from hf_openjev.scoring import score_prepared
+
+    def score(model, prepared, *, fast=None):
+        timer.mark("score_start")
+        result = score_prepared(model, prepared, fast=fast, options=options)
+        timer.mark("score_end")
+        return result
+
+    return score
+
+
+def build_app(timer: PhaseTimer, tokenizer, latency_s: float, shape: str | None = None):
+    """The package's app with ``tokenizer``, the fast path's set-up and the GPU's slice size: over the tiny random
+    model with the stand-in forward, or (``shape``) over that shape's random model on CUDA with the real one."""
     from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.scoring import prove_tokenizer_shortcuts
     from hf_openjev.serve.app import create_app
     from hf_openjev.serve.limits import RequestLimits
     from hf_openjev.serve.slices import DEFAULT_SLICE_TOKENS
 
-    model = build_model("tiny", seed=0, device="cpu", dtype=torch.float32)
+    options = FastPathOptions()
+    if shape is None:
+        model, score_fn = build_model("tiny", seed=0, device="cpu", dtype=torch.float32), None
+    else:
+        from hf_openjev.patches import apply_patches
+
+        model = build_model(shape, seed=0, device="cuda", dtype=torch.bfloat16)
+        apply_patches(model, options)
+        score_fn = real_scorer(timer, options)
     attach_tokenizer(model, tokenizer)
     prove_tokenizer_shortcuts(model)  # as serve does before it listens
-    app = create_app(model, fast=True, options=FastPathOptions(), score_fn=stand_in_scorer(timer, latency_s),
+    app = create_app(model, fast=True, options=options, score_fn=score_fn or stand_in_scorer(timer, latency_s),
                      limits=RequestLimits(slice_tokens=DEFAULT_SLICE_TOKENS["cuda"]))
     return timer.wrap_asgi(app)
 
@@ -272,8 +301,10 @@ def table_lines(groups: dict) -> list[str]:
 
 
 def write_markdown(result: dict, path: Path) -> str:
-    lines = [f"# The server's own time per request, by phase (ms; stand-in scorer of {result['latency_ms']:g} ms, "
-             f"{result['repeats']} timed passes)", "", f"Command: `{result['command']}`", "",
+    scorer = f"the {result['shape']} model's forward" if result.get("shape") else \
+        f"stand-in scorer of {result['latency_ms']:g} ms"
+    lines = [f"# The server's own time per request, by phase (ms; {scorer}, {result['repeats']} timed passes)", "",
+             f"Command: `{result['command']}`", "",
              f"Commit: {result['git_commit']}", "", f"Device: {result['device']}; uvicorn: {result['http']}", "",
              "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), "",
              *table_lines(result["groups"]), "",
@@ -288,6 +319,8 @@ def parse_arguments(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--latency-ms", type=float, default=5.0, help="the stand-in forward's latency")
+    parser.add_argument("--shape", choices=("2b", "9b", "27b"), default=None,
+                        help="on CUDA: that shape's random model and the real forward instead of the stand-in")
     parser.add_argument("--repeats", type=int, default=5, help="timed passes over the requests")
     parser.add_argument("--limit", type=int, default=None, help="the first N short requests only (smoke runs)")
     parser.add_argument("--data", type=Path, default=DATA, help="the JevBench tasks' folder (bench_e2e's --data)")
@@ -301,6 +334,8 @@ def parse_arguments(argv):
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.latency_ms < 0 or (args.limit is not None and args.limit < 1):
         parser.error("--repeats and --limit must be at least 1, --latency-ms at least 0")
+    if args.shape is not None and not torch.cuda.is_available():
+        parser.error(f"--shape {args.shape}: the real forward needs a CUDA GPU (without --shape: the stand-in)")
     return args
 
 
@@ -308,7 +343,7 @@ def main(argv=None) -> int:
     args = parse_arguments(argv)
     work = select(load_requests(args.data, MANIFEST, limit=None), args.limit)
     timer = PhaseTimer()
-    server, thread, port = serve(build_app(timer, load_tokenizer(args.tokenizer), args.latency_ms / 1000),
+    server, thread, port = serve(build_app(timer, load_tokenizer(args.tokenizer), args.latency_ms / 1000, args.shape),
                                  http=args.http, loop=args.loop)
     requests = [request for _, request in work]
     try:
@@ -325,7 +360,8 @@ def main(argv=None) -> int:
     script_argv = None if argv is None else ["recipes/server_time.py", *argv]
     result = {"command": command_line(script_argv), "git_commit": git_commit(), "versions": versions(),
               "device": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-              "latency_ms": args.latency_ms, "repeats": args.repeats, "n": len(work),
+              "latency_ms": None if args.shape else args.latency_ms, "shape": args.shape, "repeats": args.repeats,
+              "n": len(work),
               "http": server_stack(args.http, timer.loop), "groups": summarize_groups(rows)}
     if args.per_request:
         result["requests"] = [{"id": item["id"], **{k: round(v, 4) for k, v in ms.items()}} for item, ms in rows]

@@ -2,7 +2,8 @@
 its arguments): per seed the oracle, the export and ``hf-openjev fidelity`` get that seed, and bad calls are
 refused before setup; a cut run's oracle carried back into data/bench/ is resumed whether gzipped or not; every
 committed oracle a stage names (data/bench/oracle_<shape>.json.gz) is in the checkout; gate-probe judges options
-files against a seed's committed oracle and puts carried answers where the command reuses them."""
+files against a seed's committed oracle and puts carried answers where the command reuses them; server-time runs
+the stand-in, then the shape's real forward, and refuses an unknown shape before setup."""
 
 import json
 import os
@@ -148,3 +149,19 @@ def test_gate_probe_refuses_bad_calls_before_setup(tmp_path, args, message):
     result, lines, _ = run_stage(tmp_path, *args, carried=("oracle_2b.json.gz",))
     assert result.returncode == 2 and message in result.stdout, (args, result.stdout)
     assert lines == [], (args, lines)
+
+
+def test_server_time_runs_the_stand_in_then_the_shapes_forward(tmp_path):
+    result, lines, out = run_stage(tmp_path, "server-time", "9b")
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = script_calls(lines, "server_time.py")
+    assert len(runs) == 2 and "--shape" not in runs[0] and f"--out {out}/server-time/stand-in" in runs[0]
+    assert f"--shape 9b --repeats 3 --out {out}/server-time/9b" in runs[1]
+    assert (out / "server-time.tgz").is_file()
+
+
+def test_server_time_defaults_to_27b_and_refuses_another_shape_before_setup(tmp_path):
+    _, lines, _ = run_stage(tmp_path / "default", "server-time")
+    assert "--shape 27b" in script_calls(lines, "server_time.py")[1]
+    result, lines, _ = run_stage(tmp_path / "bad", "server-time", "70b")
+    assert result.returncode == 2 and "server-time [SHAPE]" in result.stdout and lines == []

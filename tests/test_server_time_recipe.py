@@ -43,3 +43,12 @@ def test_the_phases_of_short_and_long_requests_add_up_and_the_timer_is_removed(t
     assert result["groups"]["3,300-3,500"]["n"] == 2 * len(long_ids)
     markdown = (tmp_path / "server_time.md").read_text()
     assert "| tokenization |" in markdown and "3,300-3,500" in markdown and "stand-in scorer of 2 ms" in markdown
+
+
+def test_a_shape_without_a_gpu_is_refused_before_anything_loads(tmp_path, monkeypatch, capsys):
+    recipe = load_recipe("server_time")
+    monkeypatch.setattr(recipe.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(recipe, "load_requests", lambda *a, **k: pytest.fail("requests loaded before the check"))
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.main(["--out", str(tmp_path), "--shape", "2b"])
+    assert exit_info.value.code == 2 and "--shape 2b: the real forward needs a CUDA GPU" in capsys.readouterr().err
