@@ -98,8 +98,8 @@ class JevModel(nn.Module):
         read from its Rust backend directly where that gives the same ids
         (:func:`~hf_openjev.tokenizer.tokenizer_analysis.direct_backend`)."""
         backend = direct_backend(self.tokenizer)
-        if backend is not None:
-            return backend.encode(text, add_special_tokens=False).ids
+        if backend is not None:  # the batch call without offsets: the same ids, about an eighth faster than encode
+            return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
@@ -107,7 +107,7 @@ class JevModel(nn.Module):
         several threads)."""
         backend = direct_backend(self.tokenizer)
         if backend is not None:
-            return [encoding.ids for encoding in backend.encode_batch(list(texts), add_special_tokens=False)]
+            return [encoding.ids for encoding in backend.encode_batch_fast(list(texts), add_special_tokens=False)]
         return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
 
     def to(self, *args, **kwargs):  # the head stays fp32 whatever dtype the backbone is moved to
