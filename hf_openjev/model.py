@@ -98,7 +98,7 @@ class JevModel(nn.Module):
         read from its Rust backend directly where that gives the same ids
         (:func:`~hf_openjev.tokenizer.tokenizer_analysis.direct_backend`)."""
         backend = direct_backend(self.tokenizer)
-        if backend is not None:  # the batch call without offsets: the same ids, about an eighth faster than encode
+        if backend is not None:  # the batch call without offsets: the same ids, less work (recipes/RESULTS.md, s18)
             return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
