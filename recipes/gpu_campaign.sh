@@ -51,6 +51,10 @@
 #                                        # weights' fingerprint too (recipes/oracle.py --resume: nothing re-scored;
 #                                        # $OUT/fingerprints/oracles/); the first shape, if 2b or 9b,
 #                                        # then family-fidelity against its new oracle
+#   bash recipes/gpu_campaign.sh divergence SHAPE SEED REQUEST...  # e.g. divergence 2b 1 hard-sol-c-judge_hard-08:
+#                                        # per request of the gate's workload, each layer's error of stock bf16 and of
+#                                        # the fast path against stock fp32 (recipes/layer_divergence.py --fp32) on the
+#                                        # seed's weights: where a flip comes from
 #   bash recipes/gpu_campaign.sh server-time [SHAPE]  # the server's own time per request by phase on this host
 #                                        # (recipes/server_time.py, 3 timed passes): the stand-in scorer, then the
 #                                        # SHAPE's (default 27b) real forward on the GPU (--shape); server_time.{json,md}
@@ -79,10 +83,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-seeds | family | fingerprints | server-time | profile | warmup"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-seeds | family | fingerprints | divergence | server-time | profile | warmup"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-seeds|family|fingerprints|server-time|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-seeds|family|fingerprints|divergence|server-time|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -171,6 +175,11 @@ if [ "$stage" = gate-seeds ]; then  # a known shape and one or more seeds, befor
   [ $# -gt 0 ] || { echo "$usage"; exit 2; }
   for seed in "$@"; do [[ "$seed" =~ ^[0-9]+$ ]] || { echo "seed $seed: $usage"; exit 2; }; done
   seeds=("$@")
+fi
+if [ "$stage" = divergence ]; then  # a shape, a seed and request ids, before setup
+  usage="divergence SHAPE SEED REQUEST...: SHAPE 2b, 9b or 27b, a seed, then request ids of the gate's workload"
+  case "${1:-}" in 2b|9b|27b) ;; *) echo "$usage"; exit 2 ;; esac
+  [[ "${2:-}" =~ ^[0-9]+$ ]] && [ $# -gt 2 ] || { echo "$usage"; exit 2; }
 fi
 if [ "$stage" = server-time ]; then  # a known shape, before setup
   case "${1:-27b}" in 2b|9b|27b) ;; *) echo "server-time [SHAPE]: SHAPE 2b, 9b or 27b (default 27b)"; exit 2 ;; esac
@@ -267,6 +276,16 @@ case "$stage" in
           family_fidelity '$shape' '$out/oracles/oracle_$shape.json'"
         echo "family-fidelity $shape rc=$? at $((SECONDS - start)) s"
       fi
+    done ;;
+  divergence)
+    shape=$1 seed=$2
+    shift 2
+    for request in "$@"; do
+      left=$((580 - (SECONDS - start)))
+      [ "$left" -gt 30 ] || { echo "$request: no time left"; continue; }
+      timeout "$left" python3 "$REPO/recipes/layer_divergence.py" --shape "$shape" --seed "$seed" --request "$request" \
+        --fp32 --out "$out" 2>&1 | quiet | tail -n 80
+      echo "$request rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
     done ;;
   server-time)
     shape=${1:-27b}

@@ -3,7 +3,8 @@ its arguments): per seed the oracle, the export and ``hf-openjev fidelity`` get 
 refused before setup; a cut run's oracle carried back into data/bench/ is resumed whether gzipped or not; every
 committed oracle a stage names (data/bench/oracle_<shape>.json.gz) is in the checkout; gate-probe judges options
 files against a seed's committed oracle and puts carried answers where the command reuses them; server-time runs
-the stand-in, then the shape's real forward, and refuses an unknown shape before setup."""
+the stand-in, then the shape's real forward, and refuses an unknown shape before setup; divergence runs the layer
+comparison against fp32 per request."""
 
 import json
 import os
@@ -165,3 +166,19 @@ def test_server_time_defaults_to_27b_and_refuses_another_shape_before_setup(tmp_
     assert "--shape 27b" in script_calls(lines, "server_time.py")[1]
     result, lines, _ = run_stage(tmp_path / "bad", "server-time", "70b")
     assert result.returncode == 2 and "server-time [SHAPE]" in result.stdout and lines == []
+
+
+def test_divergence_compares_each_request_with_fp32_on_the_seeds_weights(tmp_path):
+    result, lines, out = run_stage(tmp_path, "divergence", "2b", "1", "req-a", "req-b")
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = script_calls(lines, "layer_divergence.py")
+    assert [r.split("--request ")[1].split()[0] for r in runs] == ["req-a", "req-b"]
+    assert all("--shape 2b --seed 1 " in r and " --fp32 " in r for r in runs)
+    assert (out / "divergence.tgz").is_file()
+
+
+@pytest.mark.parametrize("args", [("divergence", "70b", "1", "r"), ("divergence", "2b", "x", "r"),
+                                  ("divergence", "2b", "1")])
+def test_divergence_refuses_bad_calls_before_setup(tmp_path, args):
+    result, lines, _ = run_stage(tmp_path, *args)
+    assert result.returncode == 2 and "divergence SHAPE SEED REQUEST" in result.stdout and lines == []
