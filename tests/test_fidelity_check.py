@@ -498,6 +498,11 @@ def test_a_cut_run_keeps_the_configurations_it_finished_and_the_next_run_reuses_
     report = check_fidelity(model=export, out=out, data=[tasks], configs=[str(changed)], oracle=oracle,
                             progress=False)
     assert answered == ["aligned"] and report["answers_reused"] == ["B"]
+    answered.clear()
+    monkeypatch.setenv("HF_OPENJEV_COMMIT", "0000001")  # another commit of this package: its fast path answers
+    report = check_fidelity(model=export, out=out, data=[tasks], configs="default", oracle=oracle, progress=False)
+    assert answered == ["default"] and report["answers_reused"] == ["B"]  # B is stock Transformers: reused
+    assert report["git_commit"] == "0000001" and "Git commit: `0000001`" in (out / "fidelity_export.md").read_text()
 
 
 def test_stored_fp8_answers_skip_loading_the_fp8_model(first_run, export, tasks, tmp_path, monkeypatch):
@@ -511,10 +516,8 @@ def test_stored_fp8_answers_skip_loading_the_fp8_model(first_run, export, tasks,
     monkeypatch.setattr(run_module, "_load_bf16", lambda model, fp8, log, **kw: modes.append(fp8) or real(
         model, fp8, log, **kw))
     monkeypatch.setattr(run_module, "_answer", lambda *a, **k: pytest.fail("a configuration was answered again"))
-    monkeypatch.setenv("HF_OPENJEV_COMMIT", "abc1234")
     report = check_fidelity(model=export, out=out, data=[tasks], configs="default,fp8-all", progress=False)
     assert modes == ["off"] and report["answers_reused"] == ["B", "default", "fp8-all"]
-    assert report["git_commit"] == "abc1234" and "Git commit: `abc1234`" in (out / "fidelity_export.md").read_text()
     assert report["configurations"]["fp8-all"]["per_request_max_abs_dp"] == \
         first_run[1]["configurations"]["fp8-all"]["per_request_max_abs_dp"]
 

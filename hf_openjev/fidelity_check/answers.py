@@ -10,7 +10,11 @@ Each configuration's answers are keyed by what decides them:
 
 - the stored weights' fingerprints;
 - the configuration's options (``None`` for B, the reference path);
-- the versions and the device (:func:`~hf_openjev.fidelity_check.run.run_info`).
+- the versions and the device (:func:`~hf_openjev.fidelity_check.run.run_info`);
+- for a fast-path configuration, this package's version and commit (``$HF_OPENJEV_COMMIT``, when set:
+  :func:`~hf_openjev.fidelity_check.run.package_identity`): the fast path is this package's code, so another commit
+  answers again. B and B1 are stock Transformers and fla (their versions are in the key) and are reused across
+  commits.
 
 A later run into the same ``--out`` with the same ``--name`` reuses a configuration's answers when its key is equal
 and every request it compares is there with the same token ids. Otherwise the configuration answers again. Its new
@@ -34,10 +38,14 @@ def answers_path(out: str | Path, name: str) -> Path:
     return Path(out) / f"answers_{name}.json"
 
 
-def answer_key(*, weights: dict, options, info: dict) -> dict:
+def answer_key(*, weights: dict, options, info: dict, package: dict) -> dict:
     """What a configuration's answers depend on: ``weights`` (the fingerprints), ``options`` (a FastPathOptions, or
-    None for B) and ``info`` (versions and device)."""
-    return {"weights": dict(weights), "options": None if options is None else options.to_dict(), "run": dict(info)}
+    None for B), ``info`` (versions and device) and, for a fast-path configuration, ``package`` (this package's
+    version and commit)."""
+    key = {"weights": dict(weights), "options": None if options is None else options.to_dict(), "run": dict(info)}
+    if options is not None:
+        key["package"] = dict(package)
+    return key
 
 
 class AnswerStore:

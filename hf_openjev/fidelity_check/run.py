@@ -54,7 +54,8 @@ def run_info() -> dict:
 
 def package_identity() -> dict:
     """This package's version, and ``git_commit`` when ``$HF_OPENJEV_COMMIT`` names the commit of a checkout copied
-    without its history (the GPU campaign sets it); kept out of :func:`run_info`, so stored answers stay reusable."""
+    without its history (the GPU campaign sets it): in the report, and in the answers' key of the fast-path
+    configurations only (:func:`~hf_openjev.fidelity_check.answers.answer_key`)."""
     import os
 
     from .. import __version__
@@ -155,10 +156,11 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
 
     def answer(config, options, *, loaded=None, load=None):  # into ``entries``: reused from the store, else answered
         # (by ``loaded``, or the model ``load()`` gives) and recorded there; the verdict logged when the oracle has all
-        key = answer_key(weights=weights, options=options, info=info)
+        key = answer_key(weights=weights, options=options, info=info, package=package_identity())
         found = store.reuse(config, key, items)
         if found is not None:
-            log(f"{config}: {len(found)} answers reused from {store.path} (same weights, options, versions, device)")
+            log(f"{config}: {len(found)} answers reused from {store.path} (same weights, options, versions, device"
+                + (", commit)" if options is not None else ")"))
             reused.append(config)
         else:
             found = _answer(loaded if load is None else load(), items, fast=options is not None, options=options,
