@@ -12,6 +12,7 @@ import pytest
 
 from hf_openjev import cli
 from hf_openjev.checkpoint.manifest import MANIFEST_NAME
+from hf_openjev.contract import KIND_NAMES
 from hf_openjev.demo import cli as demo
 from hf_openjev.demo.cli import demo_build_dir
 
@@ -49,7 +50,7 @@ def test_demo_prints_responses_and_reuses_the_cache(tmp_path, capsys):
     assert cli.main(["demo", "--cache-dir", str(cache), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "The weights are RANDOM" in out
-    for kind in ("choice", "score", "noul"):
+    for kind in KIND_NAMES:  # the demo asks one question of every kind
         assert f'"type": "{kind}"' in out
     assert '"model": "open-jev/tiny-random"' in out
     built = [d for d in cache.iterdir()]  # the demo builds in a folder of its own (tiny-demo, or tiny-demo-toy)
