@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,11 +31,11 @@ import time
 from pathlib import Path
 
 import torch
-from benchlib.groups import native_comparison_lines, table
+from benchlib.groups import longest_tokens, native_comparison_lines, table
 from benchlib.local_server import serve_in_thread
 from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import add_model_arguments, build_model, default_device
-from benchlib.timing import summarize
+from benchlib.timing import median_and_p90, summarize
 from benchlib.warmth import covers_every_shape, warmth_note
 from benchlib.workload import add_manifest_argument, check_manifest_argument, manifest_identity
 
@@ -167,7 +166,7 @@ def measure_arm(model, arm: str, work: list[tuple[dict, dict]], *, warmup_reques
 def request_names(work: list[tuple[dict, dict]]) -> dict:
     """The requests' ids in ``per_request_ms``'s order, and each one's longest sequence in tokens."""
     return {"request_ids": [item["id"] for item, _ in work],
-            "request_tokens": [item["prefix_tokens"] + max(item["suffix_tokens"]) for item, _ in work]}
+            "request_tokens": [longest_tokens(item) for item, _ in work]}
 
 
 # the server's own time is reported by the longest sequence's tokens: issue 37's targets are set up to 512 and at 3,400
@@ -178,10 +177,9 @@ def server_time_by_bucket(http: dict[str, float], in_process: dict[str, float], 
     """``"lo-hi"`` -> {n, median_ms, p90_ms} of HTTP minus in-process per request (matched by id), by ``tokens``."""
     out = {}
     for lo, hi in SERVER_TIME_BUCKETS:
-        diffs = sorted(http[i] - in_process[i] for i in http if i in in_process and lo <= tokens[i] <= hi)
+        diffs = [http[i] - in_process[i] for i in http if i in in_process and lo <= tokens[i] <= hi]
         if diffs:
-            out[f"{lo}-{hi}"] = {"n": len(diffs), "median_ms": statistics.median(diffs),
-                                 "p90_ms": diffs[min(len(diffs) - 1, int(0.9 * len(diffs)))]}
+            out[f"{lo}-{hi}"] = {"n": len(diffs), **median_and_p90(diffs)}
     return out
 
 

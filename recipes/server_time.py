@@ -54,7 +54,6 @@ import contextlib
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -62,9 +61,11 @@ from pathlib import Path
 
 import torch
 from bench_e2e import DATA, attach_tokenizer, load_requests, load_tokenizer, run_client
+from benchlib.groups import longest_tokens
 from benchlib.local_server import serve_in_thread
 from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import build_model
+from benchlib.timing import median_and_p90
 from benchlib.workload import MANIFEST
 
 PHASES = ("routing", "body read", "json parse", "validation", "tokenization", "tokenizer proofs", "queueing",
@@ -269,7 +270,7 @@ def build_app(timer: PhaseTimer, tokenizer, latency_s: float, shape: str | None 
 
 def select(work: list[tuple[dict, dict]], limit: int | None) -> list[tuple[dict, dict]]:
     """The requests of some group (short or 3,400 tokens), the first ``limit`` short ones and every long one."""
-    longest = [(item, request, item["prefix_tokens"] + max(item["suffix_tokens"])) for item, request in work]
+    longest = [(item, request, longest_tokens(item)) for item, request in work]
     short = [(item, request) for item, request, n in longest if n <= SHORT_MAX][:limit]
     long = [(item, request) for item, request, n in longest if LONG_RANGE[0] <= n <= LONG_RANGE[1]]
     return short + long
@@ -279,14 +280,12 @@ def summarize_groups(rows: list[tuple[dict, dict[str, float]]]) -> dict:
     """group -> phase -> {median_ms, p90_ms}, and each group's n."""
     out = {}
     for group, member in GROUPS.items():
-        picked = [ms for item, ms in rows if member(item["kind"], item["prefix_tokens"] + max(item["suffix_tokens"]))]
+        picked = [ms for item, ms in rows if member(item["kind"], longest_tokens(item))]
         if not picked:
             continue
         out[group] = {"n": len(picked)}
         for phase in PHASES:
-            values = sorted(ms[phase] for ms in picked)
-            out[group][phase] = {"median_ms": statistics.median(values),
-                                 "p90_ms": values[min(len(values) - 1, int(0.9 * len(values)))]}
+            out[group][phase] = median_and_p90([ms[phase] for ms in picked])
     return out
 
 

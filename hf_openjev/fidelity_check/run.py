@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import platform
 import sys
 import time
@@ -56,8 +57,6 @@ def package_identity() -> dict:
     """This package's version, and ``git_commit`` when ``$HF_OPENJEV_COMMIT`` names the commit of a checkout copied
     without its history (the GPU campaign sets it): in the report, and in the answers' key of the fast-path
     configurations only (:func:`~hf_openjev.fidelity_check.answers.answer_key`)."""
-    import os
-
     from .. import __version__
 
     commit = os.environ.get("HF_OPENJEV_COMMIT")

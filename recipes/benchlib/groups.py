@@ -13,6 +13,11 @@ BUCKETS = [(1, 128), (129, 512), (513, 2048), (2049, 4096), (4097, 16384)]
 NATIVE_FILE = Path(__file__).resolve().parents[2] / "data" / "bench" / "native-server-groups.json"
 
 
+def longest_tokens(item: dict) -> int:
+    """A manifest item's longest sequence in tokens: its shared prefix and its longest candidate's own tokens."""
+    return item["prefix_tokens"] + max(item["suffix_tokens"])
+
+
 def bucket_of(n_tokens: int) -> str:
     for lo, hi in BUCKETS:
         if lo <= n_tokens <= hi:
@@ -24,8 +29,7 @@ def table(work, times_ms) -> dict:
     """``"kind|lo-hi"`` -> {n, mean_ms} of ``times_ms`` (one per work item), by the longest candidate's tokens."""
     groups: dict[tuple[str, str], list[float]] = {}
     for (item, _), t in zip(work, times_ms):
-        longest = item["prefix_tokens"] + max(item["suffix_tokens"])
-        groups.setdefault((item["kind"], bucket_of(longest)), []).append(t)
+        groups.setdefault((item["kind"], bucket_of(longest_tokens(item))), []).append(t)
     return {f"{k}|{b}": {"n": len(v), "mean_ms": statistics.fmean(v)} for (k, b), v in sorted(groups.items())}
 
 

@@ -79,6 +79,13 @@ def time_single(model, tokens: int, *, repeats: int) -> dict:
     return out
 
 
+def median_and_p90(values_ms: list[float]) -> dict:
+    """``{median_ms, p90_ms}`` of ``values_ms`` (p90: ``sorted[min(n - 1, int(0.9 n))]``), the server-time
+    recipes' convention."""
+    s = sorted(values_ms)
+    return {"median_ms": statistics.median(s), "p90_ms": s[min(len(s) - 1, int(0.9 * len(s)))]}
+
+
 def summarize(times_ms: list[float]) -> dict:
     s = sorted(times_ms)
     n = len(s)
