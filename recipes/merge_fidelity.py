@@ -5,12 +5,14 @@ hold only one FP8 mode (quantizing is for good), so the table of a shape comes f
 and refuses unless they can stand in one table: the same shape, seed, oracle and weights (sha256), and B's
 statistics identical in every run (B is deterministic for given weights and requests, so a difference means the
 runs did not compare the same thing). Every configuration keeps the gate verdict of its own run and names the run
-it came from (``run``, an index into ``runs``: command, git commit, versions, fp8 mode).
+it came from (``run``, an index into ``runs``: command, git commit, versions, fp8 mode). Per-request figures are
+kept to 4 significant digits, the plot's need: a probe's table of a dozen configurations stays a small file.
 
     python recipes/merge_fidelity.py OUT_DIR RUN1/fidelity_27b.json RUN2/fidelity_27b.json \\
         --rename 1:C=share_tails-off --rename '1:{"min_shared_tokens": 16, "share_tails": true}=default'
 
-``--rename RUN:OLD=NEW`` renames configuration OLD of run RUN (1-based, in the order given); B appears once.
+``--rename RUN:OLD=NEW`` renames configuration OLD of run RUN (1-based, in the order given); B appears once, and
+so does a configuration that several runs answered identically (a probe that reused its stored answers).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import json
 import sys
 from pathlib import Path
 
-IDENTITY = ("shape", "seed", "dtype")  # what every run must share, besides the oracle check
+# what every run must share, besides the oracle check (a bench report names its dtype; the command's runs bf16)
+IDENTITY = ("shape", "seed", "dtype")
 RUN_KEYS = ("command", "git_commit", "device", "versions", "fp8")
 B_STATS = ("n_requests", "n_probabilities", "max_abs_dp", "p99_abs_dp", "mean_abs_dp", "flips", "near_tie_flips",
            "per_request_max_abs_dp")
@@ -38,18 +41,30 @@ def parse_renames(items: list[str], n_runs: int) -> dict[tuple[int, str], str]:
     return renames
 
 
+def kept_digits(values: list[float]) -> list[float]:
+    """Per-request figures to 4 significant digits, the plot's need."""
+    return [float(f"{value:.4g}") for value in values]
+
+
+def same_statistics(a: dict, b: dict) -> bool:
+    """Whether two entries of one configuration judged the same answers: every statistic of ``B_STATS`` equal (the
+    per-request figures to the digits a merged table keeps)."""
+    return all(kept_digits(a[key]) == kept_digits(b[key]) if key == "per_request_max_abs_dp" else a.get(key) == b.get(key)
+               for key in B_STATS)
+
+
 def merge_reports(reports: list[dict], renames: dict[tuple[int, str], str] | None = None) -> dict:
     """One report from several runs' reports (see the module docstring); a ValueError when they cannot be joined
     (another shape, oracle or weights; B differing; a configuration name given twice; a rename of nothing)."""
     renames = dict(renames or {})
     first = reports[0]
-    merged = {key: first[key] for key in IDENTITY}
+    merged = {key: first[key] for key in IDENTITY if key in first}
     merged.update(oracle=first["oracle"], oracle_sha256_check=first["oracle_sha256_check"], gate=first["gate"],
                   requests_compared=first["requests_compared"], runs=[], configurations={})
     for index, report in enumerate(reports):
         for key in IDENTITY:
-            if report[key] != first[key]:
-                raise ValueError(f"run {index + 1}: {key} {report[key]!r} differs from run 1's {first[key]!r}")
+            if report.get(key) != first.get(key):
+                raise ValueError(f"run {index + 1}: {key} {report.get(key)!r} differs from run 1's {first.get(key)!r}")
         check = report["oracle_sha256_check"]
         if not check.get("match") or check["oracle"] != first["oracle_sha256_check"]["oracle"]:
             raise ValueError(f"run {index + 1}: another oracle or weights ({check})")
@@ -68,8 +83,12 @@ def merge_reports(reports: list[dict], renames: dict[tuple[int, str], str] | Non
                 continue
             new = renames.pop((index, name), name)
             if new in merged["configurations"]:
-                raise ValueError(f"configuration {new!r} appears twice (run {index + 1}): rename one (--rename)")
-            merged["configurations"][new] = {**entry, "run": index}
+                if same_statistics(merged["configurations"][new], entry):
+                    continue  # the same answers again (a probe reuses stored answers): kept once, from its first run
+                raise ValueError(f"configuration {new!r} appears twice (run {index + 1}) with other statistics: "
+                                 "rename one (--rename)")
+            merged["configurations"][new] = {**entry, "run": index,  # 231 figures x a dozen configurations, small
+                                             "per_request_max_abs_dp": kept_digits(entry["per_request_max_abs_dp"])}
     if renames:
         raise ValueError(f"--rename of configurations no run has: {sorted(renames)}")
     return merged

@@ -55,13 +55,32 @@ def test_runs_that_cannot_share_a_table_are_refused(second, match):
         recipe.merge_reports([report({"C": stats(0.04, 0.01, 1)}), report({"fp8-all": stats(0.3, 0.05, 9)}, **second)])
 
 
-def test_a_name_twice_or_a_rename_of_nothing_is_refused():
+def test_a_name_twice_with_other_statistics_or_a_rename_of_nothing_is_refused():
     recipe = load_recipe("merge_fidelity")
-    runs = [report({"C": stats(0.04, 0.01, 1)}), report({"C": stats(0.04, 0.01, 1)})]
-    with pytest.raises(ValueError, match="appears twice"):
+    runs = [report({"C": stats(0.04, 0.01, 1)}), report({"C": stats(0.04, 0.011, 1)})]
+    with pytest.raises(ValueError, match="appears twice .* with other statistics"):
         recipe.merge_reports(runs)
     assert list(recipe.merge_reports(runs, {(1, "C"): "C2"})["configurations"]) == ["B", "C", "C2"]
     with pytest.raises(ValueError, match="no run has"):
         recipe.merge_reports(runs, {(1, "C"): "C2", (0, "E"): "x"})
     with pytest.raises(ValueError, match="RUN:OLD=NEW"):
         recipe.parse_renames(["3:C=x"], 2)
+
+
+def test_a_configuration_answered_identically_in_two_runs_is_kept_once():
+    """A gate probe that reused its stored answers reports the default again, unchanged: one row, from its first run.
+    The command's reports name no dtype; runs without one join."""
+    recipe = load_recipe("merge_fidelity")
+    runs = [report({"default": stats(0.05, 0.01, 3), "B1": stats(0.04, 0.01, 1)}),
+            report({"default": stats(0.05, 0.01, 3), "plain": stats(0.06, 0.01, 3)})]
+    for run in runs:
+        del run["dtype"]
+    merged = recipe.merge_reports(runs)
+    assert list(merged["configurations"]) == ["B", "default", "B1", "plain"]
+    assert [c["run"] for c in merged["configurations"].values()] == [0, 0, 0, 1]
+    assert "dtype" not in merged
+    runs[0]["configurations"]["B1"]["per_request_max_abs_dp"] = [0.0123456789, 0.5]
+    assert recipe.merge_reports(runs)["configurations"]["B1"]["per_request_max_abs_dp"] == [0.01235, 0.5]
+    runs[1]["dtype"] = "bfloat16"  # one run names a dtype, the other none: not one table
+    with pytest.raises(ValueError, match="dtype"):
+        recipe.merge_reports(runs)
