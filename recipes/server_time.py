@@ -40,7 +40,11 @@ the server at a time, so every stamp belongs to the request in flight):
 - ``response``: from the serialized answer to its last byte handed to uvicorn (the response object, the
   middleware's metrics and access log);
 - ``in app``: the ASGI call, less scoring; ``server``: the client's wall time less scoring (HTTP, the client's own
-  JSON and the loopback included), the figure bench_e2e's "HTTP minus in process" estimates.
+  JSON and the loopback included), the figure bench_e2e's "HTTP minus in process" estimates;
+- ``HTTP floor``: the same client and requests against a bare ASGI app under the same uvicorn, in passes of its
+  own, each after one of the app's (alternated: the machine's drift falls on both): it reads the body, waits ``--latency-ms`` on a worker thread (as the stand-in does) and
+  answers the real answers' median size; the client's wall time less that wait. What uvicorn, the loopback and the
+  client cost with no server work at all: ``server`` less this is what the package's own code could still save.
 
 Writes ``server_time.json`` (with ``--per-request``, every request's phases too) and ``.md`` (median and p90 ms per phase and group), prints the
 table. Run it on the commit before a change and after, on one machine.
@@ -54,6 +58,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -69,7 +74,8 @@ from benchlib.timing import median_and_p90
 from benchlib.workload import MANIFEST
 
 PHASES = ("routing", "body read", "json parse", "validation", "tokenization", "tokenizer proofs", "queueing",
-          "hand-off", "hop: start", "hop: back", "scoring", "answer", "serialization", "response", "in app", "server")
+          "hand-off", "hop: start", "hop: back", "scoring", "answer", "serialization", "response", "in app", "server",
+          "HTTP floor")
 SHORT_MAX = 512  # longest candidate, tokens: the short requests
 LONG_RANGE = (3300, 3500)  # the "3,400-token" requests
 GROUPS = {"noul 1-128": lambda kind, n: kind == "noul" and n <= 128,
@@ -137,8 +143,10 @@ class PhaseTimer:
             self.loop = self.loop or type(asyncio.get_running_loop()).__module__.split(".")[0]
 
             async def timed_send(message):
-                if message["type"] == "http.response.body" and not message.get("more_body", False):
-                    self.mark("asgi_out")
+                if message["type"] == "http.response.body":
+                    self.current["bytes_out"] = self.current.get("bytes_out", 0) + len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        self.mark("asgi_out")
                 await send(message)
 
             await app(scope, receive, timed_send)
@@ -189,6 +197,65 @@ def stand_in_scorer(timer: PhaseTimer, latency_s: float):
         return result
 
     return score
+
+
+def bare_app(latency_s: float, answer_bytes: int, waits: list[float]):
+    """The floor's ASGI app: reads the body, waits ``latency_s`` on a worker thread (the seconds it took go to
+    ``waits``), answers a JSON object of ``answer_bytes`` bytes; lifespan accepted, as uvicorn asks."""
+    body = json.dumps({"pad": "x" * max(0, answer_bytes - 11)}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+
+    def wait() -> float:
+        start = time.perf_counter()
+        time.sleep(latency_s)
+        return time.perf_counter() - start
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        while (await receive()).get("more_body", False):
+            pass
+        waits.append(await asyncio.get_running_loop().run_in_executor(None, wait))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def alternate_passes(requests: list[dict], repeats: int, *, timer: PhaseTimer, port: int, latency_s: float,
+                     http: str, loop: str) -> tuple[list[dict], list[float], list[float]]:
+    """``repeats`` timed passes over ``requests`` against the package's app on ``port``, each followed by one against
+    :func:`bare_app` (served once the first pass has said how big an answer is), so that the machine's drift falls
+    on both. The first pass of each app is preceded by a warm-up over every request, later ones by one request (the
+    client's new connection). Returns the app's timer records and client ms, and the HTTP floor's ms (the client's
+    wall less the bare app's measured wait), each in pass and request order."""
+    records, app_ms, floor_ms, waits = [], [], [], []
+    floor = None
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            for index in range(repeats):
+                warm = len(requests) if index == 0 else 1
+                before = len(timer.records)
+                client = run_client(port, requests, Path(scratch), warmup_requests=warm)
+                records += timer.records[before + warm:]
+                app_ms += client["passes"]["timed"]["ms"]
+                if floor is None:
+                    answer_bytes = int(statistics.median(record.get("bytes_out", 0) for record in records))
+                    floor = serve(bare_app(latency_s, answer_bytes, waits), http=http, loop=loop)
+                before = len(waits)
+                client = run_client(floor[2], requests, Path(scratch), warmup_requests=warm)
+                floor_ms += [ms - wait * 1000 for ms, wait in
+                             zip(client["passes"]["timed"]["ms"], waits[before + warm:], strict=True)]
+    finally:
+        if floor is not None:
+            floor[0].should_exit = True
+            floor[1].join(60)
+    if not len(records) == len(app_ms) == len(floor_ms):
+        raise RuntimeError(f"{len(records)} server records and {len(floor_ms)} floors for {len(app_ms)} timed requests")
+    return records, app_ms, floor_ms
 
 
 def phases_of(record: dict, client_ms: float) -> dict[str, float]:
@@ -308,7 +375,9 @@ def write_markdown(result: dict, path: Path) -> str:
              "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()), "",
              *table_lines(result["groups"]), "",
              "`in app`: the ASGI call less scoring; `server`: the client's wall time less scoring (what bench_e2e's "
-             "HTTP minus in process measures). Phases per recipes/server_time.py's docstring."]
+             "HTTP minus in process measures); `HTTP floor`: the same client against a bare ASGI app that only reads "
+             "the body, waits and answers as many bytes (what no server code of ours can save). Phases per "
+             "recipes/server_time.py's docstring."]
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
@@ -346,16 +415,15 @@ def main(argv=None) -> int:
                                  http=args.http, loop=args.loop)
     requests = [request for _, request in work]
     try:
-        with installed(timer), tempfile.TemporaryDirectory() as scratch:
-            client = run_client(port, requests * args.repeats, Path(scratch), warmup_requests=len(requests))
+        with installed(timer):
+            timed, client_ms, floor_ms = alternate_passes(requests, args.repeats, timer=timer, port=port,
+                                                          latency_s=args.latency_ms / 1000, http=args.http,
+                                                          loop=args.loop)
     finally:
         server.should_exit = True
         thread.join(60)
-    timed = timer.records[len(requests):]
-    client_ms = client["passes"]["timed"]["ms"]
-    if len(timed) != len(client_ms):
-        raise RuntimeError(f"{len(timed)} server records for {len(client_ms)} timed requests")
-    rows = [(item, phases_of(record, ms)) for (item, _), record, ms in zip(work * args.repeats, timed, client_ms)]
+    rows = [(item, {**phases_of(record, ms), "HTTP floor": floor})
+            for (item, _), record, ms, floor in zip(work * args.repeats, timed, client_ms, floor_ms, strict=True)]
     script_argv = None if argv is None else ["recipes/server_time.py", *argv]
     result = {"command": command_line(script_argv), "git_commit": git_commit(), "versions": versions(),
               "device": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",

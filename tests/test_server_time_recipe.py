@@ -2,6 +2,7 @@
 phases add up to its time in the app, and the phase timer's wrappers are removed afterwards."""
 
 import json
+import urllib.request
 
 import pytest
 from live_server import HTTP_STACKS
@@ -40,9 +41,30 @@ def test_the_phases_of_short_and_long_requests_add_up_and_the_timer_is_removed(t
         assert sum(request[part] for part in PARTS) - request["scoring"] == pytest.approx(request["in app"], abs=1e-3)
         assert request["server"] >= request["in app"] > 0  # the client's wall holds the app's call
         assert request["tokenization"] > 0 and request["queueing"] > 0 and request["hand-off"] > 0
+        assert request["HTTP floor"] > 0  # the bare app's pass, this request's wall less the app's measured wait
+    for group in result["groups"].values():  # no server code at all: under the server's time, group by group
+        assert group["HTTP floor"]["median_ms"] < group["server"]["median_ms"]
     assert result["groups"]["3,300-3,500"]["n"] == 2 * len(long_ids)
     markdown = (tmp_path / "server_time.md").read_text()
     assert "| tokenization |" in markdown and "3,300-3,500" in markdown and "stand-in scorer of 2 ms" in markdown
+    assert "| HTTP floor |" in markdown
+
+
+def test_the_floors_bare_app_answers_the_size_asked_after_the_wait(tmp_path):
+    """The floor's app: lifespan accepted, the body read, a JSON answer of the real answers' size after the wait."""
+    recipe = load_recipe("server_time")
+    waits = []
+    server, thread, port = recipe.serve(recipe.bare_app(0.002, 500, waits))
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/systemone", data=b'{"state": "s"}' * 100,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            payload = response.read()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert len(payload) == 500 and json.loads(payload)["pad"] == "x" * 489
+    assert len(waits) == 1 and waits[0] >= 0.002
 
 
 def test_a_shape_without_a_gpu_is_refused_before_anything_loads(tmp_path, monkeypatch, capsys):
