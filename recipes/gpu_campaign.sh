@@ -128,6 +128,10 @@ family_fidelity() {  # $1 = 9b or 2b: the bench's random weights (seed $3, defau
     --seed "${seed:-0}" --oracle "$oracle" --configs "$configs" --name "$name" --no-progress \
     --out "$out/fidelity$name" 2>&1 | quiet | tail -n 12
   rm -rf "$export_dir"
+  local report  # committed as they are: the recorded command's machine paths cut (the repository's relative ones)
+  for report in "$out/fidelity$name"/fidelity_*.json "$out/fidelity$name"/fidelity_*.md; do
+    [ -f "$report" ] && sed -i -e "s#$REPO/##g" -e "s#${OUT:-/tmp/out}/#\$OUT/#g" -e "s#/tmp/##g" "$report"
+  done
 }
 
 parts_file=$PWD/recipes/gpu_parts.txt  # the one list of the GPU suite's parts (cwd: the repository)

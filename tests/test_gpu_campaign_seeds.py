@@ -24,7 +24,14 @@ COPIED = ["recipes/gpu_campaign.sh", "recipes/device_setup.sh", "recipes/gpu_par
 # it complete unless its seed is in $INCOMPLETE
 SHIM = r"""#!/usr/bin/env bash
 echo "$*" >>"$CALLS"
-case "$*" in *oracle.py*) ;; *) exit 0 ;; esac
+case "$*" in
+  *"hf_openjev fidelity"*)  # a report that records the command, machine paths and all, as the command does
+    while [ $# -gt 0 ]; do case "$1" in --out) dir=$2 ;; --name) name=$2 ;; esac; shift; done
+    mkdir -p "$dir"; echo "{\"command\": \"$(tail -n 1 "$CALLS")\"}" >"$dir/fidelity_$name.json"
+    tail -n 1 "$CALLS" >"$dir/fidelity_$name.md"; exit 0 ;;
+  *oracle.py*) ;;
+  *) exit 0 ;;
+esac
 while [ $# -gt 0 ]; do
   case "$1" in --out) dir=$2 ;; --shape) shape=$2 ;; --seed) seed=$2 ;; esac
   shift
@@ -137,6 +144,14 @@ def test_gate_probe_judges_each_options_file_against_the_seeds_committed_oracle(
     with tarfile.open(out / "gate-probe.tgz") as tar:
         answers = tar.extractfile("./fidelity2b_seed1_probe/answers_2b_seed1_probe.json").read()
     assert answers == b'{"carried": true}'
+    with tarfile.open(out / "gate-probe.tgz") as tar:  # committed as they come back: no machine path in them
+        reports = [tar.extractfile(f"./fidelity2b_seed1_probe/fidelity_2b_seed1_probe.{ext}").read().decode()
+                   for ext in ("json", "md")]
+    for report in reports:
+        assert "--workload data/bench/jevbench231-shapes-estimated.json " in report
+        assert "--oracle data/bench/oracle_2b_seed1.json.gz " in report and "--out $OUT/gate-probe/" in report
+        assert str(tmp_path) not in report and "/tmp/" not in report, report
+    assert json.loads(reports[0])["command"].startswith("-m hf_openjev fidelity --model random-2b_seed1_probe ")
 
 
 @pytest.mark.parametrize("args, message", [
