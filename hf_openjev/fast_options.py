@@ -9,6 +9,7 @@ and pass it along. Pure Python (no torch), so a command line can check options b
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -131,3 +132,22 @@ class FastPathOptions:
     def forward_key(self) -> tuple:
         """The values of :data:`FORWARD_FIELDS`: packed forwards with equal keys run the same code."""
         return tuple(getattr(self, name) for name in FORWARD_FIELDS)
+
+
+def options_mapping_from_json(text: str, *, flag: str) -> dict:
+    """The option names and values of ``text``, a JSON object such as ``'{"cuda_graphs": false}'``, checked against
+    :class:`FastPathOptions` (names and values); a one-line ValueError naming ``flag`` otherwise. For a command
+    line's option, before anything loads."""
+    try:
+        mapping = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag}: not JSON ({exc.msg} at character {exc.pos}); give an object of option names, "
+                         f"e.g. '{{\"cuda_graphs\": false}}'") from None
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{flag}: give a JSON object of option names, e.g. '{{\"cuda_graphs\": false}}', "
+                         f"got {text!r}")
+    try:
+        FastPathOptions.from_mapping(mapping)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+    return mapping

@@ -111,3 +111,17 @@ def test_importing_the_options_loads_no_torch():
     code = "import sys, hf_openjev.fast_options; assert 'torch' not in sys.modules, 'torch was imported'"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_options_from_a_command_lines_json_are_checked_and_named_by_its_flag():
+    from hf_openjev.fast_options import options_mapping_from_json
+
+    assert options_mapping_from_json('{"dense_attention_tokens": 1, "shared_prefix": false}', flag="--x") == {
+        "dense_attention_tokens": 1, "shared_prefix": False}
+    assert options_mapping_from_json("{}", flag="--x") == {}
+    for text, message in [("{", "--x: not JSON"), ('"a"', "--x: give a JSON object"),
+                          ('{"nope": 1}', "--x: unknown fast-path option(s): nope"),
+                          ('{"dense_attention_tokens": -1}', "--x: dense_attention_tokens must be a non-negative")]:
+        with pytest.raises(ValueError) as info:
+            options_mapping_from_json(text, flag="--x")
+        assert str(info.value).startswith(message) and "\n" not in str(info.value), (text, str(info.value))

@@ -38,6 +38,11 @@ def add_arguments(parser) -> None:
     fast = parser.add_mutually_exclusive_group()
     fast.add_argument("--fast", dest="fast", action="store_true", default=None, help="force the fast path")
     fast.add_argument("--reference", dest="fast", action="store_false", help="force the reference path")
+    parser.add_argument("--fast-options", type=_fast_options, default=None, metavar="JSON",
+                        help="the fast path's options other than the defaults, a JSON object of "
+                             "hf_openjev.FastPathOptions names, e.g. '{\"dense_attention_tokens\": 1, "
+                             "\"packed_candidates\": false, \"shared_prefix\": false}' (docs/usage.md "
+                             "\"Fidelity\"); checked before anything loads; FP8 has its own --fp8")
     parser.add_argument("--fp8", default="off", choices=FP8_CHOICES,
                         help=FP8_HELP + "; with --devices, every replica loads this way")
     parser.add_argument("--allow-unknown-shape", action="store_true", help=UNKNOWN_SHAPE_HELP)
@@ -90,6 +95,18 @@ def add_arguments(parser) -> None:
                                   f"connection is closed (default {DEFAULT_MAX_CONNECTIONS})")
 
 
+def _fast_options(text: str) -> dict:
+    """``--fast-options``' JSON, checked (argparse turns the error into one line)."""
+    import argparse
+
+    from ..fast_options import options_mapping_from_json
+
+    try:
+        return options_mapping_from_json(text, flag="--fast-options")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--fast-options: ")) from None
+
+
 def run(args) -> int:
     import sys
 
@@ -114,6 +131,6 @@ def _serve(serve, args) -> int:
                  fast=args.fast, drain_timeout_s=args.drain_timeout, log_level=args.log_level,
                  limit_concurrency=args.limit_concurrency, warm_up_shapes=args.warm_up,
                  api_key_file=args.api_key_file, metrics_auth=args.metrics_auth, devices=args.devices,
-                 fp8=args.fp8, limits=limits, header_timeout_s=args.header_timeout,
+                 fp8=args.fp8, fast_options=args.fast_options, limits=limits, header_timeout_s=args.header_timeout,
                  allow_unknown_shape=args.allow_unknown_shape, write_timeout_s=args.write_timeout,
                  max_connections=args.max_connections)

@@ -8,6 +8,7 @@ loading), starts uvicorn at once (``GET /health`` answers 503 while the model lo
 
 from __future__ import annotations
 
+import json
 import logging
 
 from .app import create_app
@@ -94,12 +95,33 @@ def _configure_logging(log_level: str) -> None:
     configure_access_log()
 
 
-def _log_start(model_dir, ops, fp8: str) -> None:
+def _fast_path_options(mapping, *, fp8: str, fast):
+    """The serving options: the defaults with ``mapping``'s (``--fast-options``) and ``fp8``; a one-line UsageError
+    for a name or value FastPathOptions refuses, for ``fp8`` given there (it has its own option) or for options with
+    the reference path (``fast`` False)."""
+    from ..errors import UsageError
+    from ..fast_options import FastPathOptions
+
+    mapping = dict(mapping or {})
+    if "fp8" in mapping:
+        raise UsageError("--fast-options: fp8 has its own option: --fp8 MODE")
+    if mapping and fast is False:
+        raise UsageError("--fast-options are the fast path's options but --reference asks for the reference path; "
+                         "drop one of them")
+    try:
+        return FastPathOptions.from_mapping(mapping, base=FastPathOptions(fp8=fp8))
+    except ValueError as exc:
+        raise UsageError(f"--fast-options: {exc}") from None
+
+
+def _log_start(model_dir, ops, fp8: str, fast_options=None) -> None:
     logger.info("loading %s; GET /health answers 503 until the model is ready%s", model_dir,
                 f"; {len(ops.keys)} API key(s) required" if ops.keys.enabled else "")
     if fp8 != "off":
         logger.warning("fp8 %s: FP8 projections on the fast path; faster and half the weights, but it does not pass "
                        "the fidelity gate against the fp32 oracle (recipes/RESULTS.md)", fp8)
+    if fast_options:
+        logger.info("fast-path options other than the defaults: %s", json.dumps(fast_options, sort_keys=True))
 
 
 def _uvicorn_config(app, *, host: str, port: int, log_level: str, drain_timeout_s: float,
@@ -158,7 +180,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
           max_queue: int = DEFAULT_MAX_QUEUE, max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
           max_wait_ms: float = DEFAULT_MAX_WAIT_MS, fast: bool | None = None, drain_timeout_s: float = 30.0,
           log_level: str = "info", limit_concurrency: int | None = None, warm_up_shapes=None,
-          api_key_file=None, metrics_auth: bool = False, devices=None, fp8: str = "off",
+          api_key_file=None, metrics_auth: bool = False, devices=None, fp8: str = "off", fast_options=None,
           limits: RequestLimits | None = None, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
           allow_unknown_shape: bool = False, write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
           max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
@@ -183,6 +205,10 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     else. Every replica is loaded with ``load_export(..., fp8=fp8)``: quantized on the CPU, then moved, so no device
     holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8.option.FP8_HELP`).
 
+    ``fast_options``: the fast path's options other than the defaults (a mapping of
+    :class:`~hf_openjev.fast_options.FastPathOptions` names to values; FP8 is ``fp8``'s), for every request and the
+    warm-up; checked before anything else, and refused with ``fast=False`` (the reference path has none).
+
     ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`); ``header_timeout_s``:
     :mod:`~hf_openjev.serve.header_timeout`; ``write_timeout_s``: :mod:`~hf_openjev.serve.write_timeout`;
     ``max_connections``: :mod:`~hf_openjev.serve.connection_limit`. Every option is checked first
@@ -190,7 +216,6 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     ``allow_unknown_shape``: serve a shape that is no Open-Jev model's (:mod:`hf_openjev.family`)."""
     from ..checkpoint.manifest import check_export_dir
     from ..family import check_export_shape
-    from ..fast_options import FastPathOptions
     from ..fp8.option import select_fp8_path
     from .warmup import load_shapes
 
@@ -201,7 +226,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     check_positive(max_connections, "--max-connections", integer=True)
     limits = limits or RequestLimits()
     fast = select_fp8_path(fp8, fast, fp8_flag="--fp8", reference_flag="--reference")  # before anything else
-    options = FastPathOptions(fp8=fp8)
+    options = _fast_path_options(fast_options, fp8=fp8, fast=fast)
     ops = ServerOps(api_keys=read_api_keys(api_key_file), metrics_auth=metrics_auth)  # bad keys: before loading
     shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
     check_export_dir(model_dir)  # a package dir, a CUDA device without CUDA, a busy port: before the model loads
@@ -221,7 +246,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
                              header_timeout_s=header_timeout_s, write_timeout_s=write_timeout_s,
                              max_connections=max_connections)
     server = build_server(config, on_exit=loading.begin_drain, drain=loading.finish_drain)
-    _log_start(model_dir, ops, fp8)
+    _log_start(model_dir, ops, fp8, fast_options)
     server.run()
     if loading.error is not None:
         raise loading.error
