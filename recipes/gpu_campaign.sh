@@ -59,6 +59,9 @@
 #                                        # (recipes/server_time.py, 3 timed passes): the stand-in scorer, then the
 #                                        # SHAPE's (default 27b) real forward on the GPU (--shape); server_time.{json,md}
 #                                        # under stand-in/ and SHAPE/
+#   bash recipes/gpu_campaign.sh sweep SHAPE JSON  # e.g. sweep 2b '[{"packed_candidates": false}]': C (the default)
+#                                        # and each FastPathOptions object of the list, one warm-up and one measured
+#                                        # pass each, on the exact workload in one process: what a configuration costs
 #   bash recipes/gpu_campaign.sh profile # 27B kernel profiles with graphs: a 107- and a 3,400-token candidate and
 #                                        # JevBench requests 0, 129, 204, the default and with aligned sharing
 #   bash recipes/gpu_campaign.sh warmup [SHAPES...]  # C's warm-up split (recipes/warmup_breakdown.py) at 2b 9b 27b
@@ -83,10 +86,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-seeds | family | fingerprints | divergence | server-time | profile | warmup"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-seeds|family|fingerprints|divergence|server-time|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -187,6 +190,11 @@ if [ "$stage" = divergence ]; then  # a shape, a seed and request ids, before se
 fi
 if [ "$stage" = server-time ]; then  # a known shape, before setup
   case "${1:-27b}" in 2b|9b|27b) ;; *) echo "server-time [SHAPE]: SHAPE 2b, 9b or 27b (default 27b)"; exit 2 ;; esac
+fi
+if [ "$stage" = sweep ]; then  # a shape and a JSON list of option objects, before setup
+  usage="sweep SHAPE JSON: SHAPE 2b, 9b or 27b, then a JSON list of FastPathOptions objects, e.g. '[{\"cuda_graphs\": false}]'"
+  case "${1:-}" in 2b|9b|27b) ;; *) echo "$usage"; exit 2 ;; esac
+  [[ "${2:-}" =~ ^\[.*\]$ ]] && [ $# -eq 2 ] || { echo "$usage"; exit 2; }
 fi
 
 setup
@@ -298,6 +306,9 @@ case "$stage" in
     timeout $((585 - (SECONDS - start))) python3 "$REPO/recipes/server_time.py" --shape "$shape" --repeats 3 \
       --out "$out/$shape" 2>&1 | quiet | tail -n 18
     echo "$shape rc=${PIPESTATUS[0]} at $((SECONDS - start)) s" ;;
+  sweep)
+    timeout $((585 - (SECONDS - start))) $bench --shape "$1" --arms C --passes 1 --concurrency "" --single "" \
+      --long-candidate 0 --sweep "$2" --out "$out/$1" 2>&1 | quiet | grep -E "^arm|^sweep|rror" ;;
   profile)
     timeout $((575 - (SECONDS - start))) python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 \
       --requests 0,129,204 --fast-options '{}' '{"share_tails": false, "min_shared_tokens": 64}' \

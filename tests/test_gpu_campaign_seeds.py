@@ -197,3 +197,19 @@ def test_divergence_compares_each_request_with_fp32_on_the_seeds_weights(tmp_pat
 def test_divergence_refuses_bad_calls_before_setup(tmp_path, args):
     result, lines, _ = run_stage(tmp_path, *args)
     assert result.returncode == 2 and "divergence SHAPE SEED REQUEST" in result.stdout and lines == []
+
+
+def test_sweep_times_the_default_and_each_configuration_in_one_bench_process(tmp_path):
+    configs = '[{"dense_attention_tokens": 1, "packed_candidates": false}]'
+    result, lines, out = run_stage(tmp_path, "sweep", "2b", configs)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (bench,) = script_calls(lines, "bench_jevbench.py")
+    assert "--shape 2b --arms C --passes 1 " in bench and f"--sweep {configs} " in bench
+    assert f"--out {out}/sweep/2b" in bench and (out / "sweep.tgz").is_file()
+
+
+@pytest.mark.parametrize("args", [("sweep", "70b", "[{}]"), ("sweep", "2b", '{"cuda_graphs": false}'),
+                                  ("sweep", "2b"), ("sweep", "2b", "[{}]", "extra")])
+def test_sweep_refuses_bad_calls_before_setup(tmp_path, args):
+    result, lines, _ = run_stage(tmp_path, *args)
+    assert result.returncode == 2 and "sweep SHAPE JSON" in result.stdout and lines == []
