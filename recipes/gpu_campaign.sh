@@ -315,14 +315,16 @@ case "$stage" in
       --out "$out/profile" 2>&1 | quiet | tail -n 12 ;;
   warmup)
     breakdown="python3 $REPO/recipes/warmup_breakdown.py"
+    caches=${TMPDIR:-/tmp}
+    rm -rf "$caches/tc_empty" "$caches/tc_carried"  # empty even on a machine an earlier call of this stage left warm
     for shape in ${*:-2b 9b 27b}; do  # one process a shape, one kernel cache for all (fla tunes per head shape)
-      TRITON_CACHE_DIR=/tmp/tc_empty timeout $((540 - (SECONDS - start))) $breakdown --shape "$shape" \
+      TRITON_CACHE_DIR="$caches/tc_empty" timeout $((540 - (SECONDS - start))) $breakdown --shape "$shape" \
         --out "$out/$shape" --dump-fla-configs "$out/fla_configs" 2>&1 | quiet | tail -n 12
     done
     gpu=$(ls "$out/fla_configs" 2>/dev/null | head -n 1)
     for cache in empty warm; do  # the 2B with the configurations just tuned: an empty kernel cache, then that one warm
       [ -n "$gpu" ] && [ $((SECONDS - start)) -lt 480 ] || break
-      FLA_CONFIG_DIR="$out/fla_configs/$gpu" FLA_CACHE_MODE=strict TRITON_CACHE_DIR=/tmp/tc_carried \
+      FLA_CONFIG_DIR="$out/fla_configs/$gpu" FLA_CACHE_MODE=strict TRITON_CACHE_DIR="$caches/tc_carried" \
         timeout $((570 - (SECONDS - start))) $breakdown --shape 2b --out "$out/2b-carried-$cache" 2>&1 | quiet | tail -n 12
     done ;;
 esac

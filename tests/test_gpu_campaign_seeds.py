@@ -213,3 +213,17 @@ def test_sweep_times_the_default_and_each_configuration_in_one_bench_process(tmp
 def test_sweep_refuses_bad_calls_before_setup(tmp_path, args):
     result, lines, _ = run_stage(tmp_path, *args)
     assert result.returncode == 2 and "sweep SHAPE JSON" in result.stdout and lines == []
+
+
+def test_warmup_starts_from_empty_kernel_caches_on_a_machine_left_warm(tmp_path, monkeypatch):
+    """An earlier warmup call on the same machine leaves its kernel caches behind; this one removes them first, so
+    its "empty cache" figures are cold ones (s19's second call was not)."""
+    caches = tmp_path / "tmp"
+    for name in ("tc_empty", "tc_carried"):
+        (caches / name).mkdir(parents=True)
+        (caches / name / "stale").write_text("compiled before")
+    monkeypatch.setenv("TMPDIR", str(caches))
+    result, lines, _ = run_stage(tmp_path, "warmup", "9b")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (caches / "tc_empty" / "stale").exists() and not (caches / "tc_carried" / "stale").exists()
+    assert "--shape 9b " in script_calls(lines, "warmup_breakdown.py")[0]
