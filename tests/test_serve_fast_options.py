@@ -40,8 +40,8 @@ def test_fp8_there_or_options_with_the_reference_path_are_refused_before_loading
 
 
 def test_the_options_reach_the_app_that_serves(tiny_checkpoint, monkeypatch, caplog):
-    """On the tiny checkpoint (CPU, the fast path asked for): the app is built with the defaults changed as given,
-    and the start-up log names them."""
+    """On the tiny checkpoint on the CPU (whose default is the reference path): the options select the fast path, the
+    app is built with the defaults changed as given, and the start-up log names them."""
     import uvicorn
     from live_server import run_lifespan_without_a_socket
 
@@ -49,11 +49,12 @@ def test_the_options_reach_the_app_that_serves(tiny_checkpoint, monkeypatch, cap
 
     built = []
     create_app = startup.create_app
-    monkeypatch.setattr(startup, "create_app", lambda model, **kw: built.append(kw["options"]) or create_app(model, **kw))
+    monkeypatch.setattr(startup, "create_app",
+                        lambda model, **kw: built.append((kw["fast"], kw["options"])) or create_app(model, **kw))
     monkeypatch.setattr(uvicorn.Server, "run", run_lifespan_without_a_socket)
-    args = serve_parser().parse_args(["--model", str(tiny_checkpoint.export), "--device", "cpu", "--fast", "--port",
-                                      "0", "--fast-options", '{"min_shared_tokens": 7, "share_tails": false}'])
+    args = serve_parser().parse_args(["--model", str(tiny_checkpoint.export), "--device", "cpu", "--port", "0",
+                                      "--fast-options", '{"min_shared_tokens": 7, "share_tails": false}'])
     with caplog.at_level(logging.INFO, logger="hf_openjev.serve.server"):
         assert serve_cli.run(args) == 0
-    assert built == [FastPathOptions(min_shared_tokens=7, share_tails=False)]
+    assert built == [(True, FastPathOptions(min_shared_tokens=7, share_tails=False))]
     assert 'fast-path options other than the defaults: {"min_shared_tokens": 7, "share_tails": false}' in caplog.text

@@ -42,7 +42,8 @@ def add_arguments(parser) -> None:
                         help="the fast path's options other than the defaults, a JSON object of "
                              "hf_openjev.FastPathOptions names, e.g. '{\"dense_attention_tokens\": 1, "
                              "\"packed_candidates\": false, \"shared_prefix\": false}' "
-                             "(docs/usage.md \"Fidelity\"); checked before anything loads; FP8 has its own --fp8")
+                             "(docs/usage.md \"Fidelity\"); selects the fast path (on the CPU too); checked before anything "
+                             "loads; FP8 has its own --fp8")
     parser.add_argument("--fp8", default="off", choices=FP8_CHOICES,
                         help=FP8_HELP + "; with --devices, every replica loads this way")
     parser.add_argument("--allow-unknown-shape", action="store_true", help=UNKNOWN_SHAPE_HELP)

@@ -96,9 +96,10 @@ def _configure_logging(log_level: str) -> None:
 
 
 def _fast_path_options(mapping, *, fp8: str, fast):
-    """The serving options: the defaults with ``mapping``'s (``--fast-options``) and ``fp8``; a one-line UsageError
-    for a name or value FastPathOptions refuses, for ``fp8`` given there (it has its own option) or for options with
-    the reference path (``fast`` False)."""
+    """The serving options and path: the defaults with ``mapping``'s (``--fast-options``) and ``fp8``, and ``fast``,
+    True when ``mapping`` names any option (they are the fast path's, so they select it, on the CPU too, as ``--fp8``
+    does); a one-line UsageError for a name or value FastPathOptions refuses, for ``fp8`` given there (it has its own
+    option) or for options with the reference path (``fast`` False)."""
     from ..errors import UsageError
     from ..fast_options import FastPathOptions
 
@@ -109,9 +110,10 @@ def _fast_path_options(mapping, *, fp8: str, fast):
         raise UsageError("--fast-options are the fast path's options but --reference asks for the reference path; "
                          "drop one of them")
     try:
-        return FastPathOptions.from_mapping(mapping, base=FastPathOptions(fp8=fp8))
+        options = FastPathOptions.from_mapping(mapping, base=FastPathOptions(fp8=fp8))
     except ValueError as exc:
         raise UsageError(f"--fast-options: {exc}") from None
+    return options, (True if mapping else fast)
 
 
 def _log_start(model_dir, ops, fp8: str, fast_options=None) -> None:
@@ -207,7 +209,8 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
 
     ``fast_options``: the fast path's options other than the defaults (a mapping of
     :class:`~hf_openjev.fast_options.FastPathOptions` names to values; FP8 is ``fp8``'s), for every request and the
-    warm-up; checked before anything else, and refused with ``fast=False`` (the reference path has none).
+    warm-up; they select the fast path (on the CPU too), are checked before anything else, and are refused with
+    ``fast=False`` (the reference path has none).
 
     ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`); ``header_timeout_s``:
     :mod:`~hf_openjev.serve.header_timeout`; ``write_timeout_s``: :mod:`~hf_openjev.serve.write_timeout`;
@@ -226,7 +229,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     check_positive(max_connections, "--max-connections", integer=True)
     limits = limits or RequestLimits()
     fast = select_fp8_path(fp8, fast, fp8_flag="--fp8", reference_flag="--reference")  # before anything else
-    options = _fast_path_options(fast_options, fp8=fp8, fast=fast)
+    options, fast = _fast_path_options(fast_options, fp8=fp8, fast=fast)
     ops = ServerOps(api_keys=read_api_keys(api_key_file), metrics_auth=metrics_auth)  # bad keys: before loading
     shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
     check_export_dir(model_dir)  # a package dir, a CUDA device without CUDA, a busy port: before the model loads
