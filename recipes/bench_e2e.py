@@ -17,6 +17,11 @@ table, per-request ms; the command, versions, device, git commit) and ``.md`` wi
 beside it. Requests are bucketed by the exact manifest's token counts (``data/bench/jevbench231-shapes.json``,
 matched by task id). ``--in-process bench_<shape>_<dtype>.json`` adds what HTTP and tokenization add per request
 over that in-process run's mean (same shape and arms).
+
+After the first arm, the same client runs the requests once more against a bare ASGI app under the same uvicorn
+(``benchlib.http_floor``: it reads the body, hands off to a worker thread and back, answers the first arm's median
+answer size): ``http_floor_ms`` by the same buckets as the server's own time, the part of it no server code of ours
+can save.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +38,7 @@ from pathlib import Path
 
 import torch
 from benchlib.groups import longest_tokens, native_comparison_lines, table
+from benchlib.http_floor import bare_app, floors_ms
 from benchlib.local_server import serve_in_thread
 from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import add_model_arguments, build_model, default_device
@@ -158,9 +165,33 @@ def measure_arm(model, arm: str, work: list[tuple[dict, dict]], *, warmup_reques
         thread.join(60)
     times = client["passes"]["timed"]["ms"]
     warmup_s = sum(client["passes"]["warm-up"]["ms"]) / 1000
+    answer_bytes = int(statistics.median(len(json.dumps(answer)) for answer in client["answers"]))
     return {**summarize(times), "warmup_s": warmup_s, "wall_s": time.perf_counter() - start,
             "table": table([(item, None) for item, _ in work], times), "per_request_ms": times,
-            "path": "fast" if arm == "C" else "reference"}
+            "path": "fast" if arm == "C" else "reference", "answer_bytes": answer_bytes}
+
+
+def measure_floor(work: list[tuple[dict, dict]], *, answer_bytes: int) -> list[float]:
+    """Each request's HTTP floor (ms, in ``work``'s order): the same client against
+    :func:`~benchlib.http_floor.bare_app` (no wait, the thread hops kept), after a warm-up pass."""
+    waits: list[float] = []
+    server, thread, port = serve_in_thread(bare_app(0.0, answer_bytes, waits), name="e2e-floor")
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            client = run_client(port, [request for _, request in work], Path(scratch))
+    finally:
+        server.should_exit = True
+        thread.join(60)
+    return floors_ms(client["passes"]["timed"]["ms"], waits)
+
+
+def add_floor(results: dict, work: list[tuple[dict, dict]], *, answer_bytes: int) -> None:
+    """``results["http_floor_ms"]``: the floor per request, by the server time's buckets (median, p90, n)."""
+    floors = measure_floor(work, answer_bytes=answer_bytes)
+    tokens = [longest_tokens(item) for item, _ in work]
+    results["http_floor_ms"] = {f"{lo}-{hi}": {"n": len(picked), **median_and_p90(picked)}
+                                for lo, hi in SERVER_TIME_BUCKETS
+                                if (picked := [f for f, n in zip(floors, tokens) if lo <= n <= hi])}
 
 
 def request_names(work: list[tuple[dict, dict]]) -> dict:
@@ -221,6 +252,11 @@ def write_markdown(results: dict, path: Path) -> None:
                           "sequence's tokens): " + "; ".join(f"{b} tokens median {v['median_ms']:.2f} ms, p90 "
                                                              f"{v['p90_ms']:.2f} (n {v['n']})"
                                                              for b, v in r["server_ms"].items())]
+    if results.get("http_floor_ms"):
+        lines += ["", "HTTP floor (the same client against a bare ASGI app under the same uvicorn: what no server code "
+                      "of ours can save): " + "; ".join(f"{b} tokens median {v['median_ms']:.2f} ms, p90 "
+                                                         f"{v['p90_ms']:.2f} (n {v['n']})"
+                                                         for b, v in results["http_floor_ms"].items())]
     if results.get("in_process") and not results["in_process"]["same_workload"]:
         lines += ["", f"The in-process file {results['in_process']['file']} ran another shape or manifest: its "
                       "differences are not HTTP + tokenization alone."]
@@ -257,6 +293,8 @@ def measure_after_bench(model, arms: list[str], prepared, *, bench: dict, out: P
         r["cold"] = not covers_every_shape([*seen_items, *(item for item, _ in work[:limit])], [i for i, _ in work])
         print(f"e2e arm {arm}{warmth_note(r['cold'], r['warmup_requests'], len(work))}: mean {r['mean_ms']:.1f} ms, p50 {r['p50_ms']:.1f}, p95 {r['p95_ms']:.1f}", flush=True)
         add_in_process(results, out / f"{stem}.json", bench=bench)  # after every arm: a cut run keeps the first's
+        if "http_floor_ms" not in results:
+            add_floor(results, work, answer_bytes=r["answer_bytes"])
         (out / f"{name}.json").write_text(json.dumps(results, indent=1))
         write_markdown(results, out / f"{name}.md")
     return results
@@ -286,6 +324,8 @@ def main(argv=None) -> int:
         r = results["arms"][arm]
         print(f"arm {arm}: mean {r['mean_ms']:.1f} ms, p50 {r['p50_ms']:.1f}, p95 {r['p95_ms']:.1f} "
               f"({r['n']} requests over HTTP)", flush=True)
+        if "http_floor_ms" not in results:
+            add_floor(results, work, answer_bytes=r["answer_bytes"])
         (out / f"{stem}.json").write_text(json.dumps(results, indent=1))  # after every arm
     if args.in_process is not None:
         add_in_process(results, args.in_process)

@@ -67,6 +67,7 @@ from pathlib import Path
 import torch
 from bench_e2e import DATA, attach_tokenizer, load_requests, load_tokenizer, run_client
 from benchlib.groups import longest_tokens
+from benchlib.http_floor import bare_app, floors_ms
 from benchlib.local_server import serve_in_thread
 from benchlib.provenance import command_line, git_commit, versions
 from benchlib.random_model import build_model
@@ -199,37 +200,11 @@ def stand_in_scorer(timer: PhaseTimer, latency_s: float):
     return score
 
 
-def bare_app(latency_s: float, answer_bytes: int, waits: list[float]):
-    """The floor's ASGI app: reads the body, waits ``latency_s`` on a worker thread (the seconds it took go to
-    ``waits``), answers a JSON object of ``answer_bytes`` bytes; lifespan accepted, as uvicorn asks."""
-    body = json.dumps({"pad": "x" * max(0, answer_bytes - 11)}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-
-    def wait() -> float:
-        start = time.perf_counter()
-        time.sleep(latency_s)
-        return time.perf_counter() - start
-
-    async def app(scope, receive, send):
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        while (await receive()).get("more_body", False):
-            pass
-        waits.append(await asyncio.get_running_loop().run_in_executor(None, wait))
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    return app
-
-
 def alternate_passes(requests: list[dict], repeats: int, *, timer: PhaseTimer, port: int, latency_s: float,
                      http: str, loop: str) -> tuple[list[dict], list[float], list[float]]:
     """``repeats`` timed passes over ``requests`` against the package's app on ``port``, each followed by one against
-    :func:`bare_app` (served once the first pass has said how big an answer is), so that the machine's drift falls
-    on both. The first pass of each app is preceded by a warm-up over every request, later ones by one request (the
+    :func:`~benchlib.http_floor.bare_app` (served once the first pass has said how big an answer is), so that the
+    machine's drift falls on both. The first pass of each app is preceded by a warm-up over every request, later ones by one request (the
     client's new connection). Returns the app's timer records and client ms, and the HTTP floor's ms (the client's
     wall less the bare app's measured wait), each in pass and request order."""
     records, app_ms, floor_ms, waits = [], [], [], []
@@ -245,10 +220,8 @@ def alternate_passes(requests: list[dict], repeats: int, *, timer: PhaseTimer, p
                 if floor is None:
                     answer_bytes = int(statistics.median(record.get("bytes_out", 0) for record in records))
                     floor = serve(bare_app(latency_s, answer_bytes, waits), http=http, loop=loop)
-                before = len(waits)
                 client = run_client(floor[2], requests, Path(scratch), warmup_requests=warm)
-                floor_ms += [ms - wait * 1000 for ms, wait in
-                             zip(client["passes"]["timed"]["ms"], waits[before + warm:], strict=True)]
+                floor_ms += floors_ms(client["passes"]["timed"]["ms"], waits)
     finally:
         if floor is not None:
             floor[0].should_exit = True

@@ -73,6 +73,10 @@ def test_both_arms_answer_every_request_over_http_and_report_beside_the_native_s
     assert "not HTTP + tokenization alone" in markdown
     assert "| choice | 1-128 | 72 | 44.07 |" in markdown and "| all | p95 | 231 | 471.11 |" in markdown
     assert "arm B: mean" in capsys.readouterr().out
+    floor = results["http_floor_ms"]  # the bare app's pass, once, after the first arm: its requests are all short
+    assert list(floor) == ["1-512"] and floor["1-512"]["n"] == 3 and 0 < floor["1-512"]["median_ms"]
+    assert floor["1-512"]["median_ms"] < results["arms"]["B"]["p50_ms"]  # no model, no tokenizer: under both arms
+    assert results["arms"]["B"]["answer_bytes"] > 100 and "HTTP floor (the same client" in markdown
 
 
 def test_an_http_b_is_cold_unless_its_warm_up_or_the_in_process_b_ran_every_shape(tasks_dir, tokenizer_dir,
@@ -103,6 +107,7 @@ def test_an_http_b_is_cold_unless_its_warm_up_or_the_in_process_b_ran_every_shap
                  for i, t in zip(warm["request_ids"], b["per_request_ms"]))
     assert b["server_ms"] == {"1-512": {"n": 3, "median_ms": pytest.approx(own[1]), "p90_ms": pytest.approx(own[2])}}
     assert "the server's own time" in (tmp_path / "e2e_tiny_B.md").read_text()
+    assert warm["http_floor_ms"]["1-512"]["n"] == 3  # the run after a bench measures its floor too
 
 
 def test_the_servers_own_time_is_matched_by_id_and_bucketed_by_tokens():
