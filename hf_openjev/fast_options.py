@@ -134,6 +134,7 @@ class FastPathOptions:
         return tuple(getattr(self, name) for name in FORWARD_FIELDS)
 
 
+
 def options_mapping_from_json(text: str, *, flag: str) -> dict:
     """The option names and values of ``text``, a JSON object such as ``'{"cuda_graphs": false}'``, checked against
     :class:`FastPathOptions` (names and values); a one-line ValueError naming ``flag`` otherwise. For a command
@@ -151,3 +152,41 @@ def options_mapping_from_json(text: str, *, flag: str) -> dict:
     except ValueError as exc:
         raise ValueError(f"{flag}: {exc}") from None
     return mapping
+
+
+FAST_OPTIONS_HELP = ("the fast path's options other than the defaults, a JSON object of hf_openjev.FastPathOptions "
+                     "names, e.g. '{\"dense_attention_tokens\": 1, \"packed_candidates\": false, "
+                     "\"shared_prefix\": false}' (docs/usage.md \"Fidelity\"); selects the fast path (on the CPU "
+                     "too); checked before anything loads; FP8 has its own --fp8")
+
+
+def fast_options_argument(text: str) -> dict:
+    """``--fast-options``' argparse type: :func:`options_mapping_from_json`, its error one line of argparse's."""
+    import argparse
+
+    try:
+        return options_mapping_from_json(text, flag="--fast-options")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--fast-options: ")) from None
+
+
+def resolve_fast_options(mapping, *, fp8: str, fast, reference_flag: str) -> tuple[FastPathOptions | None, object]:
+    """A command's fast-path options and path from ``--fast-options``' ``mapping`` and its ``fp8`` mode: (the
+    defaults with both, or None when ``mapping`` is empty: the model's own; ``fast``, True when ``mapping`` names any
+    option: they are the fast path's, so they select it, on the CPU too, as ``--fp8`` does). A one-line
+    :class:`~hf_openjev.errors.UsageError` for ``fp8`` given in ``mapping`` (it has its own option), for options with
+    the reference path (``fast`` False, asked by ``reference_flag``) or for a name or value refused."""
+    from .errors import UsageError
+
+    mapping = dict(mapping or {})
+    if not mapping:
+        return None, fast
+    if "fp8" in mapping:
+        raise UsageError("--fast-options: fp8 has its own option: --fp8 MODE")
+    if fast is False:
+        raise UsageError(f"--fast-options are the fast path's options but {reference_flag} asks for the reference "
+                         "path; drop one of them")
+    try:
+        return FastPathOptions.from_mapping(mapping, base=FastPathOptions(fp8=fp8)), True
+    except ValueError as exc:
+        raise UsageError(f"--fast-options: {exc}") from None

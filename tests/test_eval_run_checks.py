@@ -1,6 +1,6 @@
 """What eval and export check before loading, and how they end on an expected condition (issue 28, findings 7 and
-9): hf_openjev.eval.run_checks, the dtype and FP8 mode in the resume fingerprint, a torn record repaired on
-resume, a full disk as one line."""
+9): hf_openjev.eval.run_checks, the dtype, FP8 mode and fast-path options in the resume fingerprint, a torn record
+repaired on resume, a full disk as one line."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_the_fingerprint_holds_the_dtype_also_of_a_loaded_model(tiny_model, tiny
     assert run["dtype"] == "float32" and "fp8" not in run
     resumed = evaluate(model=tiny_checkpoint.export, data=[data], out_dir=out, dtype="float32", **CPU)
     assert resumed["counts"]["scored_this_run"] == 0  # the same model, dtype and mode: resumed
-    with pytest.raises(EvalInputError, match=r"another model or FP8 mode or dtype .*dtype float32"):
+    with pytest.raises(EvalInputError, match=r"another model, FP8 mode, dtype or fast-path options .*dtype float32"):
         evaluate(model=tiny_checkpoint.export, data=[data], out_dir=out, dtype="auto", **CPU)  # bfloat16
 
 
@@ -183,3 +183,42 @@ def test_a_resume_on_a_full_disk_leaves_no_repair_file(tiny_model, tmp_path, mon
     assert summary["counts"]["scored_this_run"] == 1 and summary["counts"]["resumed"] == 2
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
     assert all(isinstance(json.loads(line), dict) for line in results.read_text(encoding="utf-8").splitlines())
+
+
+@pytest.mark.parametrize("options, fast, message", [
+    ({"fp8": "all"}, None, "--fast-options: fp8 has its own option: --fp8 MODE"),
+    ({"cuda_graphs": False}, False, "--fast-options are the fast path's options but fast=False"),
+    ({"nope": 1}, None, "--fast-options: unknown fast-path option"),
+])
+def test_fast_options_are_checked_before_anything_loads(options, fast, message, tiny_checkpoint, tmp_path,
+                                                        no_loading):
+    with pytest.raises(UsageError, match=message):
+        evaluate(model=tiny_checkpoint.export, data=[_few(tmp_path)], out_dir=tmp_path / "out", fast=fast,
+                 fast_options=options, **CPU)
+    assert not (tmp_path / "out").exists()
+
+
+def test_fast_options_select_the_fast_path_and_enter_the_fingerprint(tiny_checkpoint, tmp_path, monkeypatch,
+                                                                     capsys):
+    """``--fast-options`` on the CPU (whose default is the reference path): the run takes the fast path with those
+    options, run.json names them, the same options resume and other ones are refused."""
+    from hf_openjev.fast_options import FastPathOptions
+
+    seen = []
+    real = ev.prepare_path
+    monkeypatch.setattr(ev, "prepare_path", lambda model, fast, options=None: seen.append((fast, options)) or real(
+        model, fast, options))
+    data, out = _few(tmp_path, 2), tmp_path / "out"
+    argv = ["eval", "--model", str(tiny_checkpoint.export), "--data", str(data), "--out", str(out), "--device", "cpu",
+            "--dtype", "float32", "--no-progress", "--fast-options", '{"min_shared_tokens": 7}']
+    assert cli.main(argv) == 0
+    assert seen == [(True, FastPathOptions(min_shared_tokens=7))]
+    assert json.loads((out / "run.json").read_text(encoding="utf-8"))["fast_options"] == {"min_shared_tokens": 7}
+    assert cli.main(argv) == 0 and len(seen) == 1  # the same options: every task resumed, no model work
+    capsys.readouterr()
+    assert cli.main(argv[:-1] + ['{"min_shared_tokens": 8}']) == 2
+    err = capsys.readouterr().err.strip()
+    assert "fast-path options" in err and 'options {"min_shared_tokens": 7}' in err and "\n" not in err
+    with pytest.raises(SystemExit) as info:  # a bad value: argparse's one line
+        cli.main(argv[:-1] + ['{"min_shared_tokens": 0}'])
+    assert info.value.code == 2 and "min_shared_tokens must be a positive integer" in capsys.readouterr().err

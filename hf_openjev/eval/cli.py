@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..family import UNKNOWN_SHAPE_HELP
+from ..fast_options import FAST_OPTIONS_HELP, fast_options_argument
 from ..fp8.option import FP8_CHOICES, FP8_HELP, select_fp8_path
 from ..work_tokens import DEFAULT_BATCH_TOKENS
 
@@ -42,6 +43,8 @@ def add_arguments(parser) -> None:
                         help="backbone dtype (default: auto = bfloat16)")
     parser.add_argument("--fast", action=argparse.BooleanOptionalAction, default=None,
                         help="force the fast path on/off (default: on for CUDA)")
+    parser.add_argument("--fast-options", type=fast_options_argument, default=None, metavar="JSON",
+                        help=FAST_OPTIONS_HELP + "; results of other options in --out are not resumed")
     parser.add_argument("--fp8", default="off", choices=FP8_CHOICES,
                         help=FP8_HELP + "; results of another --fp8 mode in --out are not resumed")
     parser.add_argument("--allow-unknown-shape", action="store_true", help=UNKNOWN_SHAPE_HELP)
@@ -76,7 +79,7 @@ def run(args) -> int:
         summary = evaluate(model=args.model, data=args.data, out_dir=args.out, batch_size=args.batch_size,
                            fast=fast, device=args.device, dtype=args.dtype, resume=args.resume,
                            progress=args.progress, fp8=args.fp8, allow_unknown_shape=args.allow_unknown_shape,
-                           batch_tokens=args.batch_tokens, limit=args.limit)
+                           batch_tokens=args.batch_tokens, limit=args.limit, fast_options=args.fast_options)
     except (EvalInputError, UsageError) as exc:
         if main:
             print(f"hf-openjev eval: error: {exc}", file=sys.stderr)

@@ -2,7 +2,7 @@
 or several, and write the results, summary, report and diagram.
 
     evaluate(*, model, data, out_dir, batch_size=16, fast=None, device=None, dtype="auto", resume=True,
-             progress=True, fp8="off", batch_tokens=16384, limit=None) -> dict  # the summary, also in summary.json
+             progress=True, fp8="off", batch_tokens=16384, limit=None, fast_options=None) -> dict  # the summary
 
 ``model`` is a merged export directory or a loaded :class:`~hf_openjev.model.JevModel`; ``data`` one path or a
 list (``.jsonl``, ``.json``, ``.parquet`` files or directories; each input's tier is its file stem or directory
@@ -16,8 +16,11 @@ forward at most ``batch_tokens`` padded tokens) is scored in one :func:`~hf_open
 task's **latency** is its batch's wall time (its tasks' tokenization, forward, answers) divided by its tasks. ``<out_dir>/results.jsonl`` gets one record per task,
 fsync'ed per batch, so an interrupted run loses only the batch in flight; with ``resume`` a re-run skips the tasks
 already recorded with the same labels and expected answer, and refuses an ``out_dir`` whose ``run.json`` holds
-another model's fingerprint (:func:`model_fingerprint`: the manifest and the ``fp8`` mode). ``fp8`` (opt-in, an
-export directory only; see :data:`hf_openjev.fp8.option.FP8_HELP`) loads the model with FP8 projections.
+another model's fingerprint (:func:`model_fingerprint`: the manifest, the ``fp8`` mode, the dtype and the fast-path
+options given). ``fp8`` (opt-in, an export directory only; see :data:`hf_openjev.fp8.option.FP8_HELP`) loads the
+model with FP8 projections. ``fast_options`` (``--fast-options``): a mapping of
+:class:`~hf_openjev.fast_options.FastPathOptions` names to values other than the defaults; they select the fast path
+and are checked before any task is read (:func:`~hf_openjev.fast_options.resolve_fast_options`).
 
 Under a launcher (``accelerate launch``, ``torchrun``) every rank tokenizes every pending task, scores its
 token-balanced shard (:mod:`hf_openjev.eval.sharding`) into ``results.rank<k>.jsonl``, and rank 0 merges the shards
@@ -38,7 +41,7 @@ import time
 from pathlib import Path
 
 from ..devices import check_device
-from ..errors import RequestError
+from ..errors import RequestError, UsageError
 from ..model import JevModel, load_export
 from ..scoring import PreparedRequest, build_answer, prepare_path, prepare_request, score_prepared
 from ..work_tokens import DEFAULT_BATCH_TOKENS, check_batch_tokens, split_by_tokens, task_cost
@@ -60,18 +63,23 @@ from .tasks import EvalInputError, Task, _warn, load_tasks, resolve_inputs
 RUN_NAME = "run.json"
 
 
-def model_fingerprint(manifest, fp8: str = "off", dtype: str = "bfloat16") -> dict:
+def model_fingerprint(manifest, fp8: str = "off", dtype: str = "bfloat16", fast_options=None) -> dict:
     """What ``run.json`` records of the model: ids, temperature and a digest of the manifest, of the ``fp8`` mode
-    when it is on and of the backbone ``dtype`` when it is not bfloat16 (their answers differ: results of another
-    mode or dtype are not resumed; ``"off"`` and bfloat16 keep earlier digests)."""
+    when it is on, of the backbone ``dtype`` when it is not bfloat16 and of the fast-path options given
+    (``--fast-options``' mapping) when there are any (their answers differ: results of another mode, dtype or
+    options are not resumed; ``"off"``, bfloat16 and no options keep earlier digests)."""
     data = manifest.to_json()
     if fp8 != "off":
         data = {**data, "fp8": fp8}
     if dtype != "bfloat16":
         data = {**data, "dtype": dtype}
+    if fast_options:
+        data = {**data, "fast_options": dict(fast_options)}
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()[:16]
     out = {"model_id": manifest.model_id, "checkpoint_revision": manifest.checkpoint_revision,
            "temperature": manifest.temperature, "dtype": dtype, "fingerprint": digest}
+    if fast_options:
+        out["fast_options"] = dict(sorted(dict(fast_options).items()))
     return out if fp8 == "off" else {**out, "fp8": fp8}
 
 
@@ -119,9 +127,10 @@ def _check_previous_run(out_dir: Path, fingerprint: dict) -> None:
         previous = {}
     if previous.get("fingerprint") not in (None, fingerprint["fingerprint"]):
         raise EvalInputError(
-            f"{out_dir} holds results of another model or FP8 mode or dtype ({previous.get('model_id')}, fp8 "
-            f"{previous.get('fp8', 'off')}, dtype {previous.get('dtype', 'bfloat16')}, fingerprint {previous.get('fingerprint')}); use another output directory "
-            "or resume=False (--no-resume)"
+            f"{out_dir} holds results of another model, FP8 mode, dtype or fast-path options "
+            f"({previous.get('model_id')}, fp8 {previous.get('fp8', 'off')}, dtype {previous.get('dtype', 'bfloat16')}, "
+            f"options {json.dumps(previous.get('fast_options', {}))}, fingerprint {previous.get('fingerprint')}); use "
+            "another output directory or resume=False (--no-resume)"
         )
 
 
@@ -224,17 +233,18 @@ def _prepared_stream(model, tasks: list[Task], *, prepared_by_key: dict, invalid
 def _run_batches(model, pending: list[Task], *, out_path: Path, batch_size: int, fast, progress: bool,
                  invalid: list[dict], warn, done: int = 0, total: int | None = None,
                  prepared_by_key: dict | None = None, desc: str = "hf-openjev eval",
-                 batch_tokens: int = DEFAULT_BATCH_TOKENS) -> int:
+                 batch_tokens: int = DEFAULT_BATCH_TOKENS, options=None) -> int:
     """Score ``pending`` batch by batch; the bar counts all ``total`` tasks and starts at the ``done`` ones.
 
     A batch holds at most ``batch_size`` tasks that make the backbone run at most ``batch_tokens`` tokens together
     (:func:`~hf_openjev.work_tokens.task_cost` on the path that runs; a bigger task alone), and each reference
     forward at most ``batch_tokens`` padded tokens. A task's latency is its batch's scoring time divided among
     its tasks plus their tokenization times, averaged. ``prepared_by_key``: (tier, id) -> (PreparedRequest,
-    seconds it took) of tasks tokenized beforehand (the sharded run)."""
+    seconds it took) of tasks tokenized beforehand (the sharded run); ``options``: the fast path's
+    (:class:`~hf_openjev.fast_options.FastPathOptions`; None: the model's own)."""
     from tqdm.auto import tqdm
 
-    method = prepare_path(model, fast)  # "fast" or "reference"; the fast path patches the model here, once
+    method = prepare_path(model, fast, options)  # "fast" or "reference"; the fast path patches the model here, once
     scored = 0
     bar = tqdm(total=total if total is not None else len(pending), initial=done, desc=desc,
                unit="task", disable=not progress, file=sys.stderr)
@@ -331,7 +341,7 @@ def select_shard(tasks: list[Task], prepared: dict, processes: Processes, *, pat
 
 def _score_sharded(model, pending: list[Task], *, model_path, processes: Processes, out_dir: Path, device,
                    dtype, batch_size: int, fast, progress: bool, invalid: list[dict], fp8: str = "off",
-                   allow_unknown_shape: bool = False, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
+                   allow_unknown_shape: bool = False, batch_tokens: int = DEFAULT_BATCH_TOKENS, options=None) -> None:
     """One rank of a run over several processes: tokenize every pending task (same result on every rank; the
     rejected ones are reported by rank 0 only), take this rank's token-balanced shard, load the model only when
     the shard is not empty and append its records to ``results.rank<k>.jsonl``. No collective call."""
@@ -357,18 +367,19 @@ def _score_sharded(model, pending: list[Task], *, model_path, processes: Process
         model = _load(model_path, dtype=dtype, device=device, fp8=fp8, allow_unknown_shape=allow_unknown_shape,
                       progress=progress and main)
     score_shard(model, mine, prepared, out_path=own, batch_size=batch_size, fast=fast, progress=progress and main,
-                desc=f"hf-openjev eval (rank 0 of {processes.world})", batch_tokens=batch_tokens)
+                desc=f"hf-openjev eval (rank 0 of {processes.world})", batch_tokens=batch_tokens, options=options)
 
 
 def score_shard(model, tasks: list[Task], prepared: dict, *, out_path: Path, batch_size: int = 16, fast=None,
-                progress: bool = False, desc: str = "hf-openjev eval", batch_tokens: int = DEFAULT_BATCH_TOKENS) -> int:
+                progress: bool = False, desc: str = "hf-openjev eval", batch_tokens: int = DEFAULT_BATCH_TOKENS,
+                options=None) -> int:
     """Score ``tasks`` (each one's (PreparedRequest, tokenize seconds) in ``prepared``, by (tier, id)) in batches of
     at most ``batch_size`` tasks and ``batch_tokens`` tokens, appending one record per task to ``out_path`` (fsync'ed per batch); returns the number scored.
     The scoring loop of a run over several processes (``evaluate``'s own loop, without tokenization)."""
     own = {t.key: prepared[t.key] for t in tasks}
     return _run_batches(model, tasks, out_path=Path(out_path), batch_size=batch_size, fast=fast, progress=progress,
                         invalid=[], warn=_warn, total=len(tasks), prepared_by_key=own, desc=desc,
-                        batch_tokens=batch_tokens)
+                        batch_tokens=batch_tokens, options=options)
 
 
 def _check_run_options(batch_size, batch_tokens, limit) -> None:
@@ -394,6 +405,17 @@ def _refuse_fp8_for_a_loaded_model(model, fp8: str) -> None:
                          "fp8 'off', or pass the export directory")
 
 
+def _with_loaded_fp8(options, fp8: str):
+    """``options`` (or None) for a loaded model whose FP8 projections are ``fp8``: that mode in them, since the
+    model's patches cannot drop it; a one-line UsageError for a set of FP8 projections that is no mode."""
+    if options is None or fp8 == "off":
+        return options
+    if fp8 == "custom":
+        raise UsageError("fast_options for a model whose FP8 projections are no mode of --fp8: set its options up "
+                         "with hf_openjev.patches.apply_patches and leave fast_options out")
+    return options.replace(fp8=fp8)
+
+
 def _load(model_path: Path, *, progress: bool, **kwargs) -> JevModel:
     """:func:`~hf_openjev.model.load_export`, without Transformers' weight-loading bar when ``progress`` is off."""
     from ..progress_bars import progress_bars
@@ -405,7 +427,7 @@ def _load(model_path: Path, *, progress: bool, **kwargs) -> JevModel:
 def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = None, device=None,
              dtype="auto", resume: bool = True, progress: bool = True, fp8: str = "off",
              allow_unknown_shape: bool = False, batch_tokens: int = DEFAULT_BATCH_TOKENS,
-             limit: int | None = None) -> dict:
+             limit: int | None = None, fast_options=None) -> dict:
     """Evaluate ``model`` on the tasks in ``data``; write the outputs to ``out_dir``; return the summary.
 
     See the module docstring for resume, outputs, ``fp8`` and several processes, :mod:`hf_openjev.eval.tasks` for
@@ -415,7 +437,9 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
 
     ``batch_tokens``: the tokens one batch makes the backbone run (and one reference forward's padded size);
     ``limit``: the first ``limit`` valid tasks only, in input order. ``progress=False``: no bar, not even loading's.
+    ``fast_options``: see the module docstring.
     """
+    from ..fast_options import resolve_fast_options
     from ..fp8.option import select_fp8_path
 
     _check_run_options(batch_size, batch_tokens, limit)
@@ -423,6 +447,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     check_out_dir(out_dir)  # a file, or an unwritable parent: refused before any task is read or model loaded
     check_device(device)  # a CUDA device without CUDA: UsageError before any task is read
     fast = select_fp8_path(fp8, fast)  # FP8 selects the fast path; with fast=False: UsageError
+    options, fast = resolve_fast_options(fast_options, fp8=fp8, fast=fast, reference_flag="fast=False (--no-fast)")
     _refuse_fp8_for_a_loaded_model(model, fp8)
     started = time.perf_counter()
     sources = resolve_inputs(data)
@@ -430,6 +455,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     if isinstance(model, JevModel):
         manifest, model_path = model.manifest, None
         fp8, dtype_name = loaded_model_settings(model)  # what it runs, for the fingerprint
+        options = _with_loaded_fp8(options, fp8)
     else:
         from ..checkpoint.manifest import read_manifest
         from ..family import check_export_shape
@@ -437,7 +463,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
         model_path = Path(model)
         manifest = read_manifest(model_path)  # CheckpointError for a bad export, before reading any task
         check_export_shape(model_path, allow_unknown=allow_unknown_shape)
-    fingerprint = model_fingerprint(manifest, fp8, dtype_name)
+    fingerprint = model_fingerprint(manifest, fp8, dtype_name, fast_options)
     processes = current_processes()
     main = processes.is_main
     tasks, invalid = load_tasks(sources, progress=progress and main, warn=None if main else (lambda _m: None))
@@ -452,7 +478,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
         _score_sharded(model, pending, model_path=model_path, processes=processes, out_dir=out_dir,
                        device=rank_device(device, processes), dtype=dtype, batch_size=batch_size, fast=fast,
                        progress=progress, invalid=invalid, fp8=fp8, allow_unknown_shape=allow_unknown_shape,
-                       batch_tokens=batch_tokens)
+                       batch_tokens=batch_tokens, options=options)
     elif pending:
         if model_path is not None:
             import torch
@@ -463,7 +489,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
                           progress=progress)
         scored = _run_batches(model, pending, out_path=out_dir / RESULTS_NAME, batch_size=batch_size, fast=fast,
                               progress=progress, invalid=invalid, warn=_warn, done=len(tasks) - len(pending),
-                              total=len(tasks), batch_tokens=batch_tokens)
+                              total=len(tasks), batch_tokens=batch_tokens, options=options)
     processes.wait()  # every rank gets here, whatever its shard (empty included)
     if not main:
         processes.wait()  # rank 0 has merged the results and written the summary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..family import UNKNOWN_SHAPE_HELP
+from ..fast_options import FAST_OPTIONS_HELP, fast_options_argument
 from ..fp8.option import FP8_CHOICES, FP8_HELP
 from .batcher import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS
 from .connection_limit import DEFAULT_MAX_CONNECTIONS
@@ -38,12 +39,8 @@ def add_arguments(parser) -> None:
     fast = parser.add_mutually_exclusive_group()
     fast.add_argument("--fast", dest="fast", action="store_true", default=None, help="force the fast path")
     fast.add_argument("--reference", dest="fast", action="store_false", help="force the reference path")
-    parser.add_argument("--fast-options", type=_fast_options, default=None, metavar="JSON",
-                        help="the fast path's options other than the defaults, a JSON object of "
-                             "hf_openjev.FastPathOptions names, e.g. '{\"dense_attention_tokens\": 1, "
-                             "\"packed_candidates\": false, \"shared_prefix\": false}' "
-                             "(docs/usage.md \"Fidelity\"); selects the fast path (on the CPU too); checked before anything "
-                             "loads; FP8 has its own --fp8")
+    parser.add_argument("--fast-options", type=fast_options_argument, default=None, metavar="JSON",
+                        help=FAST_OPTIONS_HELP)
     parser.add_argument("--fp8", default="off", choices=FP8_CHOICES,
                         help=FP8_HELP + "; with --devices, every replica loads this way")
     parser.add_argument("--allow-unknown-shape", action="store_true", help=UNKNOWN_SHAPE_HELP)
@@ -94,18 +91,6 @@ def add_arguments(parser) -> None:
     connections.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                              help="connections open at once; a request on one past it gets a JSON 503 and the "
                                   f"connection is closed (default {DEFAULT_MAX_CONNECTIONS})")
-
-
-def _fast_options(text: str) -> dict:
-    """``--fast-options``' JSON, checked (argparse turns the error into one line)."""
-    import argparse
-
-    from ..fast_options import options_mapping_from_json
-
-    try:
-        return options_mapping_from_json(text, flag="--fast-options")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--fast-options: ")) from None
 
 
 def run(args) -> int:

@@ -95,27 +95,6 @@ def _configure_logging(log_level: str) -> None:
     configure_access_log()
 
 
-def _fast_path_options(mapping, *, fp8: str, fast):
-    """The serving options and path: the defaults with ``mapping``'s (``--fast-options``) and ``fp8``, and ``fast``,
-    True when ``mapping`` names any option (they are the fast path's, so they select it, on the CPU too, as ``--fp8``
-    does); a one-line UsageError for a name or value FastPathOptions refuses, for ``fp8`` given there (it has its own
-    option) or for options with the reference path (``fast`` False)."""
-    from ..errors import UsageError
-    from ..fast_options import FastPathOptions
-
-    mapping = dict(mapping or {})
-    if "fp8" in mapping:
-        raise UsageError("--fast-options: fp8 has its own option: --fp8 MODE")
-    if mapping and fast is False:
-        raise UsageError("--fast-options are the fast path's options but --reference asks for the reference path; "
-                         "drop one of them")
-    try:
-        options = FastPathOptions.from_mapping(mapping, base=FastPathOptions(fp8=fp8))
-    except ValueError as exc:
-        raise UsageError(f"--fast-options: {exc}") from None
-    return options, (True if mapping else fast)
-
-
 def _log_start(model_dir, ops, fp8: str, fast_options=None) -> None:
     logger.info("loading %s; GET /health answers 503 until the model is ready%s", model_dir,
                 f"; {len(ops.keys)} API key(s) required" if ops.keys.enabled else "")
@@ -219,6 +198,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     ``allow_unknown_shape``: serve a shape that is no Open-Jev model's (:mod:`hf_openjev.family`)."""
     from ..checkpoint.manifest import check_export_dir
     from ..family import check_export_shape
+    from ..fast_options import FastPathOptions, resolve_fast_options
     from ..fp8.option import select_fp8_path
     from .warmup import load_shapes
 
@@ -229,7 +209,8 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     check_positive(max_connections, "--max-connections", integer=True)
     limits = limits or RequestLimits()
     fast = select_fp8_path(fp8, fast, fp8_flag="--fp8", reference_flag="--reference")  # before anything else
-    options, fast = _fast_path_options(fast_options, fp8=fp8, fast=fast)
+    options, fast = resolve_fast_options(fast_options, fp8=fp8, fast=fast, reference_flag="--reference")
+    options = options or FastPathOptions(fp8=fp8)
     ops = ServerOps(api_keys=read_api_keys(api_key_file), metrics_auth=metrics_auth)  # bad keys: before loading
     shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
     check_export_dir(model_dir)  # a package dir, a CUDA device without CUDA, a busy port: before the model loads
