@@ -307,7 +307,7 @@ def test_eval_fp8_scores_the_fp8_model_and_keeps_its_results_apart(fp8_export, t
                 for task, record, answer in zip(tasks, records, answers)
                 for label, p in M.distribution(task.kind, answer["answers"][task.qid], task.labels).items()]
         assert (max(gaps) <= 1e-6) if close else (max(gaps) > FP8_EFFECT), (close, max(gaps))
-    with pytest.raises(EvalInputError, match="another model or FP8 mode .*fp8 all"):
+    with pytest.raises(EvalInputError, match="another model, FP8 mode, dtype or fast-path options .*fp8 all"):
         evaluate(model=fp8_export, data=[data], out_dir=out, **cpu)  # bf16 answers never join FP8 ones
 
 

@@ -405,6 +405,19 @@ def _refuse_fp8_for_a_loaded_model(model, fp8: str) -> None:
                          "fp8 'off', or pass the export directory")
 
 
+def _check_path_options(model, fast, fp8: str, fast_options):
+    """The path and the fast-path options a run asks for, before anything is read: FP8 and ``fast_options`` select
+    the fast path; a one-line UsageError for either with ``fast=False``, for a bad option, or for ``fp8`` with a
+    loaded model. Returns (FastPathOptions or None: the model's own, ``fast``)."""
+    from ..fast_options import resolve_fast_options
+    from ..fp8.option import select_fp8_path
+
+    fast = select_fp8_path(fp8, fast)
+    options, fast = resolve_fast_options(fast_options, fp8=fp8, fast=fast, reference_flag="fast=False (--no-fast)")
+    _refuse_fp8_for_a_loaded_model(model, fp8)
+    return options, fast
+
+
 def _with_loaded_fp8(options, fp8: str):
     """``options`` (or None) for a loaded model whose FP8 projections are ``fp8``: that mode in them, since the
     model's patches cannot drop it; a one-line UsageError for a set of FP8 projections that is no mode."""
@@ -439,16 +452,11 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
     ``limit``: the first ``limit`` valid tasks only, in input order. ``progress=False``: no bar, not even loading's.
     ``fast_options``: see the module docstring.
     """
-    from ..fast_options import resolve_fast_options
-    from ..fp8.option import select_fp8_path
-
     _check_run_options(batch_size, batch_tokens, limit)
     dtype_name = check_dtype_name(dtype)
     check_out_dir(out_dir)  # a file, or an unwritable parent: refused before any task is read or model loaded
     check_device(device)  # a CUDA device without CUDA: UsageError before any task is read
-    fast = select_fp8_path(fp8, fast)  # FP8 selects the fast path; with fast=False: UsageError
-    options, fast = resolve_fast_options(fast_options, fp8=fp8, fast=fast, reference_flag="fast=False (--no-fast)")
-    _refuse_fp8_for_a_loaded_model(model, fp8)
+    options, fast = _check_path_options(model, fast, fp8, fast_options)
     started = time.perf_counter()
     sources = resolve_inputs(data)
     out_dir = Path(out_dir)
