@@ -134,7 +134,6 @@ class FastPathOptions:
         return tuple(getattr(self, name) for name in FORWARD_FIELDS)
 
 
-
 def options_mapping_from_json(text: str, *, flag: str) -> dict:
     """The option names and values of ``text``, a JSON object such as ``'{"cuda_graphs": false}'``, checked against
     :class:`FastPathOptions` (names and values); a one-line ValueError naming ``flag`` otherwise. For a command
