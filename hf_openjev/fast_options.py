@@ -169,7 +169,8 @@ def fast_options_argument(text: str) -> dict:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--fast-options: ")) from None
 
 
-def resolve_fast_options(mapping, *, fp8: str, fast, reference_flag: str) -> tuple[FastPathOptions | None, object]:
+def resolve_fast_options(mapping, *, fp8: str, fast: bool | None,
+                         reference_flag: str) -> tuple[FastPathOptions | None, bool | None]:
     """A command's fast-path options and path from ``--fast-options``' ``mapping`` and its ``fp8`` mode: (the
     defaults with both, or None when ``mapping`` is empty: the model's own; ``fast``, True when ``mapping`` names any
     option: they are the fast path's, so they select it, on the CPU too, as ``--fp8`` does). A one-line

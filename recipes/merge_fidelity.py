@@ -49,8 +49,8 @@ def kept_digits(values: list[float]) -> list[float]:
 def same_statistics(a: dict, b: dict) -> bool:
     """Whether two entries of one configuration judged the same answers: every statistic of ``B_STATS`` equal (the
     per-request figures to the digits a merged table keeps)."""
-    return all(kept_digits(a[key]) == kept_digits(b[key]) if key == "per_request_max_abs_dp" else a.get(key) == b.get(key)
-               for key in B_STATS)
+    return all(kept_digits(a[key]) == kept_digits(b[key]) if key == "per_request_max_abs_dp"
+               else a.get(key) == b.get(key) for key in B_STATS)
 
 
 def merge_reports(reports: list[dict], renames: dict[tuple[int, str], str] | None = None) -> dict:

@@ -41,10 +41,11 @@ the server at a time, so every stamp belongs to the request in flight):
   middleware's metrics and access log);
 - ``in app``: the ASGI call, less scoring; ``server``: the client's wall time less scoring (HTTP, the client's own
   JSON and the loopback included), the figure bench_e2e's "HTTP minus in process" estimates;
-- ``HTTP floor``: the same client and requests against a bare ASGI app under the same uvicorn, in passes of its
-  own, each after one of the app's (alternated: the machine's drift falls on both): it reads the body, waits ``--latency-ms`` on a worker thread (as the stand-in does) and
-  answers the real answers' median size; the client's wall time less that wait. What uvicorn, the loopback and the
-  client cost with no server work at all: ``server`` less this is what the package's own code could still save.
+- ``HTTP floor``: the same client and requests against a bare ASGI app under the same uvicorn
+  (``benchlib.http_floor``), in passes of its own, each after one of the app's (alternated: the machine's drift
+  falls on both): it reads the body, waits ``--latency-ms`` on a worker thread (as the stand-in does) and answers
+  the real answers' median size; the client's wall time less that wait. What uvicorn, the loopback and the client
+  cost with no server work at all: ``server`` less this is what the package's own code could still save.
 
 Writes ``server_time.json`` (with ``--per-request``, every request's phases too) and ``.md`` (median and p90 ms per phase and group), prints the
 table. Run it on the commit before a change and after, on one machine.
@@ -204,9 +205,9 @@ def alternate_passes(requests: list[dict], repeats: int, *, timer: PhaseTimer, p
                      http: str, loop: str) -> tuple[list[dict], list[float], list[float]]:
     """``repeats`` timed passes over ``requests`` against the package's app on ``port``, each followed by one against
     :func:`~benchlib.http_floor.bare_app` (served once the first pass has said how big an answer is), so that the
-    machine's drift falls on both. The first pass of each app is preceded by a warm-up over every request, later ones by one request (the
-    client's new connection). Returns the app's timer records and client ms, and the HTTP floor's ms (the client's
-    wall less the bare app's measured wait), each in pass and request order."""
+    machine's drift falls on both. The first pass of each app is preceded by a warm-up over every request, later
+    ones by one request (the client's new connection). Returns the app's timer records and client ms, and the HTTP
+    floor's ms (the client's wall less the bare app's measured wait), each in pass and request order."""
     records, app_ms, floor_ms, waits = [], [], [], []
     floor = None
     try:

@@ -222,3 +222,20 @@ def test_fast_options_select_the_fast_path_and_enter_the_fingerprint(tiny_checkp
     with pytest.raises(SystemExit) as info:  # a bad value: argparse's one line
         cli.main(argv[:-1] + ['{"min_shared_tokens": 0}'])
     assert info.value.code == 2 and "min_shared_tokens must be a positive integer" in capsys.readouterr().err
+
+
+def test_the_fingerprint_holds_the_options_that_differ_from_the_defaults(tiny_model):
+    """Options at their default values (or the FP8 mode, fingerprinted on its own) leave the digest as it was;
+    another value changes it and is named in run.json."""
+    from hf_openjev.eval.evaluate import model_fingerprint
+    from hf_openjev.fast_options import FastPathOptions
+
+    manifest = tiny_model.manifest
+    plain = model_fingerprint(manifest, "off", "float32")
+    assert model_fingerprint(manifest, "off", "float32", FastPathOptions()) == plain
+    assert model_fingerprint(manifest, "off", "float32", FastPathOptions(share_tails=FastPathOptions().share_tails)) \
+        == plain
+    changed = model_fingerprint(manifest, "off", "float32", FastPathOptions(min_shared_tokens=7))
+    assert changed["fingerprint"] != plain["fingerprint"] and changed["fast_options"] == {"min_shared_tokens": 7}
+    fp8 = model_fingerprint(manifest, "all", "float32", FastPathOptions(fp8="all"))
+    assert fp8 == model_fingerprint(manifest, "all", "float32") and "fast_options" not in fp8

@@ -63,23 +63,26 @@ from .tasks import EvalInputError, Task, _warn, load_tasks, resolve_inputs
 RUN_NAME = "run.json"
 
 
-def model_fingerprint(manifest, fp8: str = "off", dtype: str = "bfloat16", fast_options=None) -> dict:
+def model_fingerprint(manifest, fp8: str = "off", dtype: str = "bfloat16", options=None) -> dict:
     """What ``run.json`` records of the model: ids, temperature and a digest of the manifest, of the ``fp8`` mode
-    when it is on, of the backbone ``dtype`` when it is not bfloat16 and of the fast-path options given
-    (``--fast-options``' mapping) when there are any (their answers differ: results of another mode, dtype or
-    options are not resumed; ``"off"``, bfloat16 and no options keep earlier digests)."""
+    when it is on, of the backbone ``dtype`` when it is not bfloat16 and of the fast-path ``options`` run with
+    (a FastPathOptions, or None) where they differ from the defaults other than in ``fp8`` (their answers differ:
+    results of another mode, dtype or options are not resumed; ``"off"``, bfloat16 and the default options keep
+    earlier digests)."""
+    changed = {} if options is None else options.to_dict(changed_only=True)
+    fast_options = {name: value for name, value in changed.items() if name != "fp8"}
     data = manifest.to_json()
     if fp8 != "off":
         data = {**data, "fp8": fp8}
     if dtype != "bfloat16":
         data = {**data, "dtype": dtype}
     if fast_options:
-        data = {**data, "fast_options": dict(fast_options)}
+        data = {**data, "fast_options": fast_options}
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode("utf-8")).hexdigest()[:16]
     out = {"model_id": manifest.model_id, "checkpoint_revision": manifest.checkpoint_revision,
            "temperature": manifest.temperature, "dtype": dtype, "fingerprint": digest}
     if fast_options:
-        out["fast_options"] = dict(sorted(dict(fast_options).items()))
+        out["fast_options"] = fast_options
     return out if fp8 == "off" else {**out, "fp8": fp8}
 
 
@@ -128,8 +131,8 @@ def _check_previous_run(out_dir: Path, fingerprint: dict) -> None:
     if previous.get("fingerprint") not in (None, fingerprint["fingerprint"]):
         raise EvalInputError(
             f"{out_dir} holds results of another model, FP8 mode, dtype or fast-path options "
-            f"({previous.get('model_id')}, fp8 {previous.get('fp8', 'off')}, dtype {previous.get('dtype', 'bfloat16')}, "
-            f"options {json.dumps(previous.get('fast_options', {}))}, fingerprint {previous.get('fingerprint')}); use "
+            f"({previous.get('model_id')}, fp8 {previous.get('fp8', 'off')}, "
+            f"dtype {previous.get('dtype', 'bfloat16')}, options {json.dumps(previous.get('fast_options', {}))}, fingerprint {previous.get('fingerprint')}); use "
             "another output directory or resume=False (--no-resume)"
         )
 
@@ -471,7 +474,7 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
         model_path = Path(model)
         manifest = read_manifest(model_path)  # CheckpointError for a bad export, before reading any task
         check_export_shape(model_path, allow_unknown=allow_unknown_shape)
-    fingerprint = model_fingerprint(manifest, fp8, dtype_name, fast_options)
+    fingerprint = model_fingerprint(manifest, fp8, dtype_name, options)
     processes = current_processes()
     main = processes.is_main
     tasks, invalid = load_tasks(sources, progress=progress and main, warn=None if main else (lambda _m: None))
