@@ -91,6 +91,11 @@ def member_with_shape(shape: ModelShape) -> FamilyMember | None:
     return next((m for m in MEMBERS if m.shape == tuple(shape)), None)
 
 
+def member_sized(size: str) -> FamilyMember | None:
+    """The member a size names (``"9b"``; the benchmark's shapes), or None (``"mid"``, a test shape)."""
+    return next((m for m in MEMBERS if m.size == str(size).lower()), None)
+
+
 def nearest_member(shape: ModelShape) -> FamilyMember:
     """The member whose shape is closest (sum of |log ratio| over the fields)."""
     def distance(member: FamilyMember) -> float:

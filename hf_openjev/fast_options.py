@@ -134,6 +134,30 @@ class FastPathOptions:
         return tuple(getattr(self, name) for name in FORWARD_FIELDS)
 
 
+# The family members whose fast-path defaults differ from the package's, chosen by the fidelity gate (docs/design.md
+# "Numerics"). At 2B the package defaults flipped more decisions than stock bf16 on two of three random weights: the
+# packed attention kernel (FA2 varlen) rounds unlike stock's dense one from the first full-attention layer on. Every
+# candidate alone with dense attention passes on all three; it costs about 2.7x the packed path's mean time there
+# (recipes/RESULTS.md, s19-s20). The packed 2B path stays opt-in: PACKED_2B.
+MEMBER_DEFAULTS = {"Open-Jev-2B": {"dense_attention_tokens": 1, "packed_candidates": False, "shared_prefix": False}}
+PACKED_2B = {"dense_attention_tokens": DENSE_ATTENTION_TOKENS, "packed_candidates": True, "shared_prefix": True}
+
+
+def options_for(of=None, changes: Mapping | None = None, *, fp8: str = "off") -> FastPathOptions:
+    """The fast path's options for a model: ``changes`` (option names to values, checked) over the defaults of the
+    family member ``of`` (a :class:`~hf_openjev.family.FamilyMember`, a model's config, text or composite; None or a
+    shape no Open-Jev model has: the package's alone), :data:`MEMBER_DEFAULTS`, over the package's, with ``fp8``.
+    The one door through which a member's own defaults enter: ``apply_patches`` and ``read_options`` for a model
+    given no options, the commands for ``--fast-options``."""
+    from .family import FamilyMember, member_with_shape, shape_of
+
+    member = of
+    if of is not None and not isinstance(of, FamilyMember):
+        member = member_with_shape(shape_of(getattr(of, "text_config", None) or of))
+    own = MEMBER_DEFAULTS.get(member.name, {}) if member is not None else {}
+    return FastPathOptions.from_mapping(dict(changes or {}), base=FastPathOptions.from_mapping({**own, "fp8": fp8}))
+
+
 def options_mapping_from_json(text: str, *, flag: str) -> dict:
     """The option names and values of ``text``, a JSON object such as ``'{"cuda_graphs": false}'``, checked against
     :class:`FastPathOptions` (names and values); a one-line ValueError naming ``flag`` otherwise. For a command
@@ -153,10 +177,12 @@ def options_mapping_from_json(text: str, *, flag: str) -> dict:
     return mapping
 
 
-FAST_OPTIONS_HELP = ("the fast path's options other than the defaults, a JSON object of hf_openjev.FastPathOptions "
-                     "names, e.g. '{\"dense_attention_tokens\": 1, \"packed_candidates\": false, "
-                     "\"shared_prefix\": false}' (docs/usage.md \"Fidelity\"); selects the fast path (on the CPU "
-                     "too); checked before anything loads; FP8 has its own --fp8")
+FAST_OPTIONS_HELP = ("the fast path's options other than the model's defaults, a JSON object of "
+                     "hf_openjev.FastPathOptions names, e.g. '{\"cuda_graphs\": false}'; a 2B's own defaults run "
+                     "every candidate alone, '{\"packed_candidates\": true, \"shared_prefix\": true, "
+                     "\"dense_attention_tokens\": 2048}' packs them (faster, fails the fidelity gate there; "
+                     "docs/usage.md \"Fidelity\"); selects the fast path (on the CPU too); checked before anything "
+                     "loads; FP8 has its own --fp8")
 
 
 def fast_options_argument(text: str) -> dict:
@@ -169,10 +195,10 @@ def fast_options_argument(text: str) -> dict:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--fast-options: ")) from None
 
 
-def resolve_fast_options(mapping, *, fp8: str, fast: bool | None,
-                         reference_flag: str) -> tuple[FastPathOptions | None, bool | None]:
-    """A command's fast-path options and path from ``--fast-options``' ``mapping`` and its ``fp8`` mode: (the
-    defaults with both, or None when ``mapping`` is empty: the model's own; ``fast``, True when ``mapping`` names any
+def resolve_fast_options(mapping, *, fp8: str, fast: bool | None, reference_flag: str,
+                         of=None) -> tuple[FastPathOptions | None, bool | None]:
+    """A command's fast-path options and path from ``--fast-options``' ``mapping`` and its ``fp8`` mode: (both over
+    the defaults of ``of``, :func:`options_for`, or None when ``mapping`` is empty: the model's own; ``fast``, True when ``mapping`` names any
     option: they are the fast path's, so they select it, on the CPU too, as ``--fp8`` does). A one-line
     :class:`~hf_openjev.errors.UsageError` for ``fp8`` given in ``mapping`` (it has its own option), for options with
     the reference path (``fast`` False, asked by ``reference_flag``) or for a name or value refused."""
@@ -187,6 +213,6 @@ def resolve_fast_options(mapping, *, fp8: str, fast: bool | None,
         raise UsageError(f"--fast-options are the fast path's options but {reference_flag} asks for the reference "
                          "path; drop one of them")
     try:
-        return FastPathOptions.from_mapping(mapping, base=FastPathOptions(fp8=fp8)), True
+        return options_for(of, mapping, fp8=fp8), True
     except ValueError as exc:
         raise UsageError(f"--fast-options: {exc}") from None

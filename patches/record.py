@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from hf_openjev.family import text_model_of
-from hf_openjev.fast_options import FastPathOptions
+from hf_openjev.fast_options import FastPathOptions, options_for
 from hf_openjev.packing.bucket_policy import BucketPolicy, bucket_policy_for
 
 from .cuda_graphs import PackGraphs
@@ -73,15 +73,15 @@ def patch_record(model) -> PatchRecord | None:
 
 
 def read_options(model) -> FastPathOptions:
-    """The options ``model`` is patched with, else the defaults (with ``fp8`` the mode of its FP8 modules when
+    """The options ``model`` is patched with, else its defaults (:func:`~hf_openjev.fast_options.options_for`: its
+    family member's over the package's; with ``fp8`` the mode of its FP8 modules when
     :func:`~hf_openjev.fp8.swap.quantize_model_fp8` swapped them before any patch)."""
     record = patch_record(model)
     if record is not None:
         return record.options
     from hf_openjev.fp8.swap import fp8_mode_of  # not at the top: the swap imports the stacked layout's patch
 
-    mode = fp8_mode_of(model)
-    return FastPathOptions() if mode is None else FastPathOptions(fp8=mode)
+    return options_for(text_model_of(model).config, fp8=fp8_mode_of(model) or "off")
 
 
 def read_graph_stats(model) -> dict | None:
@@ -105,7 +105,7 @@ def apply_patches(model, options: FastPathOptions | None = None) -> PatchRecord:
     """Set ``model`` up for the fast path, in place, and return its record (idempotent: on a patched model only the
     options change, and a graph cache is created if the new options need one).
 
-    ``options`` (default: the defaults) become the record's: ``score_fast`` runs with them unless a call passes
+    ``options`` (default: the model's, :func:`read_options`) become the record's: ``score_fast`` runs with them unless a call passes
     others. ``stacked_projections`` re-points the projection weights at slices of one stacked weight per module
     (same Parameter objects, same values, no extra memory); that layout stays after ``revert_patches``. A model
     moved to CUDA after patching gets its graph cache from a second ``apply_patches``.
@@ -114,7 +114,7 @@ def apply_patches(model, options: FastPathOptions | None = None) -> PatchRecord:
     :func:`~hf_openjev.fp8.swap.quantize_model_fp8`): an FP8 model cannot be asked for ``fp8="off"`` (a
     ValueError, before anything changes); load it again for bf16.
     """
-    options = options if options is not None else FastPathOptions()
+    options = options if options is not None else read_options(model)
     if not isinstance(options, FastPathOptions):
         raise TypeError(f"apply_patches takes a FastPathOptions, got {type(options).__name__} "
                         "(build one with FastPathOptions(...) or FastPathOptions.from_mapping(...))")

@@ -143,10 +143,13 @@ def parse_arguments(argv) -> BenchRun:
         parser.error(f"--sweep / --fast-options / --patch-options must be JSON: {error}")
     if not (isinstance(sweep_entries, list) and all(isinstance(e, dict) for e in sweep_entries)):
         parser.error(f"--sweep {args.sweep!r}: give a JSON list of objects, e.g. '[{{\"min_shared_tokens\": 256}}]'")
-    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.family import member_sized
+    from hf_openjev.fast_options import FastPathOptions, options_for
 
-    try:  # C's options, checked (unknown names, bad values) before any work; --cuda-graphs decides cuda_graphs
-        c_options = FastPathOptions.from_mapping(base_fast_options, base=FastPathOptions.from_mapping(patch_options))
+    try:  # C's options, checked (unknown names, bad values) before any work; --cuda-graphs decides cuda_graphs;
+        # both over the shape's own defaults (a family member's, hf_openjev.fast_options.options_for)
+        base = options_for(member_sized(args.shape), patch_options)
+        c_options = FastPathOptions.from_mapping(base_fast_options, base=base)
         c_options = c_options.replace(cuda_graphs=args.cuda_graphs)
         for overrides in sweep_entries:
             c_options.replace(**overrides)

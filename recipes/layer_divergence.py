@@ -125,8 +125,8 @@ def main(argv=None) -> int:
     if args.fp32 and args.dtype != "bfloat16":
         parser.error("--fp32 compares the bf16 paths with fp32: use it with --dtype bfloat16")
     sequence = request_sequence(args.request, args.candidate, args.seed) if args.request else None
-    from hf_openjev.family import text_model_of
-    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.family import member_sized, text_model_of
+    from hf_openjev.fast_options import options_for
     from hf_openjev.fast_path import score_fast
     from hf_openjev.patches import apply_patches, revert_patches
 
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
                                                          use_cache=False))
     fp32 = fp32_outputs(text_model, sequence, device) if args.fp32 else None
     patch_options = {**json.loads(args.patch_options), "cuda_graphs": False, "final_row_mlp": False}
-    apply_patches(model, FastPathOptions.from_mapping(patch_options))
+    apply_patches(model, options_for(member_sized(args.shape), patch_options))  # over the shape's defaults
     fast = layer_outputs(text_model, lambda: score_fast(model, [[[sequence]]]))
     layer_types = list(text_model.config.layer_types[: len(stock)])
     result = {"command": command_line(), "versions": versions(), "shape": args.shape, "seed": args.seed,

@@ -195,7 +195,8 @@ def main(argv=None) -> int:
                         help="JSON of FastPathOptions (reported apart); several: each is profiled in turn")
     args = parser.parse_args(argv)
     targets = requests_of(parser, args)
-    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.family import member_sized
+    from hf_openjev.fast_options import FastPathOptions, options_for
     from hf_openjev.patches import apply_patches
 
     fast_option_sets = [json.loads(text) for text in args.fast_options]
@@ -203,7 +204,8 @@ def main(argv=None) -> int:
     for options_json, fast_options in itertools.product(args.patch_options, fast_option_sets):
         patch_options = json.loads(options_json)
         try:
-            options = FastPathOptions.from_mapping(fast_options, base=FastPathOptions.from_mapping(patch_options))
+            options = FastPathOptions.from_mapping(fast_options,
+                                                   base=options_for(member_sized(args.shape), patch_options))
         except ValueError as error:
             parser.error(f"--patch-options / --fast-options: {error}")
         variants.append((patch_options, fast_options, options))

@@ -50,7 +50,6 @@ def parse_arguments(argv):
 
 def build_replicas(args) -> list:
     """The seeded random model once per device, each patched for the fast path."""
-    from hf_openjev.fast_options import FastPathOptions
     from hf_openjev.patches import apply_patches
     from hf_openjev.serve.batcher import use_device
 
@@ -59,7 +58,7 @@ def build_replicas(args) -> list:
     for device in devices:
         model = build_model(args.shape, seed=args.seed, device=device, dtype=getattr(torch, args.dtype))
         with use_device(model):  # as create_app does: patching may launch kernels on the current GPU
-            apply_patches(model, FastPathOptions())
+            apply_patches(model)  # the model's defaults
         models.append(model)
     return models
 

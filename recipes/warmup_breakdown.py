@@ -146,17 +146,18 @@ def main(argv=None) -> int:
     add_manifest_argument(parser)
     parser.add_argument("--requests", type=int, default=None, help="the first N requests (default: all)")
     parser.add_argument("--profile", action="store_true", help="cProfile the pass: top functions by own time")
-    parser.add_argument("--fast-options", default="{}", help="JSON of FastPathOptions over the defaults")
+    parser.add_argument("--fast-options", default="{}", help="JSON of FastPathOptions over the shape's defaults")
     parser.add_argument("--dump-fla-configs", type=Path, default=None, metavar="DIR",
                         help="after the pass, merge fla's tuned configurations into DIR/<GPU>/<kernel>.json (CUDA; "
                              "DIR ops/fla_configs: the package's carried ones)")
     args = parser.parse_args(argv)
     check_manifest_argument(parser, args)
-    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.family import member_sized
+    from hf_openjev.fast_options import options_for
     from hf_openjev.patches import apply_patches, patch_record
 
-    try:
-        options = FastPathOptions.from_mapping(json.loads(args.fast_options))
+    try:  # over the shape's own defaults
+        options = options_for(member_sized(args.shape), json.loads(args.fast_options))
     except ValueError as error:
         parser.error(f"--fast-options: {error}")
     start = time.perf_counter()

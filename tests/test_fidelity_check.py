@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -342,15 +343,25 @@ def test_the_benchmarks_oracle_is_reused_on_an_export_of_its_random_weights(tmp_
 
 
 def test_named_configurations_and_options_files(tmp_path):
-    from hf_openjev.fast_options import FastPathOptions
-    from hf_openjev.fidelity_check.configs import parse_configs
+    from hf_openjev.family import MEMBERS, text_config_of
+    from hf_openjev.fast_options import MEMBER_DEFAULTS, FastPathOptions
+    from hf_openjev.fidelity_check.configs import options_of, parse_configs
 
     (tmp_path / "B.json").write_text("{}")
     (tmp_path / "big-packs.json").write_text(json.dumps({"max_sequences": 32}))
-    configs = parse_configs(f"default, aligned,fp8-no-gdn,{tmp_path / 'big-packs.json'}")
-    assert list(configs) == ["default", "aligned", "fp8-no-gdn", "big-packs"]
-    assert configs["default"] == FastPathOptions() and configs["aligned"].share_tails is False
-    assert configs["fp8-no-gdn"].fp8 == "no-gdn" and configs["big-packs"].max_sequences == 32
+    configs = parse_configs(f"default, aligned,fp8-no-gdn,{tmp_path / 'big-packs.json'},packed")
+    assert list(configs) == ["default", "aligned", "fp8-no-gdn", "big-packs", "packed"]
+    assert configs["default"] == {} and configs["aligned"] == {"share_tails": False}
+    tiny = types.SimpleNamespace(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                 num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4)
+    assert options_of(configs["default"], tiny) == FastPathOptions()  # no member: the package's defaults
+    assert options_of(configs["fp8-no-gdn"], tiny).fp8 == "no-gdn"
+    assert options_of(configs["big-packs"], tiny).max_sequences == 32
+    two_b = text_config_of(next(m for m in MEMBERS if m.name == "Open-Jev-2B"))
+    assert options_of(configs["default"], two_b) == FastPathOptions.from_mapping(MEMBER_DEFAULTS["Open-Jev-2B"])
+    assert options_of(configs["packed"], two_b) == FastPathOptions()  # the 2B packed: the package's defaults
+    assert options_of(configs["aligned"], two_b).packed_candidates is False  # a change over the 2B's own
+    assert options_of(None, two_b) is None  # B1
     with pytest.raises(ValueError, match="reserved for the reference path"):
         parse_configs([str(tmp_path / "B.json")])
     with pytest.raises(ValueError, match="given twice"):

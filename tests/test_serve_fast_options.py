@@ -57,4 +57,4 @@ def test_the_options_reach_the_app_that_serves(tiny_checkpoint, monkeypatch, cap
     with caplog.at_level(logging.INFO, logger="hf_openjev.serve.server"):
         assert serve_cli.run(args) == 0
     assert built == [(True, FastPathOptions(min_shared_tokens=7, share_tails=False))]
-    assert 'fast-path options other than the defaults: {"min_shared_tokens": 7, "share_tails": false}' in caplog.text
+    assert 'fast-path options other than the package defaults: {"min_shared_tokens": 7, "share_tails": false}' in caplog.text

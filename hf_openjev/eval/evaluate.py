@@ -42,6 +42,8 @@ from pathlib import Path
 
 from ..devices import check_device
 from ..errors import RequestError, UsageError
+from ..family import text_model_of
+from ..fast_options import options_for
 from ..model import JevModel, load_export
 from ..scoring import PreparedRequest, build_answer, prepare_path, prepare_request, score_prepared
 from ..work_tokens import DEFAULT_BATCH_TOKENS, check_batch_tokens, split_by_tokens, task_cost
@@ -467,13 +469,16 @@ def evaluate(*, model, data, out_dir, batch_size: int = 16, fast: bool | None = 
         manifest, model_path = model.manifest, None
         fp8, dtype_name = loaded_model_settings(model)  # what it runs, for the fingerprint
         options = _with_loaded_fp8(options, fp8)
+        member = text_model_of(model).config
     else:
         from ..checkpoint.manifest import read_manifest
         from ..family import check_export_shape
 
         model_path = Path(model)
         manifest = read_manifest(model_path)  # CheckpointError for a bad export, before reading any task
-        check_export_shape(model_path, allow_unknown=allow_unknown_shape)
+        member = check_export_shape(model_path, allow_unknown=allow_unknown_shape)
+    if options is not None:  # the options given, over the model's own defaults (its family member's)
+        options = options_for(member, fast_options, fp8=options.fp8)
     fingerprint = model_fingerprint(manifest, fp8, dtype_name, options)
     processes = current_processes()
     main = processes.is_main

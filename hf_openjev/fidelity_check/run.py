@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
+from ..family import text_model_of
 from .answers import AnswerStore, answer_key, answers_path
-from .configs import REFERENCE, REFERENCE_ONE_BY_ONE, describe_options, fp8_mode, parse_configs
+from .configs import REFERENCE, REFERENCE_ONE_BY_ONE, describe_options, fp8_mode, options_of, parse_configs
 from .placement import PLACEMENTS
 from .report import early_verdict
 from .requests import answer_items, entries_from_responses, items_from_tasks, items_from_workload
@@ -143,6 +144,7 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
         raise UsageError("no valid task in the data" + (f" (first: {invalid[0]['error']})" if invalid else ""))
     started = time.perf_counter()
     bf16, weights = _load_bf16(model, "off", log)
+    parsed = {c: options_of(changes, text_model_of(bf16).config) for c, changes in parsed.items()}  # its defaults
     items, rejected = _make_items(bf16, tasks, workload, seed=seed, limit=limit, log=log)
     if not items:
         raise UsageError(f"no request to compare: the contract rejects all {len(rejected)} task(s) (first: "

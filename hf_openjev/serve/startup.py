@@ -95,14 +95,17 @@ def _configure_logging(log_level: str) -> None:
     configure_access_log()
 
 
-def _log_start(model_dir, ops, fp8: str, fast_options=None) -> None:
+def _log_start(model_dir, ops, fp8: str, options=None) -> None:
+    """The start-up lines: what loads, the keys, FP8's warning, and ``options`` (the fast path's, None on the
+    reference path) where they differ from the package's defaults: given, or the model's own."""
     logger.info("loading %s; GET /health answers 503 until the model is ready%s", model_dir,
                 f"; {len(ops.keys)} API key(s) required" if ops.keys.enabled else "")
     if fp8 != "off":
         logger.warning("fp8 %s: FP8 projections on the fast path; faster and half the weights, but it does not pass "
                        "the fidelity gate against the fp32 oracle (recipes/RESULTS.md)", fp8)
-    if fast_options:
-        logger.info("fast-path options other than the defaults: %s", json.dumps(fast_options, sort_keys=True))
+    changed = {k: v for k, v in (options.to_dict(changed_only=True) if options else {}).items() if k != "fp8"}
+    if changed:
+        logger.info("fast-path options other than the package defaults: %s", json.dumps(changed, sort_keys=True))
 
 
 def _uvicorn_config(app, *, host: str, port: int, log_level: str, drain_timeout_s: float,
@@ -186,9 +189,9 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     else. Every replica is loaded with ``load_export(..., fp8=fp8)``: quantized on the CPU, then moved, so no device
     holds the bf16 weights. It does not pass the fidelity gate (:data:`~hf_openjev.fp8.option.FP8_HELP`).
 
-    ``fast_options``: the fast path's options other than the defaults (a mapping of
-    :class:`~hf_openjev.fast_options.FastPathOptions` names to values; FP8 is ``fp8``'s), for every request and the
-    warm-up; they select the fast path (on the CPU too), are checked before anything else, and are refused with
+    ``fast_options``: the fast path's options other than the model's defaults (a mapping of
+    :class:`~hf_openjev.fast_options.FastPathOptions` names to values over its family member's defaults,
+    :func:`~hf_openjev.fast_options.options_for`; FP8 is ``fp8``'s), for every request and the warm-up; they select the fast path (on the CPU too), are checked before anything else, and are refused with
     ``fast=False`` (the reference path has none).
 
     ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`); ``header_timeout_s``:
@@ -198,7 +201,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     ``allow_unknown_shape``: serve a shape that is no Open-Jev model's (:mod:`hf_openjev.family`)."""
     from ..checkpoint.manifest import check_export_dir
     from ..family import check_export_shape
-    from ..fast_options import FastPathOptions, resolve_fast_options
+    from ..fast_options import options_for, resolve_fast_options
     from ..fp8.option import select_fp8_path
     from .warmup import load_shapes
 
@@ -209,12 +212,12 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
     check_positive(max_connections, "--max-connections", integer=True)
     limits = limits or RequestLimits()
     fast = select_fp8_path(fp8, fast, fp8_flag="--fp8", reference_flag="--reference")  # before anything else
-    options, fast = resolve_fast_options(fast_options, fp8=fp8, fast=fast, reference_flag="--reference")
-    options = options or FastPathOptions(fp8=fp8)
+    _, fast = resolve_fast_options(fast_options, fp8=fp8, fast=fast, reference_flag="--reference")  # checked first
     ops = ServerOps(api_keys=read_api_keys(api_key_file), metrics_auth=metrics_auth)  # bad keys: before loading
     shapes = load_shapes(warm_up_shapes) if warm_up_shapes is not None else None  # a bad file fails before loading
     check_export_dir(model_dir)  # a package dir, a CUDA device without CUDA, a busy port: before the model loads
-    check_export_shape(model_dir, allow_unknown=allow_unknown_shape)
+    member = check_export_shape(model_dir, allow_unknown=allow_unknown_shape)
+    options = options_for(member, fast_options, fp8=fp8)  # the options over the member's defaults
     devices = _check_devices(device, devices)
     check_port_free(host, port)
     _configure_logging(log_level)
@@ -230,7 +233,7 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
                              header_timeout_s=header_timeout_s, write_timeout_s=write_timeout_s,
                              max_connections=max_connections)
     server = build_server(config, on_exit=loading.begin_drain, drain=loading.finish_drain)
-    _log_start(model_dir, ops, fp8, fast_options)
+    _log_start(model_dir, ops, fp8, options if fast is not False else None)
     server.run()
     if loading.error is not None:
         raise loading.error
