@@ -224,6 +224,25 @@ def test_fast_options_select_the_fast_path_and_enter_the_fingerprint(tiny_checkp
     assert info.value.code == 2 and "min_shared_tokens must be a positive integer" in capsys.readouterr().err
 
 
+def test_fast_options_sit_over_a_members_own_defaults(tiny_checkpoint, tiny_model, tmp_path, monkeypatch):
+    """A shape with defaults of its own (the 2B's; here the tiny shape registered as a member): the options named
+    change only themselves, for an export directory and for a loaded model alike."""
+    from hf_openjev import family
+    from hf_openjev.fast_options import MEMBER_DEFAULTS, FastPathOptions
+
+    member = family.FamilyMember("Open-Jev-Tiny", "none/tiny", family.shape_of(
+        family.text_model_of(tiny_model).config), 1.0, tied=False)
+    monkeypatch.setattr(family, "MEMBERS", (*family.MEMBERS, member))
+    monkeypatch.setitem(MEMBER_DEFAULTS, member.name, {"packed_candidates": False})
+    seen = []
+    monkeypatch.setattr(ev, "prepare_path", lambda model, fast, options=None: seen.append(options) or 1 / 0)
+    for i, model in enumerate((tiny_checkpoint.export, tiny_model)):
+        with pytest.raises(ZeroDivisionError):
+            evaluate(model=model, data=[_few(tmp_path, 2)], out_dir=tmp_path / f"out{i}", fast_options={
+                "min_shared_tokens": 7}, **CPU)
+    assert seen == [FastPathOptions(packed_candidates=False, min_shared_tokens=7)] * 2
+
+
 def test_the_fingerprint_holds_the_options_that_differ_from_the_defaults(tiny_model):
     """Options at their default values (or the FP8 mode, fingerprinted on its own) leave the digest as it was;
     another value changes it and is named in run.json."""

@@ -125,3 +125,46 @@ def test_options_from_a_command_lines_json_are_checked_and_named_by_its_flag():
         with pytest.raises(ValueError) as info:
             options_mapping_from_json(text, flag="--x")
         assert str(info.value).startswith(message) and "\n" not in str(info.value), (text, str(info.value))
+
+
+# --- a family member's own defaults (options_for, the one door) -----------------------------------------------
+
+def _config_of(member):
+    import types
+
+    names = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "linear_num_key_heads", "linear_num_value_heads")
+    return types.SimpleNamespace(**dict(zip(names, member.shape)))
+
+
+def test_each_member_gets_its_own_defaults_and_named_changes_win():
+    from hf_openjev.family import MEMBERS, member_sized
+    from hf_openjev.fast_options import MEMBER_DEFAULTS, PACKED_2B, options_for
+
+    two_b = member_sized("2b")
+    own = FastPathOptions.from_mapping(MEMBER_DEFAULTS[two_b.name])
+    assert (own.packed_candidates, own.shared_prefix, own.dense_attention_tokens) == (False, False, 1)
+    assert options_for(two_b) == options_for(_config_of(two_b)) == own  # a member, or a config of its shape
+    composite = type("Composite", (), {"text_config": _config_of(two_b)})()
+    assert options_for(composite) == own
+    for member in MEMBERS:
+        if member is not two_b:
+            assert options_for(member) == FastPathOptions()  # 9B and 27B: the package's defaults
+    assert options_for(None) == options_for(member_sized("mid")) == FastPathOptions()
+    changed = options_for(two_b, {"cuda_graphs": False}, fp8="no-gdn")
+    assert changed == own.replace(cuda_graphs=False, fp8="no-gdn")  # the rest of the 2B's own stays
+    assert options_for(two_b, PACKED_2B) == FastPathOptions()  # the packed path named back in
+    with pytest.raises(ValueError, match="unknown fast-path option"):
+        options_for(two_b, {"packed": True})
+
+
+def test_the_resolved_command_options_sit_over_the_members_defaults():
+    from hf_openjev.family import member_sized
+    from hf_openjev.fast_options import MEMBER_DEFAULTS, resolve_fast_options
+
+    two_b = member_sized("2b")
+    options, fast = resolve_fast_options({"min_shared_tokens": 7}, fp8="off", fast=None, reference_flag="--reference",
+                                         of=two_b)
+    assert fast is True
+    assert options == FastPathOptions.from_mapping({**MEMBER_DEFAULTS[two_b.name], "min_shared_tokens": 7})
+    assert resolve_fast_options({}, fp8="off", fast=None, reference_flag="--reference", of=two_b) == (None, None)

@@ -277,3 +277,32 @@ def test_prefix_cache_per_request_and_with_sharing_switched_off(own_model):
     huge = answer_requests(own_model, [REQUEST], fast=True, options=FastPathOptions(min_shared_tokens=10_000))[0]
     assert huge["metadata"]["prefix_cache"] == {"enabled": True, "mode": "prefix-tree", "shared_tokens": 0}
     assert huge["usage"] == reference[0]["usage"]
+
+
+# --- a family member's own defaults reach the model through one door --------------------------------------------
+
+@pytest.fixture()
+def tiny_is_a_member(own_model, monkeypatch):
+    """The tiny shape registered as a family member with defaults of its own (as the 2B has)."""
+    from hf_openjev import family
+    from hf_openjev.fast_options import MEMBER_DEFAULTS
+
+    member = family.FamilyMember("Open-Jev-Tiny", "none/tiny", family.shape_of(text_model_of(own_model).config),
+                                 1.0, tied=False)
+    monkeypatch.setattr(family, "MEMBERS", (*family.MEMBERS, member))
+    monkeypatch.setitem(MEMBER_DEFAULTS, member.name, {"packed_candidates": False, "min_shared_tokens": 5})
+    return FastPathOptions(packed_candidates=False, min_shared_tokens=5)
+
+
+def test_a_member_without_options_given_gets_its_own_defaults(own_model, tiny_is_a_member):
+    from hf_openjev.patches import read_options
+
+    assert read_options(own_model) == tiny_is_a_member  # not patched yet: what apply_patches would use
+    assert apply_patches(own_model).options == tiny_is_a_member
+    assert apply_patches(own_model).options == tiny_is_a_member  # again: kept, not reset to the package's
+
+
+def test_the_pipeline_names_options_over_the_members_defaults(own_model, tiny_is_a_member):
+    pipe = pipeline("jev-decision", model=own_model, fast=True, cuda_graphs=False)
+    assert pipe._fast_options == tiny_is_a_member.replace(cuda_graphs=False)
+    assert patch_record(own_model).options == tiny_is_a_member.replace(cuda_graphs=False)

@@ -57,4 +57,37 @@ def test_the_options_reach_the_app_that_serves(tiny_checkpoint, monkeypatch, cap
     with caplog.at_level(logging.INFO, logger="hf_openjev.serve.server"):
         assert serve_cli.run(args) == 0
     assert built == [(True, FastPathOptions(min_shared_tokens=7, share_tails=False))]
-    assert 'fast-path options other than the package defaults: {"min_shared_tokens": 7, "share_tails": false}' in caplog.text
+    assert ("fast-path options other than the package defaults (the model's own or given): "
+            '{"min_shared_tokens": 7, "share_tails": false}') in caplog.text
+
+
+def test_a_members_own_defaults_reach_the_app_under_the_options_given(tiny_checkpoint, monkeypatch, caplog):
+    """A shape with defaults of its own (the 2B's; here the tiny shape registered as a member): the app is built
+    with them, and ``--fast-options`` changes only what it names."""
+    import json
+
+    import uvicorn
+    from live_server import run_lifespan_without_a_socket
+
+    from hf_openjev import family
+    from hf_openjev.fast_options import MEMBER_DEFAULTS
+    from hf_openjev.serve import startup
+
+    config = json.loads((tiny_checkpoint.export / "config.json").read_text())
+    shape = family.shape_of(type("Config", (), config.get("text_config", config)))
+    member = family.FamilyMember("Open-Jev-Tiny", "none/tiny", shape, 1.0, tied=False)
+    monkeypatch.setattr(family, "MEMBERS", (*family.MEMBERS, member))
+    monkeypatch.setitem(MEMBER_DEFAULTS, member.name, {"packed_candidates": False, "shared_prefix": False})
+    built = []
+    create_app = startup.create_app
+    monkeypatch.setattr(startup, "create_app",
+                        lambda model, **kw: built.append((kw["fast"], kw["options"])) or create_app(model, **kw))
+    monkeypatch.setattr(uvicorn.Server, "run", run_lifespan_without_a_socket)
+    for extra in ([], ["--fast-options", '{"cuda_graphs": false}']):
+        args = serve_parser().parse_args(["--model", str(tiny_checkpoint.export), "--device", "cpu", "--port", "0",
+                                          *extra])
+        with caplog.at_level(logging.INFO, logger="hf_openjev.serve.server"):
+            assert serve_cli.run(args) == 0
+    own = FastPathOptions(packed_candidates=False, shared_prefix=False)
+    assert built == [(None, own), (True, own.replace(cuda_graphs=False))]
+    assert '{"cuda_graphs": false, "packed_candidates": false, "shared_prefix": false}' in caplog.text

@@ -105,7 +105,8 @@ def _log_start(model_dir, ops, fp8: str, options=None) -> None:
                        "the fidelity gate against the fp32 oracle (recipes/RESULTS.md)", fp8)
     changed = {k: v for k, v in (options.to_dict(changed_only=True) if options else {}).items() if k != "fp8"}
     if changed:
-        logger.info("fast-path options other than the package defaults: %s", json.dumps(changed, sort_keys=True))
+        logger.info("fast-path options other than the package defaults (the model's own or given): %s",
+                    json.dumps(changed, sort_keys=True))
 
 
 def _uvicorn_config(app, *, host: str, port: int, log_level: str, drain_timeout_s: float,
