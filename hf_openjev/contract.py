@@ -337,7 +337,8 @@ def tokenize_candidates(
     (:class:`~hf_openjev.tokenizer.candidate_tokens.CandidateEncoder`); a request of one candidate is tokenized whole
     (one call, nothing to share). ``encode_many`` (only with ``split_shared``): several texts' ids in one call, for
     long texts tokenized in pieces on the tokenizer's threads
-    (:func:`~hf_openjev.tokenizer.candidate_tokens.cut_into_pieces`).
+    (:func:`~hf_openjev.tokenizer.candidate_tokens.cut_into_pieces`), and for a short request's candidates, all in
+    one call before they are checked one by one (``CandidateEncoder.tokenize_together``).
 
     ``clean_cut(text, start, end)``: the first position ``start <= c <= end`` where ``encode(text[:c])`` is a prefix of
     ``encode(text)``, or None (:func:`hf_openjev.tokenizer.tokenizer_analysis.prove_clean_cuts`). With it, a candidate of more
@@ -363,6 +364,7 @@ def tokenize_candidates(
                                clean_cut=clean_cut, token_floor=token_floor,
                                shared=parsed.shared_text if split_shared and parsed.candidate_count > 1 else None,
                                encode_many=encode_many if split_shared else None)
+    encoder.tokenize_together(prompt for question in parsed.questions for prompt in question.prompts)
     result: list[list[list[int]]] = []
     floor = WorkFloor(shares_prefixes)
     for question in parsed.questions:

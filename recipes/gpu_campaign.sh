@@ -55,7 +55,9 @@
 #                                        # per request of the gate's workload, each layer's error of stock bf16 and of
 #                                        # the fast path against stock fp32 (recipes/layer_divergence.py --fp32) on the
 #                                        # seed's weights: where a flip comes from
-#   bash recipes/gpu_campaign.sh server-time [SHAPE]  # the server's own time per request by phase on this host
+#   bash recipes/gpu_campaign.sh server-time [SHAPE]  # the tokenizer's shortcuts timed on this host
+#                                        # (recipes/tokenize_pieces.py: tokenize_pieces.json), then the server's own
+#                                        # time per request by phase on this host
 #                                        # (recipes/server_time.py, 3 timed passes): the stand-in scorer, then the
 #                                        # SHAPE's (default 27b) real forward on the GPU (--shape); server_time.{json,md}
 #                                        # under stand-in/ and SHAPE/
@@ -301,6 +303,8 @@ case "$stage" in
     done ;;
   server-time)
     shape=${1:-27b}
+    timeout 120 python3 "$REPO/recipes/tokenize_pieces.py" --rounds 6 2>&1 | grep "^{" >"$out/tokenize_pieces.json"
+    echo "tokenize_pieces rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"  # the tokenizer's shortcuts on this host
     timeout 150 python3 "$REPO/recipes/server_time.py" --repeats 3 --out "$out/stand-in" 2>&1 | quiet | tail -n 18
     echo "stand-in rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
     timeout $((585 - (SECONDS - start))) python3 "$REPO/recipes/server_time.py" --shape "$shape" --repeats 3 \

@@ -287,13 +287,14 @@ def real_scorer(timer: PhaseTimer, options):
 def build_app(timer: PhaseTimer, tokenizer, latency_s: float, shape: str | None = None):
     """The package's app with ``tokenizer``, the fast path's set-up and the GPU's slice size: over the tiny random
     model with the stand-in forward, or (``shape``) over that shape's random model on CUDA with the real one."""
-    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.family import member_sized
+    from hf_openjev.fast_options import options_for
     from hf_openjev.scoring import prove_tokenizer_shortcuts
     from hf_openjev.serve.app import create_app
     from hf_openjev.serve.limits import RequestLimits
     from hf_openjev.serve.slices import DEFAULT_SLICE_TOKENS
 
-    options = FastPathOptions()
+    options = options_for(member_sized(shape) if shape else None)  # the shape's defaults (a member's own)
     if shape is None:
         model, score_fn = build_model("tiny", seed=0, device="cpu", dtype=torch.float32), None
     else:

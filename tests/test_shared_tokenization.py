@@ -98,6 +98,20 @@ def encode_calls(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def batch_calls(monkeypatch):
+    """The texts of every JevModel.encode_many call, one list per call."""
+    calls: list[list[str]] = []
+    original = JevModel.encode_many
+
+    def counting(self, texts):
+        calls.append(list(texts))
+        return original(self, texts)
+
+    monkeypatch.setattr(JevModel, "encode_many", counting)
+    return calls
+
+
 def _marked_request(marker: str) -> dict:
     return {"state": {"ticket": f"where is my order {marker}? " * 20}, "questions": {
         "intent": {"type": "choice", "instructions": "Which?", "criteria": {"a": None, "b": "x", "c": None}},
@@ -105,12 +119,26 @@ def _marked_request(marker: str) -> dict:
         "angry": {"type": "noul", "instructions": "Angry?"}}}
 
 
-def test_the_state_is_encoded_once_per_request(model, encode_calls):
+def test_the_state_is_encoded_once_per_request(model, encode_calls, batch_calls):
+    """A short request: the shared text and every candidate's rest in one batch call."""
     request = _marked_request("MARKER-7f3a")
     prepared = prepare_request(model, request)
     assert prepared.parsed.candidate_count == 8
-    assert sum("MARKER-7f3a" in text for text in encode_calls) == 1  # whole texts: once per candidate
-    assert len(encode_calls) == 8 + 1  # the shared text, then each candidate's rest
+    texts = encode_calls + [text for call in batch_calls for text in call]
+    assert sum("MARKER-7f3a" in text for text in texts) == 1  # whole texts: once per candidate
+    assert encode_calls == [] and len(batch_calls) == 1 and len(batch_calls[0]) == 8 + 1  # the rests, the shared
+    assert prepared.tokens == whole_ids(model, prepared.parsed)
+
+
+def test_a_request_over_the_batch_bytes_is_encoded_candidate_by_candidate(model, encode_calls, batch_calls,
+                                                                            monkeypatch):
+    """Past BATCH_BYTES the shared text, then each candidate's rest, one call each (the early refusals' order)."""
+    from hf_openjev.tokenizer import candidate_tokens
+
+    monkeypatch.setattr(candidate_tokens, "BATCH_BYTES", 100)
+    prepared = prepare_request(model, _marked_request("MARKER-7f3a"))
+    assert sum("MARKER-7f3a" in text for text in encode_calls) == 1 and batch_calls == []
+    assert len(encode_calls) == 8 + 1
     assert prepared.tokens == whole_ids(model, prepared.parsed)
 
 
@@ -184,6 +212,9 @@ def test_verdicts_messages_and_budgets_are_the_whole_texts(model):
             for budget, shares in ((None, False), (total - 1, False), (total // 2, True), (total, True)):
                 kwargs = dict(_split_kwargs(model, limit), max_total_tokens=budget, shares_prefixes=shares)
                 split = _outcome(lambda: tokenize_candidates(parsed, model.encode, **kwargs))
+                batched = _outcome(lambda: tokenize_candidates(parsed, model.encode, **kwargs,
+                                                               encode_many=model.encode_many))
+                assert batched == split, (limit, budget, batched, split)  # one batch call: the same outcome
                 kwargs["split_shared"] = False
                 whole = _outcome(lambda: tokenize_candidates(parsed, model.encode, **kwargs))
                 assert _same_verdict(split, whole, parsed, ids, limit, model), (limit, budget, split, whole)

@@ -20,10 +20,15 @@ from collections.abc import Callable
 
 from ..errors import RequestError
 
-__all__ = ["EXACT_COUNT_CHARS", "PIECE_CHARS", "CandidateEncoder", "count_past_limit", "cut_into_pieces"]
+__all__ = ["BATCH_BYTES", "EXACT_COUNT_CHARS", "PIECE_CHARS", "CandidateEncoder", "count_past_limit",
+           "cut_into_pieces"]
 
 EXACT_COUNT_CHARS = 16  # candidates of at most this many characters per max_length token are counted in full
 PIECE_CHARS = 4096  # a text over twice this is tokenized in pieces of about this many characters, in parallel
+# a request whose candidates' rests (and shared head) add up to at most this many UTF-8 bytes has them tokenized in
+# one batch call, on the tokenizer's threads, before the candidate-by-candidate checks; a byte-level token covers at
+# least one byte, so the work this adds past an early refusal is at most this many tokens
+BATCH_BYTES = 32 * 1024
 
 
 def cut_into_pieces(text: str, clean_cut: Callable[[str, int, int], int | None], size: int = PIECE_CHARS) -> list[str]:
@@ -95,6 +100,22 @@ class CandidateEncoder:
         self.max_length, self.clean_cut, self.token_floor = max_length, clean_cut, token_floor
         self.shared = shared or None
         self._shared_ids: list[int] | None = None
+        self._batched: dict[str, list[int]] = {}  # text -> ids, from :meth:`tokenize_together`
+
+    def tokenize_together(self, prompts) -> None:
+        """With a shared text and ``encode_many``: the rests of ``prompts`` (those that start with the shared text)
+        and ``chat_prefix + shared``, tokenized in one ``encode_many`` call when their UTF-8 bytes add up to at most
+        :data:`BATCH_BYTES` (one call instead of one per candidate, its texts on the tokenizer's threads). The ids
+        are kept for :meth:`encode`, which still checks candidate by candidate, in order: the same ids (a batch
+        tokenizes each text as alone), the same verdicts and messages."""
+        if self.shared is None or self._encode_many is None:
+            return
+        texts = list(dict.fromkeys(p[len(self.shared):] + self.chat_suffix for p in prompts if p.startswith(self.shared)))
+        if self._shared_ids is None:
+            texts.append(self.chat_prefix + self.shared)
+        if sum(len(t.encode("utf-8")) for t in texts) > BATCH_BYTES:
+            return  # long texts keep their own paths: early refusals, pieces
+        self._batched = dict(zip(texts, self._encode_many(texts), strict=True))
 
     def encode(self, question_id, prompt: str) -> list[int]:
         """The ids of ``chat_prefix + prompt + chat_suffix`` [tokens], or ``RequestError`` when they are more than
@@ -115,7 +136,11 @@ class CandidateEncoder:
         return ids
 
     def _ids(self, text: str) -> list[int]:
-        """``encode(text)``; a long text in pieces through ``encode_many`` (the same ids: see the class)."""
+        """``encode(text)``; a long text in pieces through ``encode_many`` (the same ids: see the class); a text
+        :meth:`tokenize_together` tokenized, its ids from there."""
+        batched = self._batched.get(text)
+        if batched is not None:
+            return list(batched)
         if self._encode_many is None or len(text) <= 2 * PIECE_CHARS:
             return list(self._encode(text))
         pieces = cut_into_pieces(text, self.clean_cut)
