@@ -37,7 +37,9 @@ class JevDecisionPipeline(Pipeline):
 
     Options, at construction or per call: ``fast`` (None: the fast path on CUDA, the reference path elsewhere),
     ``batch_size`` and ``reference_batch_size`` (above), ``fast_options`` (a
-    :class:`~hf_openjev.fast_options.FastPathOptions`) and any of its option names, e.g. ``share_tails`` (default
+    :class:`~hf_openjev.fast_options.FastPathOptions`) and any of its option names, which change the model's defaults
+    (a 2B's own: every candidate alone with dense attention, :data:`~hf_openjev.fast_options.MEMBER_DEFAULTS`;
+    the package's elsewhere) only where named, e.g. ``share_tails`` (default
     True: common prefixes are shared exactly; False: only up to their last multiple of 64 tokens),
     ``min_shared_tokens`` (the shortest prefix worth sharing; default 16, 64 suits ``share_tails=False``) or
     ``dense_attention_tokens`` (a pack level of one sequence at least this long, with no prefix, runs its attention
