@@ -128,13 +128,15 @@ def attach_tokenizer(model, tokenizer) -> None:
 
 def serve_arm(model, arm: str):
     """A started uvicorn server of the package's app for ``arm`` on 127.0.0.1 (a thread), and its port."""
-    from hf_openjev.fast_options import FastPathOptions
+    from hf_openjev.family import text_model_of
+    from hf_openjev.fast_options import options_for
     from hf_openjev.patches import patch_record, revert_patches
     from hf_openjev.serve.app import create_app
 
     if arm == "B" and patch_record(model) is not None:
         revert_patches(model)  # B is the stock model, as serve --reference loads it
-    app = create_app(model, fast=arm == "C", options=FastPathOptions() if arm == "C" else None)
+    # C: the model's own defaults (a family member's), as `hf-openjev serve` runs them without --fast-options
+    app = create_app(model, fast=arm == "C", options=options_for(text_model_of(model).config) if arm == "C" else None)
     return serve_in_thread(app, name=f"e2e-{arm}")
 
 
