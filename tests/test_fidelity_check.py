@@ -147,6 +147,24 @@ def test_a_sabotaged_configuration_fails_the_gate(export, tasks, tmp_path, monke
     assert "`exact-tails` fails" in (tmp_path / "out" / "fidelity_export.md").read_text()
 
 
+def test_default_is_the_models_own_and_packed_the_packages(export, tasks, tmp_path, monkeypatch):
+    """A shape with defaults of its own (the 2B's; here the tiny shape registered as a member): ``default`` answers
+    with them, a configuration's options change them only where named, ``packed`` is the package's defaults."""
+    from hf_openjev import family
+    from hf_openjev.fast_options import MEMBER_DEFAULTS, PACKED_2B
+
+    config = json.loads((export / "config.json").read_text())
+    shape = family.shape_of(type("Config", (), config.get("text_config", config)))
+    member = family.FamilyMember("Open-Jev-Tiny", "none/tiny", shape, 1.0, tied=False)
+    monkeypatch.setattr(family, "MEMBERS", (*family.MEMBERS, member))
+    monkeypatch.setitem(MEMBER_DEFAULTS, member.name, dict(PACKED_2B, packed_candidates=False, shared_prefix=False))
+    (tmp_path / "nograph.json").write_text(json.dumps({"cuda_graphs": False}))
+    report = check_fidelity(model=export, out=tmp_path / "out", data=[tasks], progress=False,
+                            configs=f"default,packed,{tmp_path / 'nograph.json'}")
+    own = {"packed_candidates": False, "shared_prefix": False}
+    assert report["configuration_options"] == {"default": own, "packed": {}, "nograph": {**own, "cuda_graphs": False}}
+
+
 def first_oracle(export, tasks, tmp_path) -> Path:
     """An oracle of the tasks, built once per test (cheap: three tiny requests)."""
     out = tmp_path / "oracle-first"
