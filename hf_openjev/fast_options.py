@@ -195,11 +195,12 @@ def fast_options_argument(text: str) -> dict:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--fast-options: ")) from None
 
 
-def resolve_fast_options(mapping, *, fp8: str, fast: bool | None, reference_flag: str,
-                         of=None) -> tuple[FastPathOptions | None, bool | None]:
-    """A command's fast-path options and path from ``--fast-options``' ``mapping`` and its ``fp8`` mode: (both over
-    the defaults of ``of``, :func:`options_for`, or None when ``mapping`` is empty: the model's own; ``fast``, True when ``mapping`` names any
-    option: they are the fast path's, so they select it, on the CPU too, as ``--fp8`` does). A one-line
+def resolve_fast_options(mapping, *, fp8: str, fast: bool | None,
+                         reference_flag: str) -> tuple[FastPathOptions | None, bool | None]:
+    """A command's fast-path options and path from ``--fast-options``' ``mapping`` and its ``fp8`` mode, checked
+    before anything loads: (both over the package's defaults, or None when ``mapping`` is empty: the model's own;
+    once the model is known, :func:`options_for` puts ``mapping`` over its defaults; ``fast``, True when ``mapping``
+    names any option: they are the fast path's, so they select it, on the CPU too, as ``--fp8`` does). A one-line
     :class:`~hf_openjev.errors.UsageError` for ``fp8`` given in ``mapping`` (it has its own option), for options with
     the reference path (``fast`` False, asked by ``reference_flag``) or for a name or value refused."""
     from .errors import UsageError
@@ -213,6 +214,6 @@ def resolve_fast_options(mapping, *, fp8: str, fast: bool | None, reference_flag
         raise UsageError(f"--fast-options are the fast path's options but {reference_flag} asks for the reference "
                          "path; drop one of them")
     try:
-        return options_for(of, mapping, fp8=fp8), True
+        return options_for(None, mapping, fp8=fp8), True
     except ValueError as exc:
         raise UsageError(f"--fast-options: {exc}") from None

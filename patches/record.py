@@ -105,10 +105,10 @@ def apply_patches(model, options: FastPathOptions | None = None) -> PatchRecord:
     """Set ``model`` up for the fast path, in place, and return its record (idempotent: on a patched model only the
     options change, and a graph cache is created if the new options need one).
 
-    ``options`` (default: the model's, :func:`read_options`) become the record's: ``score_fast`` runs with them unless a call passes
-    others. ``stacked_projections`` re-points the projection weights at slices of one stacked weight per module
-    (same Parameter objects, same values, no extra memory); that layout stays after ``revert_patches``. A model
-    moved to CUDA after patching gets its graph cache from a second ``apply_patches``.
+    ``options`` (default: the model's, :func:`read_options`) become the record's: ``score_fast`` runs with them
+    unless a call passes others. ``stacked_projections`` re-points the projection weights at slices of one stacked
+    weight per module (same Parameter objects, same values, no extra memory); that layout stays after
+    ``revert_patches``. A model moved to CUDA after patching gets its graph cache from a second ``apply_patches``.
 
     ``fp8`` ("all", "no-gdn") swaps the targeted projections for FP8 modules, in place and for good (see
     :func:`~hf_openjev.fp8.swap.quantize_model_fp8`): an FP8 model cannot be asked for ``fp8="off"`` (a

@@ -158,13 +158,12 @@ def test_each_member_gets_its_own_defaults_and_named_changes_win():
         options_for(two_b, {"packed": True})
 
 
-def test_the_resolved_command_options_sit_over_the_members_defaults():
+def test_a_commands_options_are_checked_first_and_put_over_the_members_defaults_later():
     from hf_openjev.family import member_sized
-    from hf_openjev.fast_options import MEMBER_DEFAULTS, resolve_fast_options
+    from hf_openjev.fast_options import MEMBER_DEFAULTS, options_for, resolve_fast_options
 
-    two_b = member_sized("2b")
-    options, fast = resolve_fast_options({"min_shared_tokens": 7}, fp8="off", fast=None, reference_flag="--reference",
-                                         of=two_b)
-    assert fast is True
-    assert options == FastPathOptions.from_mapping({**MEMBER_DEFAULTS[two_b.name], "min_shared_tokens": 7})
-    assert resolve_fast_options({}, fp8="off", fast=None, reference_flag="--reference", of=two_b) == (None, None)
+    two_b, changes = member_sized("2b"), {"min_shared_tokens": 7}
+    options, fast = resolve_fast_options(changes, fp8="off", fast=None, reference_flag="--reference")
+    assert fast is True and options == FastPathOptions(min_shared_tokens=7)  # no model yet: the package's
+    assert options_for(two_b, changes) == FastPathOptions.from_mapping({**MEMBER_DEFAULTS[two_b.name], **changes})
+    assert resolve_fast_options({}, fp8="off", fast=None, reference_flag="--reference") == (None, None)

@@ -29,7 +29,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--name", default=None, help="the <name> of the files (default: the export's folder name)")
     parser.add_argument("--configs", default="default", metavar="LIST",
                         help=f"comma-separated configurations judged against B (the reference path in bf16): "
-                             f"{', '.join(NAMED_CONFIGS)}, a FastPathOptions .json file (changes over the model's defaults), or {REFERENCE_ONE_BY_ONE} (B "
+                             f"{', '.join(NAMED_CONFIGS)}, a FastPathOptions .json file "
+                             f"(changes over the model's defaults), or {REFERENCE_ONE_BY_ONE} (B "
                              "again, one candidate per forward: the flips bf16 rounding alone moves; default: default)")
     parser.add_argument("--oracle", default=None, metavar="FILE",
                         help="an earlier oracle file to start from, .json or gzipped .json.gz (e.g. "

@@ -3,10 +3,10 @@
 ``B`` (the reference path in bf16, the gate's yardstick) always runs. Names: ``default`` (the fast path's
 defaults for the model judged: its family member's, :func:`~hf_openjev.fast_options.options_for`), ``packed`` (at
 2B, candidates packed: the package's defaults, which the 2B's own replace), ``aligned`` (prefixes shared only up to
-a multiple of 64 tokens), ``fp8-all`` and ``fp8-no-gdn`` (FP8 projections), and ``B1``: the reference path again, one candidate per forward (no padding). B1 is no fast-path
-configuration but a measure of the gate itself: it differs from B only in how bf16 rounds (other GEMM shapes), so
-its flips against B's say how many flips rounding alone moves on these weights. A path ending in ``.json`` holds one
-object of :class:`~hf_openjev.fast_options.FastPathOptions` names and values; the configuration is named after the
+a multiple of 64 tokens), ``fp8-all`` and ``fp8-no-gdn`` (FP8 projections), and ``B1``: the reference path again,
+one candidate per forward (no padding). B1 is no fast-path configuration but a measure of the gate itself: it
+differs from B only in how bf16 rounds (other GEMM shapes), so its flips against B's say how many flips rounding
+alone moves on these weights. A path ending in ``.json`` holds one object of :class:`~hf_openjev.fast_options.FastPathOptions` names and values; the configuration is named after the
 file's stem. Each configuration's options are changes over the model's defaults (:func:`options_of`, once it has
 loaded). Pure Python: checked before anything loads.
 """

@@ -192,8 +192,9 @@ def serve(model_dir, *, host: str = "127.0.0.1", port: int = 8000, device=None, 
 
     ``fast_options``: the fast path's options other than the model's defaults (a mapping of
     :class:`~hf_openjev.fast_options.FastPathOptions` names to values over its family member's defaults,
-    :func:`~hf_openjev.fast_options.options_for`; FP8 is ``fp8``'s), for every request and the warm-up; they select the fast path (on the CPU too), are checked before anything else, and are refused with
-    ``fast=False`` (the reference path has none).
+    :func:`~hf_openjev.fast_options.options_for`; FP8 is ``fp8``'s), for every request and the warm-up; they
+    select the fast path (on the CPU too), are checked before anything else, and are refused with ``fast=False``
+    (the reference path has none).
 
     ``limits``: what one request may cost (:class:`~hf_openjev.serve.limits.RequestLimits`); ``header_timeout_s``:
     :mod:`~hf_openjev.serve.header_timeout`; ``write_timeout_s``: :mod:`~hf_openjev.serve.write_timeout`;

@@ -110,7 +110,8 @@ class CandidateEncoder:
         tokenizes each text as alone), the same verdicts and messages."""
         if self.shared is None or self._encode_many is None:
             return
-        texts = list(dict.fromkeys(p[len(self.shared):] + self.chat_suffix for p in prompts if p.startswith(self.shared)))
+        rests = (p[len(self.shared):] + self.chat_suffix for p in prompts if p.startswith(self.shared))
+        texts = list(dict.fromkeys(rests))
         if self._shared_ids is None:
             texts.append(self.chat_prefix + self.shared)
         if sum(len(t.encode("utf-8")) for t in texts) > BATCH_BYTES:
