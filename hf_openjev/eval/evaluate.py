@@ -134,8 +134,8 @@ def _check_previous_run(out_dir: Path, fingerprint: dict) -> None:
         raise EvalInputError(
             f"{out_dir} holds results of another model, FP8 mode, dtype or fast-path options "
             f"({previous.get('model_id')}, fp8 {previous.get('fp8', 'off')}, "
-            f"dtype {previous.get('dtype', 'bfloat16')}, options {json.dumps(previous.get('fast_options', {}))}, fingerprint {previous.get('fingerprint')}); use "
-            "another output directory or resume=False (--no-resume)"
+            f"dtype {previous.get('dtype', 'bfloat16')}, options {json.dumps(previous.get('fast_options', {}))}, "
+            f"fingerprint {previous.get('fingerprint')}); use another output directory or resume=False (--no-resume)"
         )
 
 

@@ -6,9 +6,10 @@ defaults for the model judged: its family member's, :func:`~hf_openjev.fast_opti
 a multiple of 64 tokens), ``fp8-all`` and ``fp8-no-gdn`` (FP8 projections), and ``B1``: the reference path again,
 one candidate per forward (no padding). B1 is no fast-path configuration but a measure of the gate itself: it
 differs from B only in how bf16 rounds (other GEMM shapes), so its flips against B's say how many flips rounding
-alone moves on these weights. A path ending in ``.json`` holds one object of :class:`~hf_openjev.fast_options.FastPathOptions` names and values; the configuration is named after the
-file's stem. Each configuration's options are changes over the model's defaults (:func:`options_of`, once it has
-loaded). Pure Python: checked before anything loads.
+alone moves on these weights. A path ending in ``.json`` holds one object of
+:class:`~hf_openjev.fast_options.FastPathOptions` names and values; the configuration is named after the file's
+stem. Each configuration's options are changes over the model's defaults (:func:`options_of`, once it has loaded).
+Pure Python: checked before anything loads.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def parse_configs(spec: str | list[str]) -> dict[str, dict | None]:
 
 def options_of(changes: dict | None, config) -> FastPathOptions | None:
     """A parsed configuration's options for the model of ``config``: ``changes`` over its defaults (None: ``B1``)."""
-    return None if changes is None else options_for(config, changes, fp8=changes.get("fp8", "off"))
+    return None if changes is None else options_for(config, changes)
 
 
 def _read_options_file(path: Path) -> tuple[str, dict]:

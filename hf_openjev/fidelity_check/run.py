@@ -144,7 +144,8 @@ def check_fidelity(*, model, out, data=None, workload=None, seed: int = 0, limit
         raise UsageError("no valid task in the data" + (f" (first: {invalid[0]['error']})" if invalid else ""))
     started = time.perf_counter()
     bf16, weights = _load_bf16(model, "off", log)
-    parsed = {c: options_of(changes, text_model_of(bf16).config) for c, changes in parsed.items()}  # its defaults
+    config = text_model_of(bf16).config
+    parsed = {c: options_of(changes, config) for c, changes in parsed.items()}  # over the model's own defaults
     items, rejected = _make_items(bf16, tasks, workload, seed=seed, limit=limit, log=log)
     if not items:
         raise UsageError(f"no request to compare: the contract rejects all {len(rejected)} task(s) (first: "

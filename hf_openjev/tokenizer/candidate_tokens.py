@@ -111,10 +111,9 @@ class CandidateEncoder:
         if self.shared is None or self._encode_many is None:
             return
         rests = (p[len(self.shared):] + self.chat_suffix for p in prompts if p.startswith(self.shared))
-        texts = list(dict.fromkeys(rests))
-        if self._shared_ids is None:
-            texts.append(self.chat_prefix + self.shared)
-        if sum(len(t.encode("utf-8")) for t in texts) > BATCH_BYTES:
+        texts = [*dict.fromkeys(rests), self.chat_prefix + self.shared]
+        # characters first (a character is at least a byte): a megabyte state is not encoded to count its bytes
+        if sum(map(len, texts)) > BATCH_BYTES or sum(len(t.encode("utf-8")) for t in texts) > BATCH_BYTES:
             return  # long texts keep their own paths: early refusals, pieces
         self._batched = dict(zip(texts, self._encode_many(texts), strict=True))
 
