@@ -8,10 +8,17 @@ concurrently, and each graph's output is read before the next replay). At most `
 
 Captures use ``capture_error_mode="thread_local"``: the server's event-loop thread may touch CUDA while its
 worker thread captures. ``stats()`` also reports the seconds spent capturing (warm-up run included).
+
+A capture records through :func:`recording`, not ``torch.cuda.graph``: that context synchronizes the device and
+empties the caching allocator's cache (``torch.cuda.empty_cache``, host cache too) at every capture, so a warm-up
+of many buckets frees every cached block before each capture and allocates it again in the next bucket's eager run.
+Here the eager runs and the captures share one side stream, and the blocks an eager run freed stay cached for the
+next one (what the caching allocator does everywhere else); ``torch.cuda.empty_cache()`` still returns them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 
@@ -36,6 +43,18 @@ def copy_inputs(ctx, static) -> None:
     dst[0].copy_(src[0], non_blocking=True)
 
 
+@contextlib.contextmanager
+def recording(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream):
+    """Record the work launched inside into ``graph`` (memory from ``pool``) on ``stream``: ``torch.cuda.graph``'s
+    capture without its device-wide synchronize and cache release. The caller has synchronized the work before."""
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            yield
+        finally:
+            graph.capture_end()
+
+
 class PackGraphs:
     """A bounded cache of captured packed forwards of one text model."""
 
@@ -45,7 +64,7 @@ class PackGraphs:
         self.text_model = text_model
         self.capacity = capacity
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, object, torch.Tensor]] = OrderedDict()
-        self.pool = None
+        self.pool = self.stream = None
         self.captures = self.replays = self.evictions = 0
         self.capture_s = 0.0
         # capture_s split (synchronized): the eager forward on the side stream (first-use costs: autotuning, Triton
@@ -76,17 +95,16 @@ class PackGraphs:
         if len(self.graphs) >= self.capacity:
             self.graphs.popitem(last=False)
             self.evictions += 1
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: autotuning and first-call allocations stay out of the graph
+        if self.stream is None:
+            self.stream, self.pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):  # warm-up: autotuning and first-call allocations stay out of the graph
             self.text_model(pack=ctx)
-        side.synchronize()
-        torch.cuda.current_stream().wait_stream(side)
+        self.stream.synchronize()
+        torch.cuda.current_stream().synchronize()  # nothing of the caller's in flight across the capture
         marks = [time.perf_counter()]
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with recording(graph, self.pool, self.stream):
             output = self.text_model(pack=ctx)
         marks.append(time.perf_counter())
         graph.replay()  # capture records the work without running it

@@ -203,6 +203,33 @@ def heads27_checkpoint(tmp_path_factory):
     return build_tiny_checkpoint(tmp_path_factory.mktemp("heads27"), config=config)
 
 
+def test_recording_always_ends_the_capture_it_began():
+    """The capture context (no device-wide synchronize or cache release, unlike ``torch.cuda.graph``) begins in
+    thread-local mode on the given pool and ends the capture on the way out, also when the forward raised: a capture
+    left open would poison the next one. (``torch.cuda.stream(None)`` is a no-op, so this runs on a CPU.)"""
+    from hf_openjev.patches.cuda_graphs import recording
+
+    class Graph:
+        def __init__(self):
+            self.calls = []
+
+        def capture_begin(self, **kwargs):
+            self.calls.append(("begin", kwargs))
+
+        def capture_end(self):
+            self.calls.append(("end", {}))
+
+    graph = Graph()
+    with recording(graph, "pool", None):
+        graph.calls.append(("work", {}))
+    assert graph.calls == [("begin", {"pool": "pool", "capture_error_mode": "thread_local"}), ("work", {}),
+                           ("end", {})]
+    graph = Graph()
+    with pytest.raises(RuntimeError, match="forward failed"), recording(graph, "pool", None):
+        raise RuntimeError("forward failed")
+    assert [name for name, _ in graph.calls] == ["begin", "end"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dense", [DENSE_ATTENTION_TOKENS, 64], ids=["default", "dense64"])
