@@ -12,7 +12,8 @@ kept to 4 significant digits, the plot's need: a probe's table of a dozen config
         --rename 1:C=share_tails-off --rename '1:{"min_shared_tokens": 16, "share_tails": true}=default'
 
 ``--rename RUN:OLD=NEW`` renames configuration OLD of run RUN (1-based, in the order given); B appears once, and
-so does a configuration that several runs answered identically (a probe that reused its stored answers).
+so does a configuration that several runs answered identically (a probe that reused its stored answers). A report
+this recipe wrote is an input too: its runs join the list in their order, so a committed table takes a new run.
 """
 
 from __future__ import annotations
@@ -73,11 +74,14 @@ def merge_reports(reports: list[dict], renames: dict[tuple[int, str], str] | Non
         b = report["configurations"].get("B")
         if b is None:
             raise ValueError(f"run {index + 1} has no B: its gate verdicts were judged against nothing")
-        b_first = first["configurations"]["B"]
-        if any(b[key] != b_first[key] for key in B_STATS):
+        if not same_statistics(b, first["configurations"]["B"]):
             raise ValueError(f"run {index + 1}: B's statistics differ from run 1's: the runs did not compare the same "
                              "model on the same requests")
-        merged["runs"].append({key: report.get(key) for key in RUN_KEYS})
+        base = len(merged["runs"])
+        if "runs" in report:  # a merged report: its runs, which its entries' "run" indexes
+            merged["runs"].extend(report["runs"])
+        else:
+            merged["runs"].append({key: report.get(key) for key in RUN_KEYS})
         for name, entry in report["configurations"].items():
             if name == "B" and index > 0:
                 continue
@@ -87,10 +91,15 @@ def merge_reports(reports: list[dict], renames: dict[tuple[int, str], str] | Non
                     continue  # the same answers again (a probe reuses stored answers): kept once, from its first run
                 raise ValueError(f"configuration {new!r} appears twice (run {index + 1}) with other statistics: "
                                  "rename one (--rename)")
-            merged["configurations"][new] = {**entry, "run": index,  # 231 figures x a dozen configurations, small
+            merged["configurations"][new] = {**entry, "run": base + entry.get("run", 0),
+                                             # 231 figures x a dozen configurations: kept small
                                              "per_request_max_abs_dp": kept_digits(entry["per_request_max_abs_dp"])}
     if renames:
         raise ValueError(f"--rename of configurations no run has: {sorted(renames)}")
+    used = sorted({entry["run"] for entry in merged["configurations"].values()})  # a run all of whose rows were
+    merged["runs"] = [merged["runs"][i] for i in used]  # kept from an earlier one names nothing: dropped
+    for entry in merged["configurations"].values():
+        entry["run"] = used.index(entry["run"])
     return merged
 
 

@@ -84,3 +84,23 @@ def test_a_configuration_answered_identically_in_two_runs_is_kept_once():
     runs[1]["dtype"] = "bfloat16"  # one run names a dtype, the other none: not one table
     with pytest.raises(ValueError, match="dtype"):
         recipe.merge_reports(runs)
+
+
+def test_a_merged_report_takes_a_new_run():
+    """A committed table (this recipe's output) joined with a new run equals the three runs joined at once; its B,
+    whose per-request figures the table rounded, still matches the new run's."""
+    recipe = load_recipe("merge_fidelity")
+    b = stats(0.04, 0.0123456789, 1)
+    runs = [report({"C": stats(0.045, 0.0105, 1)}, b=b), report({"fp8-all": stats(0.3, 0.05, 9)}, fp8="all", b=b),
+            report({"packed": stats(0.05, 0.011, 2)}, b=b, git_commit="def5678")]
+    at_once = recipe.merge_reports(runs)
+    table = json.loads(json.dumps(recipe.merge_reports(runs[:2])))
+    assert table["configurations"]["B"]["per_request_max_abs_dp"] == [0.04, 0.01235]
+    joined = recipe.merge_reports([table, runs[2]])
+    assert joined == at_once
+    assert [c["run"] for c in joined["configurations"].values()] == [0, 0, 1, 2]
+    assert [run["git_commit"] for run in joined["runs"]] == ["abc1234", "abc1234", "def5678"]
+    again = recipe.merge_reports([runs[2], table])  # the table second: its runs after the new one's
+    assert [c["run"] for c in again["configurations"].values()] == [0, 0, 1, 2]
+    assert [run["fp8"] for run in again["runs"]] == [None, None, "all"]
+    assert recipe.merge_reports([table, table])["runs"] == table["runs"]  # runs that add no row are not listed
