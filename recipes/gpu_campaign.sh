@@ -70,7 +70,7 @@
 #                                        # (default) on an empty kernel cache, fla's tuned configurations merged into
 #                                        # $OUT/warmup/fla_configs/<GPU>/ (copy them to ops/fla_configs/); then the 2B
 #                                        # again on an empty cache with those configurations (fla's strict mode),
-#                                        # once more on that warm cache, and once with cProfile (the top functions)
+#                                        # once more on that warm cache, and once with torch.profiler (host time per op)
 #
 # How the parts were sized: no earlier log holds per-test times (they ran -v without --durations), so the parts in
 # recipes/gpu_parts.txt come from the logs' totals on one H200: the whole suite, 194 tests, 538 s (`git show
@@ -331,10 +331,10 @@ case "$stage" in
       FLA_CONFIG_DIR="$out/fla_configs/$gpu" FLA_CACHE_MODE=strict TRITON_CACHE_DIR="$caches/tc_carried" \
         timeout $((570 - (SECONDS - start))) $breakdown --shape 2b --out "$out/2b-carried-$cache" 2>&1 | quiet | tail -n 12
     done
-    if [ -n "$gpu" ] && [ $((SECONDS - start)) -lt 500 ]; then  # where a warm warm-up's host time goes (cProfile
+    if [ -n "$gpu" ] && [ $((SECONDS - start)) -lt 500 ]; then  # where a warm warm-up's host time goes, per op
       FLA_CONFIG_DIR="$out/fla_configs/$gpu" FLA_CACHE_MODE=strict TRITON_CACHE_DIR="$caches/tc_carried" \
-        timeout $((580 - (SECONDS - start))) $breakdown --shape 2b --profile --out "$out/2b-carried-warm-profile" \
-        2>&1 | quiet | tail -n 45  # slows Python-heavy code: its whole-pass time is not a warm-up figure)
+        timeout $((580 - (SECONDS - start))) $breakdown --shape 2b --op-profile --out "$out/2b-carried-warm-ops" \
+        2>&1 | quiet | tail -n 50  # (the profiler slows the host: its whole-pass time is not a warm-up figure)
     fi ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .

@@ -14,13 +14,17 @@ workload's requests, in order) on the seeded random model, with timing hooks:
 - ``other``: the rest of the pass (plans, layouts, the head, answers; the eager levels that take no graph).
 
 Run it twice in a row on one machine (each a fresh process, the same ``TRITON_CACHE_DIR``): the first run is the
-empty kernel cache, the second the warm one. ``--profile`` adds cProfile's top functions by own time. Writes
-``warmup_<shape>.json`` and ``.md``.
+empty kernel cache, the second the warm one. ``--profile`` adds cProfile's top functions by own time (it loses
+track inside the custom ops, whose kernels run under Dynamo's disable wrapper: their time lands on
+``backend_impl``); ``--op-profile`` adds torch.profiler's host time per op instead (CPU activity only: aten ops, the
+``hf_openjev::`` custom ops, SDPA, each with its own and its children's time). Writes ``warmup_<shape>.json`` and
+``.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -103,6 +107,14 @@ def find_autotuners(kind: type, prefix: str = "fla.") -> list:
     return list(found.values())
 
 
+def op_profile():
+    """torch.profiler over the host alone (no CUDA activity: the device's kernels are the profiles' business, not
+    the warm-up's), ops only: its ``key_averages()`` gives each op's own and total host time."""
+    import torch
+
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+
+
 def tuned_fla_configs() -> dict[str, dict]:
     """fla's tuned configurations in this process, in fla's config-file format (``fla.ops.utils.cache``,
     ``FLA_CONFIG_DIR``/<kernel>.json): per kernel of fla's own autotuner (``CachedAutotuner``), every key it tuned and
@@ -146,6 +158,8 @@ def main(argv=None) -> int:
     add_manifest_argument(parser)
     parser.add_argument("--requests", type=int, default=None, help="the first N requests (default: all)")
     parser.add_argument("--profile", action="store_true", help="cProfile the pass: top functions by own time")
+    parser.add_argument("--op-profile", action="store_true",
+                        help="torch.profiler (CPU activity) over the pass: the host's time per op, top 40 by own time")
     parser.add_argument("--fast-options", default="{}", help="JSON of FastPathOptions over the shape's defaults")
     parser.add_argument("--dump-fla-configs", type=Path, default=None, metavar="DIR",
                         help="after the pass, merge fla's tuned configurations into DIR/<GPU>/<kernel>.json (CUDA; "
@@ -168,7 +182,8 @@ def main(argv=None) -> int:
     totals = {"autotune_s": 0.0, "compile_s": 0.0, "compiles": 0}
     tuned: Counter = Counter()
     profiler = cProfile.Profile() if args.profile else None
-    with triton_hooks(totals, tuned):
+    op_profiler = op_profile() if args.op_profile else contextlib.nullcontext()
+    with triton_hooks(totals, tuned), op_profiler as ops:
         start = time.perf_counter()
         if profiler:
             profiler.enable()
@@ -193,6 +208,9 @@ def main(argv=None) -> int:
         # package-relative file names: no machine's paths in a committed file
         result["profile_top"] = [re.sub(r"\S*/(?=(hf_openjev|ops|patches|fla|triton|torch|transformers)/)", "", line)
                                  for line in text.getvalue().splitlines()[:60]]
+    if ops is not None:
+        table = ops.key_averages().table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60)
+        result["op_profile_top"] = table.splitlines()
     if args.dump_fla_configs is not None and device == "cuda":
         from fla.ops.utils.cache import get_gpu_info
 
@@ -211,6 +229,8 @@ def main(argv=None) -> int:
     print("\n".join(lines), flush=True)
     if profiler:
         print("\n".join(result["profile_top"]))
+    if ops is not None:
+        print("\n".join(result["op_profile_top"]))
     return 0
 
 

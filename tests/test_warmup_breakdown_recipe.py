@@ -15,6 +15,15 @@ def test_the_warm_up_pass_runs_and_reports_its_parts(tmp_path):
     assert result["requests"] == 1 and result["warmup_s"] >= result["requests_s"] > 0
     assert result["graphs"] == {} and result["other_s"] == result["warmup_s"]  # no CUDA: no graph cache
     assert "| whole pass |" in (tmp_path / "warmup_mid.md").read_text()
+    assert "op_profile_top" not in result
+
+
+def test_the_op_profile_lists_the_hosts_time_per_op(tmp_path, capsys):
+    recipe = load_recipe("warmup_breakdown")
+    assert recipe.main(["--shape", "mid", "--requests", "1", "--op-profile", "--out", str(tmp_path)]) == 0
+    table = "\n".join(json.loads((tmp_path / "warmup_mid.json").read_text())["op_profile_top"])
+    assert "Self CPU" in table and "aten::mm" in table and "hf_openjev::gdn_prefill" in table
+    assert "hf_openjev::" in capsys.readouterr().out
 
 
 def test_the_triton_hooks_time_autotuning_and_compiles_and_put_the_originals_back(monkeypatch):
