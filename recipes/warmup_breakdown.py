@@ -15,7 +15,7 @@ workload's requests, in order) on the seeded random model, with timing hooks:
 
 Run it twice in a row on one machine (each a fresh process, the same ``TRITON_CACHE_DIR``): the first run is the
 empty kernel cache, the second the warm one. ``--profile`` adds cProfile's top functions by own time (on the GPU
-machine, torch 2.11, it put 10.9 s of a 17 s pass on the custom ops' ``backend_impl`` line itself, none on the
+machine, torch 2.11, it put 10.9 s of an 18.8 s pass on the custom ops' ``backend_impl`` line itself, none on the
 functions it calls: not a split to act on); ``--op-profile`` adds torch.profiler's host time per op instead (CPU
 activity only: aten ops, the ``hf_openjev::`` custom ops, SDPA, each with its own and its children's time). Writes
 ``warmup_<shape>.json`` and ``.md``.
