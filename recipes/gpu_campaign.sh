@@ -66,6 +66,10 @@
 #                                        # pass each, on the exact workload in one process: what a configuration costs
 #   bash recipes/gpu_campaign.sh profile # 27B kernel profiles with graphs: a 107- and a 3,400-token candidate and
 #                                        # JevBench requests 0, 129, 204, the default and with aligned sharing
+#   bash recipes/gpu_campaign.sh varlen-attention [SHAPES...]  # 2b by default: which packed attention kernel
+#                                        # rounds as one dense call per sequence does (recipes/varlen_attention_probe.py:
+#                                        # FA2, cuDNN and mem-efficient varlen, stock's padded batch; bit-equal share,
+#                                        # differences, graph-replayed time)
 #   bash recipes/gpu_campaign.sh warmup [SHAPES...]  # C's warm-up split (recipes/warmup_breakdown.py) at 2b 9b 27b
 #                                        # (default) on an empty kernel cache, fla's tuned configurations merged into
 #                                        # $OUT/warmup/fla_configs/<GPU>/ (copy them to ops/fla_configs/); then the 2B
@@ -88,10 +92,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup | varlen-attention"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup|varlen-attention) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -317,6 +321,11 @@ case "$stage" in
     timeout $((575 - (SECONDS - start))) python3 "$REPO/recipes/profile_forward.py" --shape 27b --tokens 107,3400 \
       --requests 0,129,204 --fast-options '{}' '{"share_tails": false, "min_shared_tokens": 64}' \
       --out "$out/profile" 2>&1 | quiet | tail -n 12 ;;
+  varlen-attention)
+    for shape in ${*:-2b}; do
+      timeout $((580 - (SECONDS - start))) python3 "$REPO/recipes/varlen_attention_probe.py" --shape "$shape" \
+        --out "$out" 2>&1 | quiet | tail -n 40
+    done ;;
   warmup)
     breakdown="python3 $REPO/recipes/warmup_breakdown.py"
     caches=${TMPDIR:-/tmp}
