@@ -22,9 +22,11 @@ from .packing.planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_
 DENSE_ATTENTION_TOKENS = 2048
 
 # the options a packed forward reads (PackContext.options): a captured CUDA graph depends on them (its key holds them)
-FORWARD_FIELDS = ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32")
+FORWARD_FIELDS = ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32", "packed_attention")
 _MINIMUM = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0}
-_CHOICES = {"fp8": tuple(FP8_MODES)}  # options that take one of a few names
+# the kernels a packed level's attention can run on CUDA (ops.packed_attention.PACKED_KERNELS)
+PACKED_ATTENTION_KERNELS = ("flash", "cudnn", "efficient")
+_CHOICES = {"fp8": tuple(FP8_MODES), "packed_attention": PACKED_ATTENTION_KERNELS}  # options that take one of a few names
 
 
 def check_int(name: str, value, minimum: int) -> int:
@@ -79,6 +81,11 @@ class FastPathOptions:
     # the model was loaded from, else quantized from its own weights, in place). One way: an FP8 model cannot go
     # back to bf16 without loading it again
     fp8: str = "off"
+    # on CUDA, the kernel of a packed level's attention (several sequences, no prefix; bf16/fp16): "flash" (FA2
+    # varlen), "cudnn" or "efficient" (cuDNN's or the memory-efficient kernel's varlen path). Opt-in: only "flash"
+    # has been through the fidelity gate; recipes/varlen_attention_probe.py compares them with one dense call per
+    # sequence, whose rounding passes the gate at 2B where FA2's fails (recipes/RESULTS.md, s19-s21)
+    packed_attention: str = "flash"
     # -- the plan and the pack layout (hf_openjev.packing.planner.plan_requests) -------------------------------
     min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS  # the shortest prefix worth sharing (16: best with tails)
     max_sequences: int = DEFAULT_MAX_SEQUENCES  # candidates per pack

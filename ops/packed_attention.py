@@ -210,6 +210,27 @@ def prefix_attention_flash(
 # ------------------------------------------------------------------------------------------------- the ops
 
 
+def _cudnn_varlen_causal(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+    """cuDNN's ragged (varlen) causal attention, as torch's nested-tensor SDPA calls it; kv heads repeated for GQA."""
+    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu_q.int(), cu_k.int(), max_q, max_k, False, 0.0, True,
+                                                  False, scale=scale)
+    return out[0].reshape(q.shape)
+
+
+def _efficient_varlen_causal(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+    """The memory-efficient kernel's varlen causal attention (top-left causal: equal query and key lengths);
+    kv heads repeated for GQA."""
+    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    out = torch.ops.aten._efficient_attention_forward(q[None], k[None], v[None], None, cu_q.int(), cu_k.int(), max_q,
+                                                      max_k, 0.0, 1, False, scale=scale)  # 1: causal from top left
+    return out[0][0]
+
+
+# the kernels of a packed level's attention on CUDA, bf16/fp16 (FastPathOptions.packed_attention)
+PACKED_KERNELS = {"flash": _varlen_causal, "cudnn": _cudnn_varlen_causal, "efficient": _efficient_varlen_causal}
+
+
 @torch.library.custom_op("hf_openjev::packed_attention", mutates_args=())
 def packed_attention(
     q: Tensor,  # [Tq, H, D]
@@ -220,21 +241,35 @@ def packed_attention(
     max_seqlen_q: int,
     max_seqlen_k: int,
     scale: float,
+    kernel: str = "flash",  # on CUDA: a name of PACKED_KERNELS ("cudnn" and "efficient": equal q and k lengths)
 ) -> Tensor:
     """-> o [Tq, H, D] in q.dtype (bottom-right causal per sequence, GQA)."""
+    _check_kernel(kernel, q, k, max_seqlen_q, max_seqlen_k)
     return packed_attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
 
 
+def _check_kernel(kernel: str, q: Tensor, k: Tensor, max_seqlen_q: int, max_seqlen_k: int) -> None:
+    """A known kernel; the top-left causal ones ("cudnn", "efficient") only where queries and keys have the same
+    lengths (the packed forward's own levels), checked as far as the host can without reading the device."""
+    if kernel not in PACKED_KERNELS:
+        raise ValueError(f"packed_attention: kernel must be one of {', '.join(map(repr, PACKED_KERNELS))}, "
+                         f"got {kernel!r}")
+    if kernel != "flash" and (q.shape[0] != k.shape[0] or max_seqlen_q != max_seqlen_k):
+        raise ValueError(f"packed_attention: the {kernel!r} kernel takes queries and keys of the same lengths")
+
+
 @packed_attention.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, kernel="flash"):
+    _check_kernel(kernel, q, k, max_seqlen_q, max_seqlen_k)
     return q.new_empty(q.shape)
 
 
 @packed_attention.register_kernel("cuda")
-def _packed_attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale):
+def _packed_attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, kernel="flash"):
+    _check_kernel(kernel, q, k, max_seqlen_q, max_seqlen_k)
     if q.dtype == torch.float32:
         return packed_attention_masked(q, k, v, cu_seqlens_q, cu_seqlens_k, scale)
-    return _varlen_causal(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
+    return PACKED_KERNELS[kernel](q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
 
 
 def causal_attention_sdpa(q, k, v, scale):

@@ -127,7 +127,7 @@ def packed_gated_attention(m: qwen.Qwen3_5Attention, x: torch.Tensor, pack, rota
             out = causal_attention(query[rows], key[rows], value[rows], m.scaling)
         else:
             out = packed_attention(query[rows], key[rows], value[rows], level.cu_seqlens, level.cu_seqlens,
-                                   level.max_seqlen, level.max_seqlen, m.scaling)
+                                   level.max_seqlen, level.max_seqlen, m.scaling, pack.options.packed_attention)
         outputs.append(out)
     if pack.exports:
         pack.record_kv(layer, all_key, all_value)

@@ -10,10 +10,10 @@ kernel rounds per sequence as the dense call does. This probe answers that on ra
 attention heads, per level of packed sequences ([T, H, D] rows, GQA), for each kernel:
 
 - ``dense``: ``hf_openjev.ops.causal_attention`` per sequence (the 2B default's kernel; the yardstick);
-- ``fa2_varlen``: ``hf_openjev.ops.packed_attention`` (the packed path's);
-- ``cudnn_varlen``: ``aten._cudnn_attention_forward`` with cumulative sequence lengths (cuDNN's ragged path, as
-  torch's nested-tensor SDPA calls it);
-- ``efficient_varlen``: ``aten._efficient_attention_forward`` with cumulative sequence lengths;
+- ``fa2_varlen``: ``hf_openjev.ops.packed_attention`` (FA2 varlen, the packed path's);
+- ``cudnn_varlen``: the same op with ``kernel="cudnn"`` (``aten._cudnn_attention_forward`` with cumulative sequence
+  lengths, cuDNN's ragged path as torch's nested-tensor SDPA calls it; ``FastPathOptions.packed_attention``);
+- ``efficient_varlen``: the same op with ``kernel="efficient"`` (``aten._efficient_attention_forward``, varlen);
 - ``stock``: what stock Transformers' SDPA does in B, a right-padded batch [N, H, L, D] with a boolean mask
   (torch picks the kernel), rows taken back out.
 
@@ -54,22 +54,14 @@ def dense(q, k, v, cu, lengths, scale):
                       for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
 
 
-def fa2_varlen(q, k, v, cu, lengths, scale):
-    return torch.ops.hf_openjev.packed_attention(q, k, v, cu, cu, max(lengths), max(lengths), scale)
+def varlen(kernel: str):
+    """``hf_openjev.ops.packed_attention`` with ``kernel`` (FastPathOptions.packed_attention)."""
+    def attend(q, k, v, cu, lengths, scale):
+        return torch.ops.hf_openjev.packed_attention(q, k, v, cu, cu, max(lengths), max(lengths), scale, kernel)
+    return attend
 
 
-def cudnn_varlen(q, k, v, cu, lengths, scale):
-    k, v = repeat_heads(k, q.shape[1]), repeat_heads(v, q.shape[1])  # GQA: not every cuDNN ragged path takes it
-    out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu, cu, max(lengths), max(lengths), False, 0.0, True,
-                                                  False, scale=scale)
-    return out[0].reshape(q.shape)
-
-
-def efficient_varlen(q, k, v, cu, lengths, scale):
-    k, v = repeat_heads(k, q.shape[1]), repeat_heads(v, q.shape[1])
-    out = torch.ops.aten._efficient_attention_forward(q[None], k[None], v[None], None, cu, cu, max(lengths),
-                                                      max(lengths), 0.0, 1, False, scale=scale)  # 1: causal
-    return out[0][0]
+fa2_varlen = varlen("flash")
 
 
 def stock(q, k, v, cu, lengths, scale):
@@ -90,8 +82,8 @@ def stock(q, k, v, cu, lengths, scale):
     return torch.cat([out[i, :length] for i, length in enumerate(lengths)])
 
 
-KERNELS = {"dense": dense, "fa2_varlen": fa2_varlen, "cudnn_varlen": cudnn_varlen,
-           "efficient_varlen": efficient_varlen, "stock": stock}
+KERNELS = {"dense": dense, "fa2_varlen": fa2_varlen, "cudnn_varlen": varlen("cudnn"),
+           "efficient_varlen": varlen("efficient"), "stock": stock}
 
 
 def level_inputs(lengths, heads: int, kv_heads: int, head_dim: int, device, seed: int):

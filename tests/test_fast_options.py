@@ -19,8 +19,9 @@ BOOLS = ["packed_candidates", "shared_prefix", "final_row_mlp", "stacked_project
 
 def test_every_option_and_its_default():
     options = FastPathOptions()
-    assert set(FastPathOptions.names()) == set(INTS) | set(BOOLS) | {"fp8"} and len(FastPathOptions.names()) == 15
-    assert options.fp8 == "off"  # FP8 is opt-in
+    assert set(FastPathOptions.names()) == set(INTS) | set(BOOLS) | {"fp8", "packed_attention"}
+    assert len(FastPathOptions.names()) == 16
+    assert options.fp8 == "off" and options.packed_attention == "flash"  # FP8 and the other kernels are opt-in
     assert (options.min_shared_tokens, options.max_sequences, options.max_tokens, options.share_tails) == (
         planner.DEFAULT_MIN_SHARED_TOKENS, planner.DEFAULT_MAX_SEQUENCES, planner.DEFAULT_MAX_TOKENS,
         planner.DEFAULT_SHARE_TAILS)
@@ -100,11 +101,21 @@ def test_the_forward_key_holds_the_options_the_forward_reads():
     key = FastPathOptions().forward_key()
     for name in FastPathOptions.names():
         value = getattr(FastPathOptions(), name)
-        other = (not value) if isinstance(value, bool) else "all" if isinstance(value, str) else value + 1
+        other = (not value) if isinstance(value, bool) else {"fp8": "all", "packed_attention": "cudnn"}[name] \
+            if isinstance(value, str) else value + 1
         changed = FastPathOptions().replace(**{name: other})
         assert (changed.forward_key() != key) == (name in FORWARD_FIELDS), name
     # fp8 is not read by the forward: apply_patches swaps the modules once (score_fast refuses a call's other fp8)
-    assert FORWARD_FIELDS == ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32")
+    assert FORWARD_FIELDS == ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32",
+                              "packed_attention")
+
+
+def test_the_packed_attention_kernel_is_one_of_three_names():
+    assert FastPathOptions().packed_attention == "flash"  # the one the fidelity gate has passed
+    for kernel in ("flash", "cudnn", "efficient"):
+        assert FastPathOptions(packed_attention=kernel).packed_attention == kernel
+    with pytest.raises(ValueError, match="packed_attention must be one of 'flash', 'cudnn', 'efficient', got 'fa3'"):
+        FastPathOptions.from_mapping({"packed_attention": "fa3"})
 
 
 def test_importing_the_options_loads_no_torch():

@@ -253,6 +253,27 @@ def test_each_numerics_option_flipped_matches_the_reference(workload, flag, valu
         apply_patches(workload.model)
 
 
+def test_the_packed_attention_kernel_reaches_the_op(workload, monkeypatch):
+    """``packed_attention`` names the kernel of a packed level's attention: the forward hands it to the op (on the
+    CPU every kernel runs the reference, so the scores are the default's exactly)."""
+    from hf_openjev.patches import packed_candidates
+
+    apply_patches(workload.model)
+    default = run_fast(workload).scores
+    kernels = []
+
+    def recorded(*args):
+        kernels.append(args[-1])
+        return torch.ops.hf_openjev.packed_attention(*args)
+
+    monkeypatch.setattr(packed_candidates, "packed_attention", recorded)
+    assert run_fast(workload, packed_attention="cudnn").scores == default
+    assert kernels and set(kernels) == {"cudnn"}
+    kernels.clear()
+    run_fast(workload)
+    assert kernels and set(kernels) == {"flash"}
+
+
 @pytest.mark.parametrize("flag", ["packed_candidates", "shared_prefix", "final_row_mlp"])
 def test_each_patch_switched_off_matches_the_reference(workload, flag):
     record = apply_patches(workload.model, FastPathOptions(**{flag: False}))

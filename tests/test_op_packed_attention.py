@@ -194,8 +194,26 @@ def test_bf16_cpu():
     torch.testing.assert_close(o.float(), pa.prefix_attention_reference(**fp32), atol=2e-2, rtol=2e-2)
 
 
+def test_the_kernel_argument_is_checked_and_the_reference_answers_for_every_kernel():
+    """On the CPU every kernel name runs the reference; a name the op does not know, or a top-left causal kernel
+    given queries and keys of other lengths, is refused (also by the fake, so before anything runs)."""
+    args = attention_inputs([3, 7], [3, 7], H, HKV, D)
+    want = pa.packed_attention_reference(**args)
+    for kernel in pa.PACKED_KERNELS:
+        torch.testing.assert_close(PACKED(**args, kernel=kernel), want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="kernel must be one of 'flash', 'cudnn', 'efficient', got 'fa3'"):
+        PACKED(**args, kernel="fa3")
+    suffix = attention_inputs([2, 7], [5, 9], H, HKV, D)
+    PACKED(**suffix, kernel="flash")  # bottom-right causal: fewer queries than keys
+    with pytest.raises(ValueError, match="'cudnn' kernel takes queries and keys of the same lengths"):
+        PACKED(**suffix, kernel="cudnn")
+    assert tuple(pa.PACKED_KERNELS) == __import__("hf_openjev.fast_options").fast_options.PACKED_ATTENTION_KERNELS
+
+
 def test_opcheck():
     torch.library.opcheck(PACKED, tuple(attention_inputs([3, 7], [5, 9], H, HKV, D).values()))
+    torch.library.opcheck(PACKED, tuple(attention_inputs([3, 7], [3, 7], H, HKV, D).values()),
+                          {"kernel": "cudnn"})
     torch.library.opcheck(PREFIX, tuple(prefix_inputs([3, 7], [64, 2], [1, 0], H, HKV, D).values()))
     torch.library.opcheck(CAUSAL, tuple(_one_sequence(11, H, HKV, D).values()))
 
@@ -229,6 +247,24 @@ def test_cuda_packed_matches_reference(shape, dtype, queries):
     args = attention_inputs(lq, lk, *GPU_SHAPES[shape], dtype=dtype, seed=5)
     o = PACKED(**to_device(args, "cuda"))
     assert o.dtype == dtype and max_errors(o, pa.packed_attention_reference(**args))[1] < TOL[dtype]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("kernel", ["cudnn", "efficient"])
+@pytest.mark.parametrize("shape", list(GPU_SHAPES))
+def test_cuda_packed_kernels_match_the_reference_and_replay(shape, kernel):
+    """The opt-in kernels (FastPathOptions.packed_attention) on equal query and key lengths, bf16: the reference's
+    answer, and a captured graph replays new lengths of the same bucket as eager does."""
+    lengths = random_lengths(random.Random(shape + kernel), 8, hi=900) + [1]
+    args = attention_inputs(lengths, lengths, *GPU_SHAPES[shape], dtype=torch.bfloat16, seed=7)
+    o = PACKED(**to_device(args, "cuda"), kernel=kernel)
+    assert o.dtype == torch.bfloat16 and max_errors(o, pa.packed_attention_reference(**args))[1] < TOL[torch.bfloat16]
+    split = split_lengths(936, 8, random.Random(1))
+    a, b = (to_device(attention_inputs(ls, ls, 24, 4, 256, dtype=torch.bfloat16, seed=s), "cuda")
+            for ls, s in ((split, 8), (split[::-1], 9)))
+    replayed, eager = capture_replay(lambda **kw: PACKED(**kw, kernel=kernel), a, b)
+    assert max_errors(replayed, eager)[0] == 0.0
 
 
 @pytest.mark.gpu

@@ -48,7 +48,8 @@ class PackContext:
     gdn_calls: list[GdnCall]
     final_rows: torch.Tensor  # [N] int64: last token of each scored candidate, in ``leaf_ids`` order
     leaf_ids: list[int]
-    # what the forward does (final_row_mlp, compile_elementwise, fused_elementwise, gdn_fp32: FORWARD_FIELDS)
+    # what the forward does (FORWARD_FIELDS: final_row_mlp, compile_elementwise, fused_elementwise, gdn_fp32,
+    # packed_attention)
     options: PackOptions
     n_external: int = 0
     external_gdn: dict[int, torch.Tensor] = field(default_factory=dict)  # [E, Hv, Dk, Dv]
