@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
 
 import torch
+from benchlib.timing import graph_of, median_ms
 
 import hf_openjev.ops  # noqa: F401  (registers torch.ops.hf_openjev.*)
 from hf_openjev.ops import causal_conv, elementwise, gdn_prefill, packed_attention
@@ -121,33 +121,6 @@ def capture(name: str) -> dict:
     replayed, eager = capture_replay(op, build(lengths, torch.bfloat16, 1), build(lengths[::-1], torch.bfloat16, 2))
     abs_err, _ = max_errors(replayed, eager)
     return dict(op=name, max_abs=abs_err, ok=abs_err == 0.0)
-
-
-def median_ms(fn, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
-
-
-def graph_of(fn, args: dict):
-    """Capture fn(**args) (after a warm-up on a side stream); returns the graph (args are its static inputs)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn(**args)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(**args)
-    return graph
 
 
 def bench(name: str, tokens: int, compile_budget_ok: bool) -> dict:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from benchlib.provenance import command_line, versions
 from benchlib.shapes import SHAPES
+from benchlib.timing import graph_of, median_ms
 
 import hf_openjev.ops  # noqa: F401  (registers torch.ops.hf_openjev.*)
 from hf_openjev.ops.packed_attention import packed_attention_reference
@@ -95,27 +95,6 @@ def level_inputs(lengths, heads: int, kv_heads: int, head_dim: int, device, seed
     return [x.to(device) for x in (q.bfloat16(), k.bfloat16(), v.bfloat16(), cu)]
 
 
-def graph_replay_us(fn, reps: int = 50) -> float:
-    """Median time of ``fn`` replayed as a CUDA graph (captured after two eager calls)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn(), fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events) * 1000
-
-
 def probe_level(lengths, shape: dict, device, seed: int) -> dict:
     heads, kv_heads, head_dim = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
     q, k, v, cu = level_inputs(lengths, heads, kv_heads, head_dim, device, seed)
@@ -128,7 +107,8 @@ def probe_level(lengths, shape: dict, device, seed: int) -> dict:
         try:
             outputs[name] = kernel(q, k, v, cu, lengths, scale)
             if device.type == "cuda":
-                row["kernels"][name] = {"us": round(graph_replay_us(lambda: kernel(q, k, v, cu, lengths, scale)), 2)}
+                graph = graph_of(lambda: kernel(q, k, v, cu, lengths, scale), {})
+                row["kernels"][name] = {"us": round(median_ms(graph.replay, 50) * 1000, 2)}  # graph-replayed
             else:
                 row["kernels"][name] = {}
         except Exception as error:  # noqa: BLE001 - a refused kernel is a finding, reported as such

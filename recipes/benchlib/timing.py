@@ -91,3 +91,31 @@ def summarize(times_ms: list[float]) -> dict:
     n = len(s)
     return {"n": n, "mean_ms": statistics.fmean(s), "p50_ms": s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2,
             "p95_ms": s[max(0, int(0.95 * n) - 1)], "max_ms": s[-1]}
+
+
+def median_ms(fn, reps: int, warmup: int = 3) -> float:
+    """Median device time of ``fn`` in ms (CUDA events around each of ``reps`` calls, after ``warmup`` calls)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def graph_of(fn, args: dict):
+    """Capture fn(**args) (after a warm-up on a side stream); returns the graph (args are its static inputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(**args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(**args)
+    return graph
