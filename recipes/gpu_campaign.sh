@@ -87,6 +87,9 @@
 # Estimates, not measurements: the first committed parts log (the lead's; every test's time, --durations=0) confirms
 # or moves them, and any part over 300 s is split there.
 #
+# Several stages in one call: set CAMPAIGN_ELAPSED_S to the seconds the call has spent before a stage, and its
+# limits count from the call's start, not its own (e.g. CAMPAIGN_ELAPSED_S=$SECONDS bash recipes/gpu_campaign.sh ...).
+#
 # Each stage leaves its files under $OUT/<stage>/ plus a tarball, $OUT/<stage>.tgz (for runners that return few files).
 # Put the figures that matter into recipes/RESULTS.md with the command, commit and device; raw output does not stay
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
@@ -104,7 +107,7 @@ setup() {  # the carried wheel and this package into /tmp/site (recipes/device_s
   out=${OUT:-/tmp/out}/$stage
   mkdir -p "$out"
   cd /tmp || exit 1
-  start=$SECONDS
+  start=$((SECONDS - ${CAMPAIGN_ELAPSED_S:-0}))  # several stages in one call: the seconds spent before this one
 }
 
 quiet() { grep --line-buffered -v "Loading\|falling back"; }
