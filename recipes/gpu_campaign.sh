@@ -27,7 +27,7 @@
 #                                        # HTTP, C then B (recipes/bench_e2e.py; B's 8 warm-up requests suffice
 #                                        # there: the in-process B ran every shape; the real tokenizer: .tokcache/
 #                                        # carried, or converted there)
-#   bash recipes/gpu_campaign.sh family-fidelity SHAPE  # 9b or 2b: the bench's random weights written as an export
+#   bash recipes/gpu_campaign.sh family-fidelity SHAPE  # 2b, 9b or 27b: the bench's random weights written as an export
 #                                        # (recipes/random_export.py), then `hf-openjev fidelity` on it against
 #                                        # data/bench/oracle_SHAPE.json.gz (the estimated workload): B and the default
 #   bash recipes/gpu_campaign.sh gate-seeds SHAPE SEED...  # e.g. gate-seeds 2b 1 2: per seed, the fp32 oracle of
@@ -124,7 +124,7 @@ gpu_pytest() {  # $1 = time limit (s), $2 = log file under $out, $3 = -k express
   grep -E "FAILED|ERROR" "$log" | tail -n 12
 }
 
-family_fidelity() {  # $1 = 9b or 2b: the bench's random weights (seed $3, default 0) as an export, then
+family_fidelity() {  # $1 = 2b, 9b or 27b (a 51 GB export): the bench's random weights (seed $3, default 0) as an export, then
   # hf-openjev fidelity on it (the workload's ids drawn with that seed) against $2 (default: the committed
   # data/bench/oracle_$1.json.gz); with a seed, the files are named $1_seed$3 (fidelity_2b_seed1.json); $4: the
   # configurations (default: default); $5: a name suffix. Answers carried back in .answers/ are reused
@@ -244,7 +244,8 @@ case "$stage" in
       --concurrency "" --single 107,3400 --long-candidate 0 --e2e C,B \
       --e2e-warmup-requests 8 "$@" --out "$out/$shape" 2>&1 | quiet | grep -vE "^\s*$" | tail -n 40 ;;
   family-fidelity)
-    family_fidelity "${1:?family-fidelity SHAPE: 9b or 2b}" ;;
+    case "${1:-}" in 2b|9b|27b) ;; *) echo "family-fidelity SHAPE: 2b, 9b or 27b (27b: a 51 GB export on this disk)"; exit 2 ;; esac
+    family_fidelity "$1" ;;
   gate-probe)
     timeout $((585 - (SECONDS - start))) bash -c "$(declare -f family_fidelity quiet); out='$out' REPO='$REPO' \
       family_fidelity '$probe_shape' '$probe_oracle' '$probe_seed' '$probe_configs' _probe"
