@@ -197,6 +197,9 @@ if [ "$stage" = divergence ]; then  # a shape, a seed and request ids, before se
   case "${1:-}" in 2b|9b|27b) ;; *) echo "$usage"; exit 2 ;; esac
   [[ "${2:-}" =~ ^[0-9]+$ ]] && [ $# -gt 2 ] || { echo "$usage"; exit 2; }
 fi
+if [ "$stage" = family-fidelity ]; then  # a known shape, before setup
+  case "${1:-}" in 2b|9b|27b) ;; *) echo "family-fidelity SHAPE: 2b, 9b or 27b (27b: a 51 GB export on this disk)"; exit 2 ;; esac
+fi
 if [ "$stage" = server-time ]; then  # a known shape, before setup
   case "${1:-27b}" in 2b|9b|27b) ;; *) echo "server-time [SHAPE]: SHAPE 2b, 9b or 27b (default 27b)"; exit 2 ;; esac
 fi
@@ -244,7 +247,6 @@ case "$stage" in
       --concurrency "" --single 107,3400 --long-candidate 0 --e2e C,B \
       --e2e-warmup-requests 8 "$@" --out "$out/$shape" 2>&1 | quiet | grep -vE "^\s*$" | tail -n 40 ;;
   family-fidelity)
-    case "${1:-}" in 2b|9b|27b) ;; *) echo "family-fidelity SHAPE: 2b, 9b or 27b (27b: a 51 GB export on this disk)"; exit 2 ;; esac
     family_fidelity "$1" ;;
   gate-probe)
     timeout $((585 - (SECONDS - start))) bash -c "$(declare -f family_fidelity quiet); out='$out' REPO='$REPO' \

@@ -42,7 +42,7 @@ case " $INCOMPLETE " in *" $seed "*) echo "$dir/oracle_$shape.json: 3/9 requests
 """
 
 
-def run_stage(tmp_path: Path, *args: str, incomplete: str = "", carried: tuple[str, ...] = ()):
+def run_stage(tmp_path: Path, *args: str, incomplete: str = "", carried: tuple[str, ...] = (), **env_extra: str):
     """Run ``gpu_campaign.sh args`` in a copy of the recipes under tmp_path/repo; (result, the calls (list of
     argument strings), the out folder)."""
     repo = tmp_path / "repo"
@@ -58,7 +58,7 @@ def run_stage(tmp_path: Path, *args: str, incomplete: str = "", carried: tuple[s
     shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
     calls, out = tmp_path / "calls.txt", tmp_path / "out"
     env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "CALLS": str(calls), "OUT": str(out),
-           "INCOMPLETE": incomplete}
+           "INCOMPLETE": incomplete, **env_extra}
     result = subprocess.run(["bash", "recipes/gpu_campaign.sh", *args], cwd=repo, env=env, capture_output=True,
                             text=True, timeout=60)
     lines = calls.read_text().splitlines() if calls.exists() else []
@@ -94,14 +94,33 @@ def test_each_seed_gets_its_oracle_export_and_fidelity(tmp_path, carried):
     assert {"./oracle_2b_seed1.json", "./oracle_2b_seed2.json", "./oracle_2b_seed1.log"} <= names, names
 
 
-def test_family_fidelity_keeps_seed_zero_and_its_names(tmp_path):
-    result, lines, out = run_stage(tmp_path, "family-fidelity", "9b")
+@pytest.mark.parametrize("shape", ["9b", "27b"])
+def test_family_fidelity_keeps_seed_zero_and_its_names(tmp_path, shape):
+    result, lines, out = run_stage(tmp_path, "family-fidelity", shape)
     assert result.returncode == 0, result.stdout + result.stderr
     (export,) = script_calls(lines, "random_export.py")
     (fidelity,) = script_calls(lines, "-m hf_openjev fidelity")
-    assert "--shape 9b --seed 0 " in export
-    assert "--seed 0 " in fidelity and "--name 9b " in fidelity and "data/bench/oracle_9b.json.gz " in fidelity
-    assert f"--out {out}/family-fidelity/fidelity9b" in fidelity
+    assert f"--shape {shape} --seed 0 " in export
+    assert "--seed 0 " in fidelity and f"--name {shape} " in fidelity
+    assert f"data/bench/oracle_{shape}.json.gz " in fidelity
+    assert f"--out {out}/family-fidelity/fidelity{shape}" in fidelity
+
+
+@pytest.mark.parametrize("args", [("family-fidelity",), ("family-fidelity", "mid"), ("family-fidelity", "4b")])
+def test_family_fidelity_refuses_an_unknown_shape_before_setup(tmp_path, args):
+    result, lines, _ = run_stage(tmp_path, *args)
+    assert result.returncode == 2 and "family-fidelity SHAPE: 2b, 9b or 27b" in result.stdout, result.stdout
+    assert lines == []  # no pip, no python: setup never ran
+
+
+def test_a_stage_after_others_in_one_call_counts_their_seconds(tmp_path):
+    """CAMPAIGN_ELAPSED_S: a stage run after others in one call keeps within the call's limit, not its own."""
+    result, lines, _ = run_stage(tmp_path, "gate-seeds", "2b", "1", CAMPAIGN_ELAPSED_S="560")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "oracle 2b_seed1: no time left" in result.stdout
+    assert script_calls(lines, "recipes/oracle.py") == []
+    result, lines, _ = run_stage(tmp_path, "gate-seeds", "2b", "1", CAMPAIGN_ELAPSED_S="0")
+    assert len(script_calls(lines, "recipes/oracle.py")) == 1
 
 
 def test_a_bad_shape_or_no_seed_is_refused_before_setup(tmp_path):
