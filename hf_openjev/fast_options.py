@@ -25,7 +25,7 @@ DENSE_ATTENTION_TOKENS = 2048
 FORWARD_FIELDS = ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32", "packed_attention")
 _MINIMUM = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0}
 # the kernels a packed level's attention can run on CUDA (ops.packed_attention.PACKED_KERNELS)
-PACKED_ATTENTION_KERNELS = ("flash", "cudnn", "efficient")
+PACKED_ATTENTION_KERNELS = ("flash", "efficient")
 _CHOICES = {"fp8": tuple(FP8_MODES), "packed_attention": PACKED_ATTENTION_KERNELS}  # options that take one of a few names
 
 
@@ -82,9 +82,8 @@ class FastPathOptions:
     # back to bf16 without loading it again
     fp8: str = "off"
     # on CUDA, the kernel of a packed level's attention (several sequences, no prefix; bf16/fp16): "flash" (FA2
-    # varlen), "cudnn" or "efficient" (cuDNN's or the memory-efficient kernel's varlen path). Opt-in: only "flash"
-    # has been through the fidelity gate; recipes/varlen_attention_probe.py compares them with one dense call per
-    # sequence, whose rounding passes the gate at 2B where FA2's fails (recipes/RESULTS.md, s19-s21)
+    # varlen) or "efficient" (the memory-efficient kernel's varlen path: it rounds as stock's padded batch does, yet
+    # packing the 2B with it failed the gate on one of its weights; recipes/varlen_attention_probe.py, RESULTS.md s22)
     packed_attention: str = "flash"
     # -- the plan and the pack layout (hf_openjev.packing.planner.plan_requests) -------------------------------
     min_shared_tokens: int = DEFAULT_MIN_SHARED_TOKENS  # the shortest prefix worth sharing (16: best with tails)

@@ -210,14 +210,6 @@ def prefix_attention_flash(
 # ------------------------------------------------------------------------------------------------- the ops
 
 
-def _cudnn_varlen_causal(q, k, v, cu_q, cu_k, max_q, max_k, scale):
-    """cuDNN's ragged (varlen) causal attention, as torch's nested-tensor SDPA calls it; kv heads repeated for GQA."""
-    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
-    out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cu_q.int(), cu_k.int(), max_q, max_k, False, 0.0, True,
-                                                  False, scale=scale)
-    return out[0].reshape(q.shape)
-
-
 def _efficient_varlen_causal(q, k, v, cu_q, cu_k, max_q, max_k, scale):
     """The memory-efficient kernel's varlen causal attention (top-left causal: equal query and key lengths);
     kv heads repeated for GQA."""
@@ -227,8 +219,10 @@ def _efficient_varlen_causal(q, k, v, cu_q, cu_k, max_q, max_k, scale):
     return out[0][0]
 
 
-# the kernels of a packed level's attention on CUDA, bf16/fp16 (FastPathOptions.packed_attention)
-PACKED_KERNELS = {"flash": _varlen_causal, "cudnn": _cudnn_varlen_causal, "efficient": _efficient_varlen_causal}
+# the kernels of a packed level's attention on CUDA, bf16/fp16 (FastPathOptions.packed_attention). No cuDNN: its
+# ragged path (aten._cudnn_attention_forward with cumulative lengths) answers eagerly but invalidates a CUDA-graph
+# capture (torch 2.11, H100; recipes/RESULTS.md s22), and the fast path captures by default
+PACKED_KERNELS = {"flash": _varlen_causal, "efficient": _efficient_varlen_causal}
 
 
 @torch.library.custom_op("hf_openjev::packed_attention", mutates_args=())
@@ -241,7 +235,7 @@ def packed_attention(
     max_seqlen_q: int,
     max_seqlen_k: int,
     scale: float,
-    kernel: str = "flash",  # on CUDA: a name of PACKED_KERNELS ("cudnn" and "efficient": equal q and k lengths)
+    kernel: str = "flash",  # on CUDA: a name of PACKED_KERNELS ("efficient": equal q and k lengths)
 ) -> Tensor:
     """-> o [Tq, H, D] in q.dtype (bottom-right causal per sequence, GQA)."""
     _check_kernel(kernel, q, k, max_seqlen_q, max_seqlen_k)
@@ -249,7 +243,7 @@ def packed_attention(
 
 
 def _check_kernel(kernel: str, q: Tensor, k: Tensor, max_seqlen_q: int, max_seqlen_k: int) -> None:
-    """A known kernel; the top-left causal ones ("cudnn", "efficient") only where queries and keys have the same
+    """A known kernel; the top-left causal one ("efficient") only where queries and keys have the same
     lengths (the packed forward's own levels), checked as far as the host can without reading the device."""
     if kernel not in PACKED_KERNELS:
         raise ValueError(f"packed_attention: kernel must be one of {', '.join(map(repr, PACKED_KERNELS))}, "

@@ -11,11 +11,13 @@ attention heads, per level of packed sequences ([T, H, D] rows, GQA), for each k
 
 - ``dense``: ``hf_openjev.ops.causal_attention`` per sequence (the 2B default's kernel; the yardstick);
 - ``fa2_varlen``: ``hf_openjev.ops.packed_attention`` (FA2 varlen, the packed path's);
-- ``cudnn_varlen``: the same op with ``kernel="cudnn"`` (``aten._cudnn_attention_forward`` with cumulative sequence
-  lengths, cuDNN's ragged path as torch's nested-tensor SDPA calls it; ``FastPathOptions.packed_attention``);
 - ``efficient_varlen``: the same op with ``kernel="efficient"`` (``aten._efficient_attention_forward``, varlen);
 - ``stock``: what stock Transformers' SDPA does in B, a right-padded batch [N, H, L, D] with a boolean mask
   (torch picks the kernel), rows taken back out.
+
+cuDNN's ragged path (``aten._cudnn_attention_forward`` with cumulative lengths) is not here: it answers eagerly but
+invalidates a CUDA-graph capture (torch 2.11 on an H100, RESULTS.md s22). Every kernel here takes its sequence
+bounds from ``lengths`` on the host, so each is captured and timed the same way.
 
 Per kernel and level: the share of output elements bit-equal to ``dense``'s, the largest difference to ``dense``, to
 ``stock`` and to the fp32 reference (``packed_attention_reference`` in fp32), and the graph-replayed time (median
@@ -41,7 +43,7 @@ from hf_openjev.ops.packed_attention import packed_attention_reference
 
 # levels of packed sequences: one candidate, several short ones, many short ones, a few long ones, odd lengths
 LEVELS = ((107,), (40,) * 5, (60,) * 6, (64,) * 16, (37, 91, 64, 120, 15), (300, 200, 150), (1000, 900, 800))
-CUDA_ONLY = ("cudnn_varlen", "efficient_varlen", "stock")
+CUDA_ONLY = ("efficient_varlen", "stock")
 
 
 def repeat_heads(x, heads: int):
@@ -49,9 +51,14 @@ def repeat_heads(x, heads: int):
     return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
+def bounds(lengths) -> list[tuple[int, int]]:
+    """Each sequence's (start, end) rows, from the host's lengths (no device read: capturable)."""
+    ends = torch.tensor(lengths).cumsum(0).tolist()
+    return [(end - length, end) for end, length in zip(ends, lengths)]
+
+
 def dense(q, k, v, cu, lengths, scale):
-    return torch.cat([torch.ops.hf_openjev.causal_attention(q[a:b], k[a:b], v[a:b], scale)
-                      for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
+    return torch.cat([torch.ops.hf_openjev.causal_attention(q[a:b], k[a:b], v[a:b], scale) for a, b in bounds(lengths)])
 
 
 def varlen(kernel: str):
@@ -67,23 +74,24 @@ fa2_varlen = varlen("flash")
 def stock(q, k, v, cu, lengths, scale):
     """B's way: right-padded [N, H, L, D] batch, a boolean causal + padding mask, SDPA's own kernel choice."""
     n, top, heads = len(lengths), max(lengths), q.shape[1]
-    starts = cu[:-1].tolist()
+    rows = bounds(lengths)
 
     def padded(x):
         out = x.new_zeros((n, top, heads, x.shape[-1]))
-        for i, (start, length) in enumerate(zip(starts, lengths)):
-            out[i, :length] = x[start:start + length]
+        for i, (start, end) in enumerate(rows):
+            out[i, :end - start] = x[start:end]
         return out.transpose(1, 2)  # [N, H, L, D]
 
     qp, kp, vp = padded(q), padded(repeat_heads(k, heads)), padded(repeat_heads(v, heads))
-    valid = torch.arange(top, device=q.device)[None, :] < torch.tensor(lengths, device=q.device)[:, None]  # [N, L]
+    valid = torch.zeros(n, top, dtype=torch.bool, device=q.device)  # [N, L]
+    for i, length in enumerate(lengths):
+        valid[i, :length] = True
     mask = torch.ones(top, top, dtype=torch.bool, device=q.device).tril()[None] & valid[:, None, :]  # [N, Lq, Lk]
     out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask[:, None], scale=scale).transpose(1, 2)
     return torch.cat([out[i, :length] for i, length in enumerate(lengths)])
 
 
-KERNELS = {"dense": dense, "fa2_varlen": fa2_varlen, "cudnn_varlen": varlen("cudnn"),
-           "efficient_varlen": varlen("efficient"), "stock": stock}
+KERNELS = {"dense": dense, "fa2_varlen": fa2_varlen, "efficient_varlen": varlen("efficient"), "stock": stock}
 
 
 def level_inputs(lengths, heads: int, kv_heads: int, head_dim: int, device, seed: int):

@@ -267,8 +267,8 @@ def test_the_packed_attention_kernel_reaches_the_op(workload, monkeypatch):
         return torch.ops.hf_openjev.packed_attention(*args)
 
     monkeypatch.setattr(packed_candidates, "packed_attention", recorded)
-    assert run_fast(workload, packed_attention="cudnn").scores == default
-    assert kernels and set(kernels) == {"cudnn"}
+    assert run_fast(workload, packed_attention="efficient").scores == default
+    assert kernels and set(kernels) == {"efficient"}
     kernels.clear()
     run_fast(workload)
     assert kernels and set(kernels) == {"flash"}

@@ -201,19 +201,19 @@ def test_the_kernel_argument_is_checked_and_the_reference_answers_for_every_kern
     want = pa.packed_attention_reference(**args)
     for kernel in pa.PACKED_KERNELS:
         torch.testing.assert_close(PACKED(**args, kernel=kernel), want, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="kernel must be one of 'flash', 'cudnn', 'efficient', got 'fa3'"):
+    with pytest.raises(ValueError, match="kernel must be one of 'flash', 'efficient', got 'fa3'"):
         PACKED(**args, kernel="fa3")
     suffix = attention_inputs([2, 7], [5, 9], H, HKV, D)
     PACKED(**suffix, kernel="flash")  # bottom-right causal: fewer queries than keys
-    with pytest.raises(ValueError, match="'cudnn' kernel takes queries and keys of the same lengths"):
-        PACKED(**suffix, kernel="cudnn")
+    with pytest.raises(ValueError, match="'efficient' kernel takes queries and keys of the same lengths"):
+        PACKED(**suffix, kernel="efficient")
     assert tuple(pa.PACKED_KERNELS) == __import__("hf_openjev.fast_options").fast_options.PACKED_ATTENTION_KERNELS
 
 
 def test_opcheck():
     torch.library.opcheck(PACKED, tuple(attention_inputs([3, 7], [5, 9], H, HKV, D).values()))
     torch.library.opcheck(PACKED, tuple(attention_inputs([3, 7], [3, 7], H, HKV, D).values()),
-                          {"kernel": "cudnn"})
+                          {"kernel": "efficient"})
     torch.library.opcheck(PREFIX, tuple(prefix_inputs([3, 7], [64, 2], [1, 0], H, HKV, D).values()))
     torch.library.opcheck(CAUSAL, tuple(_one_sequence(11, H, HKV, D).values()))
 
@@ -251,10 +251,10 @@ def test_cuda_packed_matches_reference(shape, dtype, queries):
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("kernel", ["cudnn", "efficient"])
+@pytest.mark.parametrize("kernel", ["efficient"])
 @pytest.mark.parametrize("shape", list(GPU_SHAPES))
 def test_cuda_packed_kernels_match_the_reference_and_replay(shape, kernel):
-    """The opt-in kernels (FastPathOptions.packed_attention) on equal query and key lengths, bf16: the reference's
+    """The opt-in kernel (FastPathOptions.packed_attention) on equal query and key lengths, bf16: the reference's
     answer, and a captured graph replays new lengths of the same bucket as eager does."""
     lengths = random_lengths(random.Random(shape + kernel), 8, hi=900) + [1]
     args = attention_inputs(lengths, lengths, *GPU_SHAPES[shape], dtype=torch.bfloat16, seed=7)

@@ -30,3 +30,16 @@ def test_stocks_padded_batch_and_the_varlen_stand_ins_give_each_sequences_causal
     assert torch.allclose(recipe.stock(q, k, v, cu, lengths, 0.3), want, atol=1e-5)
     assert torch.allclose(recipe.fa2_varlen(q, k, v, cu, lengths, 0.3), want, atol=1e-5)
     assert recipe.repeat_heads(k, 4).shape == (17, 4, 8) and torch.equal(recipe.repeat_heads(k, 4)[:, 1], k[:, 0])
+
+
+def test_the_dense_call_and_stocks_batch_take_their_bounds_from_the_host():
+    """``dense`` and ``stock`` read no device tensor to find the sequences (a device read or a pageable copy fails a
+    CUDA-graph capture, as both did on an H100 in s22), so they answer without the cumulative lengths at all."""
+    recipe = load_recipe("varlen_attention_probe")
+    lengths = (4, 1, 6)
+    q, k, v, cu = recipe.level_inputs(lengths, 4, 2, 8, torch.device("cpu"), seed=1)
+    q, k, v = q.float(), k.float(), v.float()
+    assert recipe.bounds(lengths) == [(0, 4), (4, 5), (5, 11)]
+    for kernel in (recipe.dense, recipe.stock):
+        torch.testing.assert_close(kernel(q, k, v, None, lengths, 0.3), kernel(q, k, v, cu, lengths, 0.3))
+    assert "cudnn_varlen" not in recipe.KERNELS  # cuDNN's ragged path cannot be captured (RESULTS.md s22)
