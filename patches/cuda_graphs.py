@@ -1,13 +1,20 @@
 """CUDA-graph replay of packed forwards, one graph per shape bucket (:mod:`.graph_buckets`).
 
-The first pack of a new bucket runs once eagerly on a side stream (Triton autotuning, lazy allocations), is
-captured, and replays; later packs of the bucket copy their inputs into the captured context's tensors (one flat
-byte buffer, ``PackContext.input_buffer``) and replay. All graphs share one memory pool (they never run
+The first pack of a new bucket runs once eagerly on a side stream (Triton autotuning, compiles, cuDNN plans and lazy
+allocations stay out of the graph), and that eager run is its answer; the same forward is then recorded, not run.
+Later packs of the bucket copy their inputs into the captured context's tensors (one flat byte buffer,
+``PackContext.input_buffer``) and replay. All graphs share one memory pool (they never run
 concurrently, and each graph's output is read before the next replay). At most ``capacity`` graphs are kept
 (least recently used first out); ``stats()`` reports captures, replays and evictions.
 
 Captures use ``capture_error_mode="thread_local"``: the server's event-loop thread may touch CUDA while its
-worker thread captures. ``stats()`` also reports the seconds spent capturing (warm-up run included).
+worker thread captures. ``stats()`` also reports the host's seconds spent capturing (eager run included).
+
+Nothing waits for the device during a capture: recording begins while the eager run may still be running on the
+same stream (a capture records the work launched after it began; recording reads only the context's static
+inputs, which the eager run only reads too), and the caller's stream waits for the side stream at the end. Until
+s22 the eager run was synchronized and the new graph replayed once to answer the pack: a whole forward of GPU time
+per bucket, which the eager run had computed already.
 
 A capture records through :func:`recording`, not ``torch.cuda.graph``: that context synchronizes the device and
 empties the caching allocator's cache (``torch.cuda.empty_cache``, host cache too) at every capture, so a warm-up
@@ -67,9 +74,9 @@ class PackGraphs:
         self.pool = self.stream = None
         self.captures = self.replays = self.evictions = 0
         self.capture_s = 0.0
-        # capture_s split (synchronized): the eager forward on the side stream (first-use costs: autotuning, Triton
-        # compiles, allocations), recording and instantiating the graph, its first replay
-        self.phases_s = {"eager": 0.0, "record": 0.0, "first_replay": 0.0}
+        # capture_s split, host time (nothing synchronized): launching the eager forward on the side stream (with its
+        # first-use costs: autotuning, Triton compiles, cuDNN plans, allocations), recording and instantiating
+        self.phases_s = {"eager": 0.0, "record": 0.0}
 
     def stats(self) -> dict:
         return {"graphs": len(self.graphs), "capacity": self.capacity, "captures": self.captures,
@@ -91,28 +98,27 @@ class PackGraphs:
         return output
 
     def _capture(self, ctx) -> torch.Tensor:
+        """The pack's rows from an eager run on the side stream; the same forward recorded into a new graph."""
         start = time.perf_counter()
         if len(self.graphs) >= self.capacity:
             self.graphs.popitem(last=False)
             self.evictions += 1
         if self.stream is None:
             self.stream, self.pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):  # warm-up: autotuning and first-call allocations stay out of the graph
-            self.text_model(pack=ctx)
-        self.stream.synchronize()
-        torch.cuda.current_stream().synchronize()  # nothing of the caller's in flight across the capture
-        marks = [time.perf_counter()]
+        caller = torch.cuda.current_stream()
+        self.stream.wait_stream(caller)  # the caller's input copies first
+        with torch.cuda.stream(self.stream):  # first-use costs stay out of the graph; this run is the answer
+            answer = self.text_model(pack=ctx)
+        recorded_from = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         with recording(graph, self.pool, self.stream):
-            output = self.text_model(pack=ctx)
-        marks.append(time.perf_counter())
-        graph.replay()  # capture records the work without running it
-        torch.cuda.current_stream().synchronize()
-        marks.append(time.perf_counter())
-        for name, (a, b) in zip(self.phases_s, [(start, marks[0]), (marks[0], marks[1]), (marks[1], marks[2])]):
-            self.phases_s[name] += b - a
+            output = self.text_model(pack=ctx)  # recorded, not run: the graph's static output
+        caller.wait_stream(self.stream)  # the caller reads the answer, and later copies into ctx, after the eager run
+        answer.record_stream(caller)
+        end = time.perf_counter()
+        self.phases_s["eager"] += recorded_from - start
+        self.phases_s["record"] += end - recorded_from
         self.graphs[ctx.graph_key] = (graph, ctx, output)
         self.captures += 1
-        self.capture_s += time.perf_counter() - start
-        return output
+        self.capture_s += end - start
+        return answer

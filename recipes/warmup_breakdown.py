@@ -9,8 +9,9 @@ workload's requests, in order) on the seeded random model, with timing hooks:
 - ``autotune``: Triton's autotuner benchmarking configurations for a key it has not seen (fla's kernels); counted per
   kernel; it includes the compiles of the configurations it tries;
 - ``compile``: every Triton compile or on-disk cache load (``JITFunction._do_compile``), autotuning's included;
-- ``capture`` (``PackGraphs``' own counters): the eager forward on the side stream that precedes each capture (where
-  the autotuning and the compiles of a new shape happen), recording and instantiating the graph, its first replay;
+- ``capture`` (``PackGraphs``' own counters, host time): launching the eager forward on the side stream that answers
+  each new bucket (where the autotuning, the compiles and cuDNN's plans of a new shape happen), then recording and
+  instantiating its graph (until s22 also a first replay, synchronized: runs before then report three phases);
 - ``other``: the rest of the pass (plans, layouts, the head, answers; the eager levels that take no graph).
 
 Run it twice in a row on one machine (each a fresh process, the same ``TRITON_CACHE_DIR``): the first run is the

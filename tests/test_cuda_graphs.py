@@ -230,6 +230,76 @@ def test_recording_always_ends_the_capture_it_began():
     assert [name for name, _ in graph.calls] == ["begin", "end"]
 
 
+def test_a_new_bucket_is_answered_by_its_eager_run_and_recorded_without_a_wait(monkeypatch):
+    """A bucket's first pack: one eager forward (its answer) then one recorded forward, with no synchronize and no
+    replay in between; the caller's stream waits for the side stream. Its second pack: the inputs copied into the
+    captured context and one replay, whose static output is the answer. (A stand-in for torch.cuda's streams and
+    graphs, so this runs on a CPU.)"""
+    from hf_openjev.patches import cuda_graphs
+
+    events = []
+
+    class Stream:
+        def __init__(self, name="side"):
+            self.name = name
+
+        def wait_stream(self, other):
+            events.append(f"{self.name} waits for {other.name}")
+
+        def synchronize(self):
+            events.append(f"synchronize {self.name}")
+
+    class Graph:
+        def capture_begin(self, **kwargs):
+            events.append("capture_begin")
+
+        def capture_end(self):
+            events.append("capture_end")
+
+        def replay(self):
+            events.append("replay")
+
+    class Answer(torch.Tensor):
+        def record_stream(self, stream):
+            events.append(f"answer read on {stream.name}")
+
+    caller = Stream("caller")
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: caller)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("synchronize device"))
+    forwards = []
+
+    def text_model(*, pack):
+        forwards.append(pack)
+        events.append(f"forward {len(forwards)}")
+        return torch.full((2, 3), float(len(forwards))).as_subclass(Answer)
+
+    class Ctx:
+        graph_key = ("key",)
+
+        def __init__(self):
+            self.input_buffer = (torch.zeros(4),)
+
+    graphs = cuda_graphs.PackGraphs(text_model)
+    first = Ctx()
+    answer = graphs.run(first)
+    assert events == ["side waits for caller", "forward 1", "capture_begin", "forward 2", "capture_end",
+                      "caller waits for side", "answer read on caller"]
+    assert torch.equal(answer, torch.full((2, 3), 1.0)) and forwards == [first, first]  # the eager run's rows
+    assert graphs.stats()["captures"] == 1 and set(graphs.stats()["capture_phases_s"]) == {"eager", "record"}
+    events.clear()
+    second = Ctx()
+    second.input_buffer[0].fill_(7.0)
+    replayed = graphs.run(second)
+    assert events == ["replay"] and len(forwards) == 2
+    assert torch.equal(first.input_buffer[0], torch.full((4,), 7.0))  # copied into the captured context
+    assert torch.equal(replayed, torch.full((2, 3), 2.0))  # the recorded forward's static output
+    assert graphs.stats()["replays"] == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dense", [DENSE_ATTENTION_TOKENS, 64], ids=["default", "dense64"])
