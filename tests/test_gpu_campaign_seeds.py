@@ -113,6 +113,16 @@ def test_family_fidelity_refuses_an_unknown_shape_before_setup(tmp_path, args):
     assert lines == []  # no pip, no python: setup never ran
 
 
+def test_family_fidelity_keeps_within_the_calls_limit(tmp_path):
+    """family-fidelity runs under the call's remaining time (a 27B export and two passes may not fit): past it, nothing
+    starts, and the tarball is still written."""
+    result, lines, out = run_stage(tmp_path, "family-fidelity", "27b", CAMPAIGN_ELAPSED_S="570")
+    assert result.returncode == 0 and "family-fidelity 27b: no time left" in result.stdout, result.stdout
+    assert lines == [] or not script_calls(lines, "random_export.py")
+    result, lines, out = run_stage(tmp_path, "family-fidelity", "27b")
+    assert "family-fidelity 27b rc=0" in result.stdout and (out / "family-fidelity.tgz").is_file()
+
+
 def test_a_stage_after_others_in_one_call_counts_their_seconds(tmp_path):
     """CAMPAIGN_ELAPSED_S: a stage run after others in one call keeps within the call's limit, not its own."""
     result, lines, _ = run_stage(tmp_path, "gate-seeds", "2b", "1", CAMPAIGN_ELAPSED_S="560")
