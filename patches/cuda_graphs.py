@@ -53,7 +53,8 @@ def copy_inputs(ctx, static) -> None:
 @contextlib.contextmanager
 def recording(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream):
     """Record the work launched inside into ``graph`` (memory from ``pool``) on ``stream``: ``torch.cuda.graph``'s
-    capture without its device-wide synchronize and cache release. The caller has synchronized the work before."""
+    capture without its device-wide synchronize and cache release. Work launched on ``stream`` before is not
+    recorded: it runs as usual, also while the recording goes on."""
     with torch.cuda.stream(stream):
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
         try:

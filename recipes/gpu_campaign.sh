@@ -68,7 +68,7 @@
 #                                        # JevBench requests 0, 129, 204, the default and with aligned sharing
 #   bash recipes/gpu_campaign.sh varlen-attention [SHAPES...]  # 2b by default: which packed attention kernel
 #                                        # rounds as one dense call per sequence does (recipes/varlen_attention_probe.py:
-#                                        # FA2, cuDNN and mem-efficient varlen, stock's padded batch; bit-equal share,
+#                                        # FA2 and mem-efficient varlen, stock's padded batch; bit-equal share,
 #                                        # differences, graph-replayed time)
 #   bash recipes/gpu_campaign.sh warmup [SHAPES...]  # C's warm-up split (recipes/warmup_breakdown.py) at 2b 9b 27b
 #                                        # (default) on an empty kernel cache, fla's tuned configurations merged into
@@ -144,6 +144,14 @@ family_fidelity() {  # $1 = 2b, 9b or 27b (a 51 GB export): the bench's random w
   for report in "$out/fidelity$name"/fidelity_*.json "$out/fidelity$name"/fidelity_*.md; do
     [ -f "$report" ] && sed -i -e "s#$REPO/##g" -e "s#${OUT:-/tmp/out}/#\$OUT/#g" -e "s#/tmp/##g" "$report"
   done
+}
+
+family_fidelity_within() {  # $1 = seconds at most, then family_fidelity's arguments: a child shell under timeout,
+  # so the stage goes on (its tarball: a cut run's answers) when the limit cuts it
+  local limit=$1
+  shift
+  timeout "$limit" bash -c "$(declare -f family_fidelity quiet); out=$(printf %q "$out") REPO=$(printf %q "$REPO") \
+    family_fidelity $(printf '%q ' "$@")"
 }
 
 parts_file=$PWD/recipes/gpu_parts.txt  # the one list of the GPU suite's parts (cwd: the repository)
@@ -249,11 +257,11 @@ case "$stage" in
   family-fidelity)  # within the call's limit, so the tarball (the answers of a cut run: carry them back in .answers/)
     left=$((585 - (SECONDS - start)))
     [ "$left" -gt 30 ] || { echo "family-fidelity $1: no time left"; exit 0; }
-    timeout "$left" bash -c "$(declare -f family_fidelity quiet); out='$out' REPO='$REPO' family_fidelity '$1'"
+    family_fidelity_within "$left" "$1"
     echo "family-fidelity $1 rc=$? at $((SECONDS - start)) s" ;;
   gate-probe)
-    timeout $((585 - (SECONDS - start))) bash -c "$(declare -f family_fidelity quiet); out='$out' REPO='$REPO' \
-      family_fidelity '$probe_shape' '$probe_oracle' '$probe_seed' '$probe_configs' _probe"
+    family_fidelity_within $((585 - (SECONDS - start))) "$probe_shape" "$probe_oracle" "$probe_seed" "$probe_configs" \
+      _probe
     echo "gate-probe rc=$? at $((SECONDS - start)) s" ;;
   gate-seeds)
     for seed in "${seeds[@]}"; do  # per seed: its fp32 oracle (resumed from a carried one), then B and the default
@@ -272,8 +280,7 @@ case "$stage" in
       grep -q "requests, complete$" "$out/oracle_$name.log" || { echo "oracle $name: incomplete, no fidelity"; continue; }
       left=$((580 - (SECONDS - start)))
       [ "$left" -gt 30 ] || { echo "fidelity $name: no time left"; continue; }
-      timeout "$left" bash -c "$(declare -f family_fidelity quiet); out='$out' REPO='$REPO' \
-        family_fidelity '$gate_shape' '$out/oracle_$name.json' '$seed'"
+      family_fidelity_within "$left" "$gate_shape" "$out/oracle_$name.json" "$seed"
       echo "fidelity $name rc=$? at $((SECONDS - start)) s"
     done ;;
   family)
@@ -299,8 +306,7 @@ case "$stage" in
         --out "$out/oracles" 2>&1 | quiet | grep -v "^oracle:" | tail -n 3
       echo "oracle $shape rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
       if [ "$shape" = "$first" ] && { [ "$shape" = 2b ] || [ "$shape" = 9b ]; }; then  # the new oracle, at once
-        timeout $((580 - (SECONDS - start))) bash -c "$(declare -f family_fidelity quiet); out='$out' REPO='$REPO' \
-          family_fidelity '$shape' '$out/oracles/oracle_$shape.json'"
+        family_fidelity_within $((580 - (SECONDS - start))) "$shape" "$out/oracles/oracle_$shape.json"
         echo "family-fidelity $shape rc=$? at $((SECONDS - start)) s"
       fi
     done ;;
