@@ -17,7 +17,7 @@ import torch
 from .family import text_model_of
 from .fast_options import FastPathOptions
 from .packing.pack_context import build_pack_context
-from .packing.planner import plan_requests
+from .packing.planner import plan_with_options
 from .patches.cuda_graphs import graph_ready
 from .patches.record import require_patches
 
@@ -36,10 +36,7 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
     if options.fp8 != record.options.fp8:  # the modules are what apply_patches made them; a call cannot change them
         raise ValueError(f"fp8={options.fp8!r} for one call on a model set up with fp8={record.options.fp8!r}: FP8 is "
                          "chosen when the model is set up (apply_patches), not per call")
-    plan = plan_requests(requests_tokens, shared_prefix=options.shared_prefix,
-                         min_shared_tokens=options.min_shared_tokens,
-                         max_sequences=options.max_sequences if options.packed_candidates else 1,
-                         max_tokens=options.max_tokens, share_tails=options.share_tails)
+    plan = plan_with_options(requests_tokens, options)
     text_model = text_model_of(model)
     graphs = record.graphs if options.cuda_graphs else None
     buckets = record.buckets if options.measured_buckets else None  # None: the fixed token steps

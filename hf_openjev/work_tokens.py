@@ -82,12 +82,9 @@ def count_work_tokens(tokens: Sequence[Sequence[Sequence[int]]], *, fast: bool, 
     if not fast:
         return sum(len(seq) for question in tokens for seq in question)
     from .fast_options import FastPathOptions
-    from .packing.planner import plan_requests
+    from .packing.planner import plan_with_options
 
-    o = options if options is not None else FastPathOptions()
-    plan = plan_requests([tokens], shared_prefix=o.shared_prefix, min_shared_tokens=o.min_shared_tokens,
-                         max_sequences=o.max_sequences if o.packed_candidates else 1, max_tokens=o.max_tokens,
-                         share_tails=o.share_tails)
+    plan = plan_with_options([tokens], options if options is not None else FastPathOptions())
     return sum(pack.tokens(plan) for pack in plan.packs)
 
 

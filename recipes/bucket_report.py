@@ -4,7 +4,8 @@
     python recipes/bucket_report.py --shape 9b --out results/buckets
 
 Each request of the benchmark's workload (``--manifest``, the same token ids as ``bench_jevbench.py``) is planned
-as the fast path plans it (``plan_requests`` with the default ``FastPathOptions``, the request alone), and each
+as the fast path plans it (``plan_with_options`` with the shape's own defaults, ``options_for``, the request
+alone: a 2B plans every candidate alone), and each
 pack the fast path would replay as a CUDA graph (``graph_ready``) is laid out padded, as ``build_pack_context``
 lays it out, under each rule: the fixed token steps (``bucket_policy=None``, the rule before) and the shape's
 measured table (``hf_openjev/packing/gemm_costs.py``) at a few windows. Per rule: the padded GEMM milliseconds of
@@ -25,11 +26,12 @@ from benchlib.provenance import command_line
 from benchlib.shapes import VOCAB
 from benchlib.workload import add_manifest_argument, build_workload, check_manifest_argument
 
-from hf_openjev.fast_options import FastPathOptions
+from hf_openjev.family import member_sized
+from hf_openjev.fast_options import FastPathOptions, options_for
 from hf_openjev.packing.bucket_policy import BucketPolicy, table_policy
 from hf_openjev.packing.gemm_costs import GEMM_COSTS
 from hf_openjev.packing.layout import lay_out_template
-from hf_openjev.packing.planner import plan_requests
+from hf_openjev.packing.planner import plan_with_options
 from hf_openjev.patches.cuda_graphs import graph_ready
 
 WINDOWS = (64, 128, 256)
@@ -39,9 +41,7 @@ def graphed_packs(requests, options: FastPathOptions) -> list[tuple[object, obje
     """``(plan, pack)`` of every pack the fast path replays as a graph, request by request."""
     found = []
     for tokens in requests:
-        plan = plan_requests([tokens], shared_prefix=options.shared_prefix,
-                             min_shared_tokens=options.min_shared_tokens, max_sequences=options.max_sequences,
-                             max_tokens=options.max_tokens, share_tails=options.share_tails)
+        plan = plan_with_options([tokens], options)
         found += [(plan, pack) for pack in plan.packs if graph_ready(plan, pack)]
     return found
 
@@ -71,10 +71,10 @@ def cost_rule(packs, laid_out, before, curve: BucketPolicy) -> dict:
             "graph_keys": len({key for _, key in laid_out}), "row_counts": len({rows for rows, _ in laid_out})}
 
 
-def compare_rules(packs, shape: str) -> dict:
-    """``rule name -> figures`` over ``packs`` (:func:`graphed_packs`) for the old steps and the measured table of
-    ``shape`` at each of ``WINDOWS``."""
-    dense = FastPathOptions().dense_attention_tokens
+def compare_rules(packs, shape: str, options: FastPathOptions) -> dict:
+    """``rule name -> figures`` over ``packs`` (:func:`graphed_packs` under ``options``) for the old steps and the
+    measured table of ``shape`` at each of ``WINDOWS``."""
+    dense = options.dense_attention_tokens
     curve = table_policy(shape)
     rules = {"token steps (before)": None}
     rules.update({f"measured, window {w}" + (" (default)" if w == curve.window else ""): table_policy(shape, window=w)
@@ -90,7 +90,7 @@ def render_markdown(results: dict, command: str) -> str:
              "A costing on the measured GEMM curve (`hf_openjev/packing/gemm_costs.py`, from "
              "`recipes/results/gemm_sweep/`), not a GPU timing: each graphed pack's padded rows cost the curve's time "
              f"at the smallest measured row count >= them. {results['graphed_packs']} graphed packs of "
-             f"{results['requests']} requests (default FastPathOptions; eager packs left out). Past the table's last "
+             f"{results['requests']} requests (the shape's own default options: {results['options']}; eager packs left out). Past the table's last "
              f"row ({results['table_rows']}) packs keep the token steps and cost the last point's ms per row.", "",
              f"Unpadded (each pack at its real tokens' ms on the curve): {results['unpadded_gemm_ms']:.1f} ms.", "",
              "| rule | padded GEMM ms | most one pack's padding adds, ms | packs costlier than the steps | "
@@ -112,13 +112,14 @@ def main(argv=None) -> int:
     check_manifest_argument(parser, args)
     requests = [request.tokens for _, request in build_workload(args.manifest, vocab=VOCAB, seed=0,
                                                                 limit=args.limit)]
-    packs = graphed_packs(requests, FastPathOptions())
+    options = options_for(member_sized(args.shape))  # the shape's own defaults, as the fast path plans them
+    packs = graphed_packs(requests, options)
     curve = table_policy(args.shape)
     results = {"command": command_line(), "shape": args.shape, "requests": len(requests), "graphed_packs": len(packs),
-               "table_rows": curve.rows[-1],
+               "table_rows": curve.rows[-1], "options": options.to_dict(changed_only=True),
                "unpadded_gemm_ms": round(sum(curve.cost_ms(pack.tokens(plan)) for plan, pack in packs), 1),
                "note": "a costing on the measured GEMM curve, not a GPU timing",
-               "rules": compare_rules(packs, args.shape)}
+               "rules": compare_rules(packs, args.shape, options)}
     text = render_markdown(results, results["command"])
     print(text)
     if args.out:

@@ -21,3 +21,16 @@ def test_the_report_costs_every_rule_on_the_measured_curve(tmp_path):
     assert rules["measured, window 128 (default)"]["packs_costlier_than_steps"] == 0
     markdown = (tmp_path / "buckets.md").read_text()
     assert "not a GPU timing" in markdown and "| token steps (before) |" in markdown
+
+
+def test_the_report_plans_with_the_shapes_own_defaults(tmp_path):
+    """A 2B plans every candidate alone (its own defaults), so its graphed packs hold one sequence each and no shared
+    prefix; the 27B's packs share prefixes and several candidates."""
+    recipe = load_recipe("bucket_report")
+    assert recipe.main(["--shape", "2b", "--limit", "8", "--out", str(tmp_path)]) == 0
+    small = json.loads((tmp_path / "buckets_2b.json").read_text())
+    assert small["options"] == {"dense_attention_tokens": 1, "packed_candidates": False, "shared_prefix": False}
+    assert recipe.main(["--shape", "27b", "--limit", "8", "--out", str(tmp_path)]) == 0
+    large = json.loads((tmp_path / "buckets.json").read_text())
+    assert large["options"] == {} and large["graphed_packs"] < small["graphed_packs"]
+    assert "packed_candidates" in (tmp_path / "buckets_2b.md").read_text()

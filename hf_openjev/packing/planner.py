@@ -238,3 +238,11 @@ def plan_requests(requests: Sequence[Sequence[Sequence[Sequence[int]]]], *, shar
     if current.segments:
         packs.append(current)
     return Plan(segments, packs, shared_tokens)
+
+
+def plan_with_options(requests: Sequence[Sequence[Sequence[Sequence[int]]]], options) -> Plan:
+    """:func:`plan_requests` as the fast path plans under ``options`` (a
+    :class:`~hf_openjev.fast_options.FastPathOptions`): ``packed_candidates`` off, one sequence a pack."""
+    return plan_requests(requests, shared_prefix=options.shared_prefix, min_shared_tokens=options.min_shared_tokens,
+                         max_sequences=options.max_sequences if options.packed_candidates else 1,
+                         max_tokens=options.max_tokens, share_tails=options.share_tails)
