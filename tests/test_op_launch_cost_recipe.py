@@ -1,0 +1,29 @@
+"""recipes/op_launch_cost.py: the host's time per elementwise op call (a GPU recipe; its inputs checked here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from repo_data import load_recipe
+
+from hf_openjev.ops import elementwise as ew
+
+
+def test_every_elementwise_op_is_timed_at_each_layer_with_inputs_it_accepts():
+    recipe = load_recipe("op_launch_cost")
+    from benchlib.shapes import SHAPES
+
+    inputs = recipe.op_inputs(SHAPES["tiny"], 5, torch.device("cpu"))
+    registered = {name for name, value in vars(ew).items()
+                  if isinstance(value, torch._library.custom_ops.CustomOpDef)}
+    assert set(inputs) == registered
+    for name, args in inputs.items():
+        custom, impl = recipe.layers_of(name)
+        assert custom is getattr(torch.ops.hf_openjev, name) and callable(impl)
+        custom(*args)  # the CPU reference takes the recipe's inputs as the model's calls give them
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA")
+def test_without_cuda_it_says_so_and_writes_nothing(tmp_path, capsys):
+    assert load_recipe("op_launch_cost").main(["--out", str(tmp_path / "x")]) == 2
+    assert "needs CUDA" in capsys.readouterr().err and not (tmp_path / "x").exists()
