@@ -51,7 +51,9 @@
 #                                        # weights' fingerprint too (recipes/oracle.py --resume: nothing re-scored;
 #                                        # $OUT/fingerprints/oracles/); the first shape, if 2b or 9b,
 #                                        # then family-fidelity against its new oracle
-#   bash recipes/gpu_campaign.sh divergence SHAPE SEED REQUEST...  # e.g. divergence 2b 1 hard-sol-c-judge_hard-08:
+#   bash recipes/gpu_campaign.sh divergence SHAPE SEED [OPTIONS] REQUEST...  # e.g. divergence 2b 1 hard-sol-c-judge_hard-08
+#                                        # or divergence 9b 0 '{"dense_attention_tokens": 1}' hard-sol-a-trap-06
+#                                        # (OPTIONS: FastPathOptions JSON over the shape's defaults):
 #                                        # per request of the gate's workload, each layer's error of stock bf16 and of
 #                                        # the fast path against stock fp32 (recipes/layer_divergence.py --fp32) on the
 #                                        # seed's weights: where a flip comes from
@@ -201,9 +203,14 @@ if [ "$stage" = gate-seeds ]; then  # a known shape and one or more seeds, befor
   seeds=("$@")
 fi
 if [ "$stage" = divergence ]; then  # a shape, a seed and request ids, before setup
-  usage="divergence SHAPE SEED REQUEST...: SHAPE 2b, 9b or 27b, a seed, then request ids of the gate's workload"
+  usage="divergence SHAPE SEED [OPTIONS] REQUEST...: SHAPE 2b, 9b or 27b, a seed, FastPathOptions JSON if any, then request ids of the gate's workload"
   case "${1:-}" in 2b|9b|27b) ;; *) echo "$usage"; exit 2 ;; esac
   [[ "${2:-}" =~ ^[0-9]+$ ]] && [ $# -gt 2 ] || { echo "$usage"; exit 2; }
+  divergence_options='{}' divergence_shift=0
+  case "$3" in
+    \{*) divergence_options=$3 divergence_shift=1  # checked by layer_divergence.py before it builds a model
+      [ $# -gt 3 ] || { echo "$usage"; exit 2; } ;;
+  esac
 fi
 if [ "$stage" = family-fidelity ]; then  # a known shape, before setup
   case "${1:-}" in 2b|9b|27b) ;; *) echo "family-fidelity SHAPE: 2b, 9b or 27b (27b: a 51 GB export on this disk)"; exit 2 ;; esac
@@ -313,11 +320,12 @@ case "$stage" in
   divergence)
     shape=$1 seed=$2
     shift 2
+    shift "$divergence_shift"  # the options, given before the requests
     for request in "$@"; do
       left=$((580 - (SECONDS - start)))
       [ "$left" -gt 30 ] || { echo "$request: no time left"; continue; }
       timeout "$left" python3 "$REPO/recipes/layer_divergence.py" --shape "$shape" --seed "$seed" --request "$request" \
-        --fp32 --out "$out" 2>&1 | quiet | tail -n 80
+        --patch-options "$divergence_options" --fp32 --out "$out" 2>&1 | quiet | tail -n 80
       echo "$request rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
     done ;;
   server-time)

@@ -21,7 +21,6 @@ so the layer where the fast path's error grows past stock's is where its flips c
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 
@@ -124,9 +123,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.fp32 and args.dtype != "bfloat16":
         parser.error("--fp32 compares the bf16 paths with fp32: use it with --dtype bfloat16")
+    from hf_openjev.fast_options import options_for, options_mapping_from_json
+
+    try:  # the options checked before any model is built
+        patch_options = {**options_mapping_from_json(args.patch_options, flag="--patch-options"),
+                         "cuda_graphs": False, "final_row_mlp": False}
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     sequence = request_sequence(args.request, args.candidate, args.seed) if args.request else None
     from hf_openjev.family import member_sized, text_model_of
-    from hf_openjev.fast_options import options_for
     from hf_openjev.fast_path import score_fast
     from hf_openjev.patches import apply_patches, revert_patches
 
@@ -139,7 +144,6 @@ def main(argv=None) -> int:
     stock = layer_outputs(text_model, lambda: text_model(input_ids=torch.tensor([sequence], device=device),
                                                          use_cache=False))
     fp32 = fp32_outputs(text_model, sequence, device) if args.fp32 else None
-    patch_options = {**json.loads(args.patch_options), "cuda_graphs": False, "final_row_mlp": False}
     apply_patches(model, options_for(member_sized(args.shape), patch_options))  # over the shape's defaults
     fast = layer_outputs(text_model, lambda: score_fast(model, [[[sequence]]]))
     layer_types = list(text_model.config.layer_types[: len(stock)])

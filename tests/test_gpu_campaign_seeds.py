@@ -217,15 +217,23 @@ def test_divergence_compares_each_request_with_fp32_on_the_seeds_weights(tmp_pat
     assert result.returncode == 0, result.stdout + result.stderr
     runs = script_calls(lines, "layer_divergence.py")
     assert [r.split("--request ")[1].split()[0] for r in runs] == ["req-a", "req-b"]
-    assert all("--shape 2b --seed 1 " in r and " --fp32 " in r for r in runs)
+    assert all("--shape 2b --seed 1 " in r and " --fp32 " in r and "--patch-options {}" in r for r in runs)
     assert (out / "divergence.tgz").is_file()
 
 
+def test_divergence_takes_fast_path_options_before_the_requests(tmp_path):
+    options = '{"dense_attention_tokens": 1}'
+    result, lines, _ = run_stage(tmp_path, "divergence", "9b", "0", options, "req-a")
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = script_calls(lines, "layer_divergence.py")
+    assert len(runs) == 1 and "--request req-a " in runs[0] and f"--patch-options {options}" in runs[0]
+
+
 @pytest.mark.parametrize("args", [("divergence", "70b", "1", "r"), ("divergence", "2b", "x", "r"),
-                                  ("divergence", "2b", "1")])
+                                  ("divergence", "2b", "1"), ("divergence", "2b", "1", "{}")])
 def test_divergence_refuses_bad_calls_before_setup(tmp_path, args):
     result, lines, _ = run_stage(tmp_path, *args)
-    assert result.returncode == 2 and "divergence SHAPE SEED REQUEST" in result.stdout and lines == []
+    assert result.returncode == 2 and "divergence SHAPE SEED [OPTIONS] REQUEST" in result.stdout and lines == []
 
 
 def test_sweep_times_the_default_and_each_configuration_in_one_bench_process(tmp_path):

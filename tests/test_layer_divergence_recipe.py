@@ -69,6 +69,8 @@ def test_the_requests_ids_are_the_workloads():
 @pytest.mark.parametrize("argv, message", [
     (["--request", "no-such-request"], "--request no-such-request: no such request"),
     (["--request", "easy-extraction-08", "--candidate", "5"], "--candidate 5: easy-extraction-08 has 5 candidates"),
+    (["--patch-options", "{not json"], "--patch-options: not JSON"),
+    (["--patch-options", '{"no_such_option": 1}'], "--patch-options: .*no_such_option"),
 ])
 def test_a_bad_request_is_refused_before_any_model(tmp_path, monkeypatch, argv, message):
     recipe = load_recipe("layer_divergence")
