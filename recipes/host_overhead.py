@@ -5,7 +5,7 @@
 Each request is scored with ``score_prepared`` as the benchmark times it (device sync at both ends), with CUDA
 graphs on, after one call that captures. Timing wrappers around the fast path's own steps split each call:
 
-- ``plan``: ``plan_requests`` (the prefix tree and packs);
+- ``plan``: ``plan_with_options`` (the prefix tree and packs);
 - ``context``: ``build_pack_context`` (host layout, then its tensors copied to the device one by one);
 - ``launch``: ``PackGraphs.run`` until it returns (the inputs copied into the graph's tensors, the replay launched);
 - ``graph (GPU)``: CUDA events around ``PackGraphs.run``: the copies and the replay on the device;
@@ -42,7 +42,7 @@ def timed_phases(times: dict[str, float], events: list):
     from hf_openjev import fast_path
     from hf_openjev.patches.cuda_graphs import PackGraphs
 
-    originals = {"plan_requests": fast_path.plan_requests, "build_pack_context": fast_path.build_pack_context}
+    originals = {"plan_with_options": fast_path.plan_with_options, "build_pack_context": fast_path.build_pack_context}
     run = PackGraphs.run
     launch = add_ms_to(times, "launch", run)
 
@@ -54,14 +54,14 @@ def timed_phases(times: dict[str, float], events: list):
         events.append((begin, end))
         return out
 
-    fast_path.plan_requests = add_ms_to(times, "plan", originals["plan_requests"])
+    fast_path.plan_with_options = add_ms_to(times, "plan", originals["plan_with_options"])
     fast_path.build_pack_context = add_ms_to(times, "context", originals["build_pack_context"])
     if torch.cuda.is_available():
         PackGraphs.run = timed_run
     try:
         yield
     finally:
-        fast_path.plan_requests = originals["plan_requests"]
+        fast_path.plan_with_options = originals["plan_with_options"]
         fast_path.build_pack_context = originals["build_pack_context"]
         PackGraphs.run = run
 

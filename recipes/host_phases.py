@@ -12,7 +12,7 @@ after one that captures):
 
 - ``prepare``: ``parse_request`` and the ``PreparedRequest`` (the contract's validation; the token ids are the
   benchmark's synthetic ones, so no tokenizer runs);
-- ``plan``: ``plan_requests``; ``context``: ``build_pack_context`` (a shape seen before: the layout cache's hit);
+- ``plan``: ``plan_with_options``; ``context``: ``build_pack_context`` (a shape seen before: the layout cache's hit);
 - ``context, new shape``: the same with the layout cache emptied before each ``score_prepared`` call (its miss: every
   pack's shape is new), when it has one;
 - ``launch``: ``PackGraphs.run`` (key lookup, the input copy, the replay call);
@@ -85,14 +85,14 @@ def timed_steps(times: dict[str, float]):
     from hf_openjev import fast_path
     from hf_openjev.patches.cuda_graphs import PackGraphs
 
-    saved = fast_path.plan_requests, fast_path.build_pack_context, PackGraphs.run
-    fast_path.plan_requests = add_ms_to(times, "plan", saved[0])
+    saved = fast_path.plan_with_options, fast_path.build_pack_context, PackGraphs.run
+    fast_path.plan_with_options = add_ms_to(times, "plan", saved[0])
     fast_path.build_pack_context = add_ms_to(times, "context", saved[1])
     PackGraphs.run = add_ms_to(times, "launch", saved[2])
     try:
         yield
     finally:
-        fast_path.plan_requests, fast_path.build_pack_context, PackGraphs.run = saved
+        fast_path.plan_with_options, fast_path.build_pack_context, PackGraphs.run = saved
 
 
 def time_new_shapes(model, prepared, repeats: int) -> float:

@@ -12,10 +12,10 @@ def test_the_host_phases_are_timed_on_the_tiny_shape_and_the_wrappers_removed(tm
     from hf_openjev import fast_path
     from hf_openjev.patches.cuda_graphs import PackGraphs
 
-    originals = (fast_path.plan_requests, fast_path.build_pack_context, PackGraphs.run)
+    originals = (fast_path.plan_with_options, fast_path.build_pack_context, PackGraphs.run)
     assert recipe.main(["--shape", "tiny", "--tokens", "37", "--requests", "0", "--repeats", "3",
                         "--out", str(tmp_path)]) == 0
-    assert (fast_path.plan_requests, fast_path.build_pack_context, PackGraphs.run) == originals
+    assert (fast_path.plan_with_options, fast_path.build_pack_context, PackGraphs.run) == originals
     result = json.loads((tmp_path / "host_overhead_tiny.json").read_text())
     assert result["repeats"] == 3 and len(result["requests"]) == 2
     for phases in result["requests"].values():
@@ -31,10 +31,10 @@ def test_a_phase_is_timed_even_when_it_raises():
     from hf_openjev import fast_path
 
     times = {}
-    original = fast_path.plan_requests
+    original = fast_path.plan_with_options
     with recipe.timed_phases(times, []):
         try:
-            fast_path.plan_requests(None)
+            fast_path.plan_with_options(None, None)
         except Exception:  # noqa: BLE001 - a bad plan input; the time is still counted
             pass
-    assert "plan" in times and fast_path.plan_requests is original
+    assert "plan" in times and fast_path.plan_with_options is original

@@ -12,9 +12,9 @@ def test_the_graph_paths_host_phases_are_timed_and_the_wrappers_removed(tmp_path
     from hf_openjev import fast_path
     from hf_openjev.patches.cuda_graphs import PackGraphs
 
-    originals = (fast_path.plan_requests, fast_path.build_pack_context, PackGraphs.run)
+    originals = (fast_path.plan_with_options, fast_path.build_pack_context, PackGraphs.run)
     assert recipe.main(["--layers", "4", "--requests", "0", "--repeats", "3", "--out", str(tmp_path)]) == 0
-    assert (fast_path.plan_requests, fast_path.build_pack_context, PackGraphs.run) == originals
+    assert (fast_path.plan_with_options, fast_path.build_pack_context, PackGraphs.run) == originals
     result = json.loads((tmp_path / "host_phases.json").read_text())
     assert result["repeats"] == 3 and result["layers"] == 4 and len(result["requests"]) == 2
     for phases in result["requests"].values():
