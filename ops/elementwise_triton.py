@@ -283,10 +283,8 @@ MIN_ATEN_ORDER_ROWS = 16  # fewer rows: ATen widens its warps along the row, ano
 
 
 @functools.cache
-@functools.lru_cache(maxsize=4096)
 def _mean_factor(rows: int, d: int) -> float:
-    """ATen's factor of a mean over [rows, d]: float(rows) / float(rows * d), in fp32. Cached: two CPU tensors and a
-    division cost the host ~6 us, and every norm call asks (the rows are the pack's few bucket sizes)."""
+    """ATen's factor of a mean over [rows, d]: float(rows) / float(rows * d), in fp32."""
     return (torch.tensor(float(rows), dtype=torch.float32) / torch.tensor(float(rows * d), dtype=torch.float32)).item()
 
 
