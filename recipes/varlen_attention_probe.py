@@ -28,6 +28,7 @@ plain-torch references): a smoke run. Writes ``varlen_attention_<shape>.json`` a
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -53,8 +54,7 @@ def repeat_heads(x, heads: int):
 
 def bounds(lengths) -> list[tuple[int, int]]:
     """Each sequence's (start, end) rows, from the host's lengths (no device read: capturable)."""
-    ends = torch.tensor(lengths).cumsum(0).tolist()
-    return [(end - length, end) for end, length in zip(ends, lengths)]
+    return [(end - length, end) for end, length in zip(itertools.accumulate(lengths), lengths)]
 
 
 def dense(q, k, v, cu, lengths, scale):

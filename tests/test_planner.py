@@ -511,3 +511,19 @@ def test_invalid_options_are_refused(option):
 def test_an_empty_candidate_is_refused():
     with pytest.raises(ValueError, match="at least one token"):
         plan_requests([[[[1, 2, 3], []]]])
+
+
+def test_plan_with_options_follows_the_fast_path_options():
+    """``plan_with_options`` plans as ``score_fast`` does: packed candidates share packs, ``packed_candidates`` off
+    puts each candidate in a pack of its own, and ``shared_prefix`` off keeps every candidate whole."""
+    from hf_openjev.fast_options import FastPathOptions
+
+    prefix = list(range(1000, 1100))
+    request = [[prefix + [3000 + 10 * c + i for i in range(20)] for c in range(3)]]
+    packed = planner.plan_with_options([request], FastPathOptions())
+    assert [len(pack.leaves(packed)) for pack in packed.packs] == [3]
+    alone = planner.plan_with_options([request], FastPathOptions(packed_candidates=False))
+    assert max(len(pack.leaves(alone)) for pack in alone.packs) == 1
+    assert sum(len(pack.leaves(alone)) for pack in alone.packs) == 3
+    whole = planner.plan_with_options([request], FastPathOptions(packed_candidates=False, shared_prefix=False))
+    assert sorted(pack.tokens(whole) for pack in whole.packs) == [120, 120, 120]
