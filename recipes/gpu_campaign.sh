@@ -44,8 +44,10 @@
 #                                        # moves) or aligned (fidelity_SHAPE_seedN_probe.*); a cut run's answers_SHAPE_seedN_probe.json,
 #                                        # copied back into .answers/ (git-ignored; carry it), are reused, not answered
 #                                        # again. B alone takes ~140 s on a fresh kernel cache (fla autotunes)
-#   bash recipes/gpu_campaign.sh family  # one call for the 9B and 2B: each shape's B and C on the exact workload
-#                                        # (no HTTP), then the -m gpu suite beside family-fidelity 9b and 2b
+#   bash recipes/gpu_campaign.sh family [SHAPE...]  # 9b and 2b by default: per shape, B and C in one process on the
+#                                        # exact workload (no HTTP), B warmed on every request (so on every shape)
+#                                        # before it is timed, C's singles; the gate (family-fidelity) and the -m gpu
+#                                        # suite (pytest-part) take calls of their own (beside the benches they did not fit)
 #   bash recipes/gpu_campaign.sh fingerprints SHAPES...  # e.g. 2b 9b 27b: the weights-hash probe at mid
 #                                        # (recipes/weights_hash_probe.py), each committed oracle given the stored
 #                                        # weights' fingerprint too (recipes/oracle.py --resume: nothing re-scored;
@@ -212,6 +214,13 @@ if [ "$stage" = divergence ]; then  # a shape, a seed and request ids, before se
       [ $# -gt 3 ] || { echo "$usage"; exit 2; } ;;
   esac
 fi
+if [ "$stage" = family ]; then  # known shapes, before setup
+  family_shapes=("$@")
+  [ $# -eq 0 ] && family_shapes=(9b 2b)
+  for shape in "${family_shapes[@]}"; do
+    case "$shape" in 2b|9b) ;; *) echo "family [SHAPE...]: 9b and 2b (default: both), got $shape"; exit 2 ;; esac
+  done
+fi
 if [ "$stage" = family-fidelity ]; then  # a known shape, before setup
   case "${1:-}" in 2b|9b|27b) ;; *) echo "family-fidelity SHAPE: 2b, 9b or 27b (27b: a 51 GB export on this disk)"; exit 2 ;; esac
 fi
@@ -291,16 +300,15 @@ case "$stage" in
       echo "fidelity $name rc=$? at $((SECONDS - start)) s"
     done ;;
   family)
-    for shape in 9b 2b; do
-      limit=$([ "$shape" = 9b ] && echo 200 || echo 130)
-      timeout "$limit" $bench --shape "$shape" --arms B,C --passes 1 --b-passes 1 --b-warmup-requests 24 \
+    for shape in "${family_shapes[@]}"; do  # B warms on all 231 requests: 6510109's H200 took 204 s at 9B, 54 s at 2B
+      limit=$([ "$shape" = 9b ] && echo 330 || echo 230)
+      left=$((580 - (SECONDS - start)))
+      [ "$left" -lt "$limit" ] && limit=$left
+      [ "$limit" -gt 30 ] || { echo "bench $shape: no time left"; continue; }
+      timeout "$limit" $bench --shape "$shape" --arms B,C --passes 1 --b-passes 1 \
         --concurrency "" --single 107,3400 --long-candidate 0 --out "$out/bench$shape" >"$out/bench$shape.log" 2>&1
       echo "bench $shape rc=$? at $((SECONDS - start)) s"; grep -E "^arm|^single|^parity" "$out/bench$shape.log"
-    done
-    left=$((585 - (SECONDS - start)))
-    gpu_pytest "$left" pytest_gpu.log "" "$REPO/tests" & suite=$!
-    (family_fidelity 9b; family_fidelity 2b) >"$out/family_fidelity.log" 2>&1 & fid=$!
-    wait "$fid"; cat "$out/family_fidelity.log"; wait "$suite" ;;
+    done ;;
   fingerprints)
     [ $# -gt 0 ] || { echo "fingerprints SHAPES...: e.g. 2b 9b 27b"; exit 2; }
     timeout 120 python3 "$REPO/recipes/weights_hash_probe.py" --shape mid --device cuda --out /tmp/hash-probe 2>&1 \

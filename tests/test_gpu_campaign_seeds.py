@@ -4,7 +4,7 @@ refused before setup; a cut run's oracle carried back into data/bench/ is resume
 committed oracle a stage names (data/bench/oracle_<shape>.json.gz) is in the checkout; gate-probe judges options
 files against a seed's committed oracle and puts carried answers where the command reuses them; server-time runs
 the stand-in, then the shape's real forward, and refuses an unknown shape before setup; divergence runs the layer
-comparison against fp32 per request."""
+comparison against fp32 per request; family runs the 9B's and 2B's benches alone, B warmed on every request."""
 
 import json
 import os
@@ -264,3 +264,24 @@ def test_warmup_starts_from_empty_kernel_caches_on_a_machine_left_warm(tmp_path,
     assert result.returncode == 0, result.stdout + result.stderr
     assert not (caches / "tc_empty" / "stale").exists() and not (caches / "tc_carried" / "stale").exists()
     assert "--shape 9b " in script_calls(lines, "warmup_breakdown.py")[0]
+
+
+@pytest.mark.parametrize("args, shapes", [((), ["9b", "2b"]), (("2b",), ["2b"])])
+def test_family_warms_b_on_every_request_and_runs_only_the_benches(tmp_path, args, shapes):
+    """family: per shape B and C in one process, B's warm-up on the whole workload (no --b-warmup-requests, so no
+    cold B), and nothing else in the call (the gate and the GPU suite have stages of their own)."""
+    result, lines, out = run_stage(tmp_path, "family", *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    benches = script_calls(lines, "bench_jevbench.py")
+    assert [re.search(r"--shape (\S+)", b).group(1) for b in benches] == shapes
+    for bench in benches:
+        assert "--arms B,C " in bench and "--b-warmup-requests" not in bench
+    assert not script_calls(lines, "-m pytest") and not script_calls(lines, "hf_openjev fidelity")
+    assert not script_calls(lines, "random_export.py")
+
+
+@pytest.mark.parametrize("shape", ["27b", "mid"])
+def test_family_refuses_another_shape_before_setup(tmp_path, shape):
+    result, lines, _ = run_stage(tmp_path, "family", "9b", shape)
+    assert result.returncode == 2 and f"got {shape}" in result.stdout, result.stdout
+    assert lines == []
