@@ -53,22 +53,26 @@ class PackedDecoderLayer(qwen.Qwen3_5DecoderLayer):
 class PackedTextModel(qwen.Qwen3_5TextModel):
     """``forward(pack=ctx)`` returns the final-norm hidden states of the pack's scored rows ``[N, hidden]``."""
 
-    def forward(self, *args, pack=None, **kwargs):
+    def forward(self, *args, pack=None, layers=None, **kwargs):
         if pack is None:
             return super().forward(*args, **kwargs)
-        return packed_text_forward(self, pack)
+        return packed_text_forward(self, pack, layers=layers)
 
 
-def packed_text_forward(model: qwen.Qwen3_5TextModel, pack) -> torch.Tensor:
+def packed_text_forward(model: qwen.Qwen3_5TextModel, pack, *, layers=None) -> torch.Tensor:
+    """``layers``: indices of the decoder layers to run, in order (None: all). A subset is a probe, no answer: each
+    layer reads the previous one run, so every op meets the shapes of the whole forward (a capture's first uses,
+    :mod:`.cuda_graphs`)."""
     hidden = model.embed_tokens(pack.input_ids)  # [T, hidden]
     # text positions are identical on the three mRoPE axes: [3, 1, T] (the layout every supported release reads)
     positions = pack.positions[None, None].expand(3, 1, -1)
     cos, sin = model.rotary_emb(hidden[None], positions)  # [1, T, rotary_dim]
     rotary = (cos[0], sin[0])
-    layers = model.layers[: model.config.num_hidden_layers]
-    last = len(layers) - 1
+    decoder_layers = model.layers[: model.config.num_hidden_layers]
+    last = len(decoder_layers) - 1
     residual = None
-    for i, layer in enumerate(layers):
+    for i in range(len(decoder_layers)) if layers is None else layers:
+        layer = decoder_layers[i]
         rows = pack.final_rows if (i == last and pack.options.final_row_mlp) else None
         hidden, residual = layer(hidden, pack=pack, rotary=rotary, final_rows=rows, residual=residual)
     hidden = residual + hidden  # the last layer's output

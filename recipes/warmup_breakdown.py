@@ -162,6 +162,9 @@ def main(argv=None) -> int:
     parser.add_argument("--op-profile", action="store_true",
                         help="torch.profiler (CPU activity) over the pass: the host's time per op, top 40 by own time")
     parser.add_argument("--fast-options", default="{}", help="JSON of FastPathOptions over the shape's defaults")
+    parser.add_argument("--capture", choices=("eager", "probe"), default="eager",
+                        help="eager: a capture's first-use run is the whole forward (the default); probe: only "
+                             "patches.cuda_graphs.first_use_layers, and a replay answers the pack")
     parser.add_argument("--dump-fla-configs", type=Path, default=None, metavar="DIR",
                         help="after the pass, merge fla's tuned configurations into DIR/<GPU>/<kernel>.json (CUDA; "
                              "DIR ops/fla_configs: the package's carried ones)")
@@ -180,6 +183,11 @@ def main(argv=None) -> int:
     build_s = time.perf_counter() - start
     work = build_workload(args.manifest, vocab=VOCAB, seed=args.seed)[: args.requests]
     apply_patches(model, options)
+    graphs = patch_record(model).graphs
+    if args.capture == "probe" and graphs is not None:
+        from hf_openjev.patches.cuda_graphs import first_use_layers
+
+        graphs.probe_layers = first_use_layers(graphs.text_model)
     totals = {"autotune_s": 0.0, "compile_s": 0.0, "compiles": 0}
     tuned: Counter = Counter()
     profiler = cProfile.Profile() if args.profile else None
@@ -196,6 +204,7 @@ def main(argv=None) -> int:
     stats = graphs.stats() if graphs is not None else {}
     requests_s = sum(t for t, _ in times)
     result = {"command": command_line(), "versions": versions(), "shape": args.shape, "device": device,
+              "capture": args.capture,
               "triton_cache_dir": bool(os.environ.get("TRITON_CACHE_DIR")), "requests": len(work),
               "build_s": round(build_s, 1), "warmup_s": round(warmup_s, 2), "requests_s": round(requests_s, 2),
               "graphs": stats, "autotune_s": round(totals["autotune_s"], 2),

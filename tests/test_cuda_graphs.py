@@ -272,7 +272,8 @@ def test_a_new_bucket_is_answered_by_its_eager_run_and_recorded_without_a_wait(m
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("synchronize device"))
     forwards = []
 
-    def text_model(*, pack):
+    def text_model(*, pack, layers=None):
+        assert layers is None  # the whole forward runs eagerly
         forwards.append(pack)
         events.append(f"forward {len(forwards)}")
         return torch.full((2, 3), float(len(forwards))).as_subclass(Answer)
@@ -298,6 +299,121 @@ def test_a_new_bucket_is_answered_by_its_eager_run_and_recorded_without_a_wait(m
     assert torch.equal(first.input_buffer[0], torch.full((4,), 7.0))  # copied into the captured context
     assert torch.equal(replayed, torch.full((2, 3), 2.0))  # the recorded forward's static output
     assert graphs.stats()["replays"] == 1
+
+
+def test_a_probed_capture_runs_the_probe_then_records_and_replays_once(monkeypatch):
+    """``probe_layers``: the eager run takes only those layers, then the whole forward is recorded and replayed once
+    on the side stream, and the replay's static output is the answer; no synchronize. (Stand-ins, on a CPU.)"""
+    from hf_openjev.patches import cuda_graphs
+
+    events, outputs = [], []
+
+    class Stream:
+        def __init__(self, name="side"):
+            self.name = name
+
+        def wait_stream(self, other):
+            events.append(f"{self.name} waits for {other.name}")
+
+    class Graph:
+        def capture_begin(self, **kwargs):
+            events.append("capture_begin")
+
+        def capture_end(self):
+            events.append("capture_end")
+
+        def replay(self):
+            events.append("replay")
+            outputs[-1].fill_(5.0)  # the recorded forward's rows, as a replay writes them
+
+    class Rows(torch.Tensor):
+        def record_stream(self, stream):
+            events.append(f"answer read on {stream.name}")
+
+    caller = Stream("caller")
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: caller)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("synchronize device"))
+
+    def text_model(*, pack, layers=None):
+        events.append(f"forward layers={layers}")
+        outputs.append(torch.zeros(2, 3).as_subclass(Rows))
+        return outputs[-1]
+
+    class Ctx:
+        graph_key = ("key",)
+        input_buffer = (torch.zeros(4),)
+
+    graphs = cuda_graphs.PackGraphs(text_model, probe_layers=(0, 3, 6))
+    answer = graphs.run(Ctx())
+    assert events == ["side waits for caller", "forward layers=(0, 3, 6)", "capture_begin", "forward layers=None",
+                      "capture_end", "replay", "caller waits for side", "answer read on caller"]
+    assert answer is outputs[1] and torch.equal(answer, torch.full((2, 3), 5.0))  # the graph's rows, not the probe's
+
+
+def test_first_use_layers_are_the_first_of_each_block_type_and_the_last(tmp_path):
+    from hf_openjev.patches.cuda_graphs import first_use_layers
+
+    for layers, expected in ((7, (0, 3, 6)), (8, (0, 3, 7)), (4, (0, 3)), (64, (0, 3, 63))):
+        checkpoint = build_tiny_checkpoint(tmp_path / str(layers), config=tiny_text_config(num_layers=layers,
+                                                                                          hidden_size=32))
+        model = load_export(checkpoint.export, dtype=torch.float32, device="cpu")
+        assert first_use_layers(text_model_of(model)) == expected
+
+
+def _op_calls(text_model, ctx, layers):
+    """Every op a packed forward calls at the dispatcher: its name, each tensor's shape, strides and dtype, and its
+    other arguments: what a GPU's first uses (compiles, autotuning, plans) are keyed on."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def describe(value):
+        if isinstance(value, torch.Tensor):
+            return ("tensor", tuple(value.shape), value.stride(), str(value.dtype))
+        if isinstance(value, (list, tuple)):
+            return tuple(describe(v) for v in value)
+        return repr(value)
+
+    calls = set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            calls.add((str(func), describe(args), describe(sorted(kwargs.items()))))
+            return func(*args, **kwargs)
+
+    with Record():
+        text_model(pack=ctx, layers=layers)
+    return calls
+
+
+@pytest.mark.parametrize("tails", [dict(), dict(share_tails=True, min_shared_tokens=8)])
+def test_a_probe_of_the_first_use_layers_calls_every_op_the_whole_forward_calls(tmp_path, tails):
+    """The probe of a capture (:func:`first_use_layers`) meets every op call of the whole padded forward, shapes,
+    strides, dtypes and arguments alike, so that recording meets none for the first time; leaving a block type
+    out does not."""
+    from hf_openjev.patches.cuda_graphs import first_use_layers
+
+    checkpoint = build_tiny_checkpoint(tmp_path, config=tiny_text_config(num_layers=7))
+    model = load_export(checkpoint.export, dtype=torch.float32, device="cpu")
+    apply_patches(model)
+    text_model = text_model_of(model)
+    probe = first_use_layers(text_model)
+    assert probe == (0, 3, 6)
+    rng = random.Random(3)
+    checked = 0
+    for _ in range(3):
+        plan = plan_requests(random_token_requests(rng, model.config.vocab_size), **tails)
+        for pack in plan.packs:
+            ctx = build_pack_context(plan, pack, {}, "cpu", read_options(model), pad=True)
+            whole = _op_calls(text_model, ctx, None)
+            assert whole <= _op_calls(text_model, ctx, probe)
+            assert not whole <= _op_calls(text_model, ctx, (0, 6))  # no full-attention layer: its ops are missed
+            checked += 1
+    assert checked >= 3
+    revert_patches(model)
 
 
 @pytest.mark.gpu
@@ -328,6 +444,34 @@ def test_graph_replay_matches_eager_on_cuda(heads27_checkpoint, dense):
         bound = 0.01 * max(abs(x) for x in e)
         assert max(abs(x - y) for x, y in zip(e, f)) <= bound
         assert max(abs(x - y) for x, y in zip(e, v)) <= bound  # cuDNN's rounding against FA2's
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_probed_capture_answers_as_the_whole_eager_run_did_on_cuda(tmp_path):
+    """8 layers with the 27B's head layouts: captures whose first-use run is the probe (first_use_layers) answer
+    each pack bit for bit as the eager-run captures do, and so do their replays; nothing tunes or compiles while
+    recording (a capture would fail)."""
+    from hf_openjev.fast_path import score_fast
+    from hf_openjev.patches.cuda_graphs import PackGraphs, first_use_layers
+
+    config = tiny_text_config(num_layers=8, hidden_size=256, linear_num_key_heads=16, linear_num_value_heads=48,
+                              linear_key_head_dim=128, linear_value_head_dim=128, num_attention_heads=24,
+                              num_key_value_heads=4, head_dim=256,
+                              rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                               "mrope_section": [11, 11, 10], "mrope_interleaved": True})
+    model = load_export(build_tiny_checkpoint(tmp_path, config=config).export, dtype=torch.bfloat16, device="cuda")
+    rng = random.Random(4)
+    batches = [random_token_requests(rng, model.config.vocab_size) for _ in range(4)]
+    apply_patches(model, FastPathOptions(cuda_graphs=True))
+    record = patch_record(model)
+    eager_captured = [score_fast(model, b)[0] for b in batches]
+    record.graphs = PackGraphs(record.graphs.text_model, probe_layers=first_use_layers(record.graphs.text_model))
+    probed = [score_fast(model, b)[0] for b in batches]
+    captures = record.graphs.captures
+    replayed = [score_fast(model, b)[0] for b in batches]
+    assert captures > 0 and record.graphs.captures == captures and record.graphs.replays > 0
+    assert probed == eager_captured and replayed == eager_captured
 
 
 @pytest.mark.gpu
