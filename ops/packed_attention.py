@@ -235,10 +235,11 @@ def packed_attention(
     max_seqlen_q: int,
     max_seqlen_k: int,
     scale: float,
-    kernel: str = "flash",  # on CUDA: a name of PACKED_KERNELS ("efficient": equal q and k lengths)
+    kernel_name: str = "flash",  # on CUDA: a name of PACKED_KERNELS ("efficient": equal q and k lengths)
 ) -> Tensor:
-    """-> o [Tq, H, D] in q.dtype (bottom-right causal per sequence, GQA)."""
-    _check_kernel(kernel, q, k, max_seqlen_q, max_seqlen_k)
+    """-> o [Tq, H, D] in q.dtype (bottom-right causal per sequence, GQA). (``kernel_name``, not ``kernel``:
+    inductor's fallback for a custom op passes its own ``kernel`` argument beside the op's.)"""
+    _check_kernel(kernel_name, q, k, max_seqlen_q, max_seqlen_k)
     return packed_attention_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
 
 
@@ -253,17 +254,18 @@ def _check_kernel(kernel: str, q: Tensor, k: Tensor, max_seqlen_q: int, max_seql
 
 
 @packed_attention.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, kernel="flash"):
-    _check_kernel(kernel, q, k, max_seqlen_q, max_seqlen_k)
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, kernel_name="flash"):
+    _check_kernel(kernel_name, q, k, max_seqlen_q, max_seqlen_k)
     return q.new_empty(q.shape)
 
 
 @packed_attention.register_kernel("cuda")
-def _packed_attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, kernel="flash"):
-    _check_kernel(kernel, q, k, max_seqlen_q, max_seqlen_k)
+def _packed_attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                           kernel_name="flash"):
+    _check_kernel(kernel_name, q, k, max_seqlen_q, max_seqlen_k)
     if q.dtype == torch.float32:
         return packed_attention_masked(q, k, v, cu_seqlens_q, cu_seqlens_k, scale)
-    return PACKED_KERNELS[kernel](q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
+    return PACKED_KERNELS[kernel_name](q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
 
 
 def causal_attention_sdpa(q, k, v, scale):

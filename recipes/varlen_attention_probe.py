@@ -11,7 +11,7 @@ attention heads, per level of packed sequences ([T, H, D] rows, GQA), for each k
 
 - ``dense``: ``hf_openjev.ops.causal_attention`` per sequence (the 2B default's kernel; the yardstick);
 - ``fa2_varlen``: ``hf_openjev.ops.packed_attention`` (FA2 varlen, the packed path's);
-- ``efficient_varlen``: the same op with ``kernel="efficient"`` (``aten._efficient_attention_forward``, varlen);
+- ``efficient_varlen``: the same op with ``kernel_name="efficient"`` (``aten._efficient_attention_forward``, varlen);
 - ``stock``: what stock Transformers' SDPA does in B, a right-padded batch [N, H, L, D] with a boolean mask
   (torch picks the kernel), rows taken back out.
 

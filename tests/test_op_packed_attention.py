@@ -200,20 +200,20 @@ def test_the_kernel_argument_is_checked_and_the_reference_answers_for_every_kern
     args = attention_inputs([3, 7], [3, 7], H, HKV, D)
     want = pa.packed_attention_reference(**args)
     for kernel in pa.PACKED_KERNELS:
-        torch.testing.assert_close(PACKED(**args, kernel=kernel), want, rtol=0, atol=0)
+        torch.testing.assert_close(PACKED(**args, kernel_name=kernel), want, rtol=0, atol=0)
     with pytest.raises(ValueError, match="kernel must be one of 'flash', 'efficient', got 'fa3'"):
-        PACKED(**args, kernel="fa3")
+        PACKED(**args, kernel_name="fa3")
     suffix = attention_inputs([2, 7], [5, 9], H, HKV, D)
-    PACKED(**suffix, kernel="flash")  # bottom-right causal: fewer queries than keys
+    PACKED(**suffix, kernel_name="flash")  # bottom-right causal: fewer queries than keys
     with pytest.raises(ValueError, match="'efficient' kernel takes queries and keys of the same lengths"):
-        PACKED(**suffix, kernel="efficient")
+        PACKED(**suffix, kernel_name="efficient")
     assert tuple(pa.PACKED_KERNELS) == __import__("hf_openjev.fast_options").fast_options.PACKED_ATTENTION_KERNELS
 
 
 def test_opcheck():
     torch.library.opcheck(PACKED, tuple(attention_inputs([3, 7], [5, 9], H, HKV, D).values()))
     torch.library.opcheck(PACKED, tuple(attention_inputs([3, 7], [3, 7], H, HKV, D).values()),
-                          {"kernel": "efficient"})
+                          {"kernel_name": "efficient"})
     torch.library.opcheck(PREFIX, tuple(prefix_inputs([3, 7], [64, 2], [1, 0], H, HKV, D).values()))
     torch.library.opcheck(CAUSAL, tuple(_one_sequence(11, H, HKV, D).values()))
 
@@ -258,12 +258,12 @@ def test_cuda_packed_kernels_match_the_reference_and_replay(shape, kernel):
     answer, and a captured graph replays new lengths of the same bucket as eager does."""
     lengths = random_lengths(random.Random(shape + kernel), 8, hi=900) + [1]
     args = attention_inputs(lengths, lengths, *GPU_SHAPES[shape], dtype=torch.bfloat16, seed=7)
-    o = PACKED(**to_device(args, "cuda"), kernel=kernel)
+    o = PACKED(**to_device(args, "cuda"), kernel_name=kernel)
     assert o.dtype == torch.bfloat16 and max_errors(o, pa.packed_attention_reference(**args))[1] < TOL[torch.bfloat16]
     split = split_lengths(936, 8, random.Random(1))
     a, b = (to_device(attention_inputs(ls, ls, 24, 4, 256, dtype=torch.bfloat16, seed=s), "cuda")
             for ls, s in ((split, 8), (split[::-1], 9)))
-    replayed, eager = capture_replay(lambda **kw: PACKED(**kw, kernel=kernel), a, b)
+    replayed, eager = capture_replay(lambda **kw: PACKED(**kw, kernel_name=kernel), a, b)
     assert max_errors(replayed, eager)[0] == 0.0
 
 
