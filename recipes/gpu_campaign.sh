@@ -44,6 +44,11 @@
 #                                        # moves) or aligned (fidelity_SHAPE_seedN_probe.*); a cut run's answers_SHAPE_seedN_probe.json,
 #                                        # copied back into .answers/ (git-ignored; carry it), are reused, not answered
 #                                        # again. B alone takes ~140 s on a fresh kernel cache (fla autotunes)
+#   bash recipes/gpu_campaign.sh gate-probes SPEC...  # e.g. gate-probes 2b:1:B1 2b:2:B1 9b:1:aligned,B1: gate-probe's
+#                                        # runs (SHAPE:SEED[:B1,aligned], the default always) side by side in one call,
+#                                        # one process each: the gate times nothing, and with the carried fla
+#                                        # configurations nothing is tuned, so sharing the GPU changes no answer
+#                                        # (fidelity_SHAPE_seedN_probe.*)
 #   bash recipes/gpu_campaign.sh family [SHAPE...]  # 9b and 2b by default: per shape, B and C in one process on the
 #                                        # exact workload (no HTTP), B warmed on every request (so on every shape)
 #                                        # before it is timed, C's singles; the gate (family-fidelity) and the -m gpu
@@ -99,10 +104,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup | varlen-attention"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-probes | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup | varlen-attention"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup|varlen-attention) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-probes|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup|varlen-attention) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -195,6 +200,21 @@ if [ "$stage" = gate-probe ]; then  # a known shape, a seed with a committed ora
     probe_configs+=",$probe_dir/${spec%%=*}.json"
   done
 fi
+if [ "$stage" = gate-probes ]; then  # SHAPE:SEED[:NAMED,...] each, with a committed oracle, before setup
+  usage="gate-probes SPEC...: SHAPE:SEED[:CONFIGS], SHAPE 2b or 9b, a seed whose oracle is in data/bench, CONFIGS B1 and/or aligned (comma-separated); e.g. 2b:1:B1 9b:1:aligned,B1"
+  [ $# -gt 0 ] || { echo "$usage"; exit 2; }
+  probe_specs=()
+  for spec in "$@"; do
+    IFS=: read -r p_shape p_seed p_named extra <<<"$spec"
+    case "$p_shape" in 2b|9b) ;; *) echo "$spec: $usage"; exit 2 ;; esac
+    [[ "$p_seed" =~ ^[0-9]+$ ]] && [ -z "$extra" ] || { echo "$spec: $usage"; exit 2; }
+    [[ -z "$p_named" || "$p_named" =~ ^(B1|aligned)(,(B1|aligned))*$ ]] || { echo "$spec: $usage"; exit 2; }
+    p_oracle=$PWD/data/bench/oracle_${p_shape}_seed$p_seed.json.gz
+    [ "$p_seed" = 0 ] && p_oracle=$PWD/data/bench/oracle_$p_shape.json.gz
+    [ -f "$p_oracle" ] || { echo "no committed oracle $p_oracle: run gate-seeds $p_shape $p_seed first"; exit 2; }
+    probe_specs+=("$p_shape $p_seed $p_oracle default${p_named:+,$p_named}")
+  done
+fi
 if [ "$stage" = gate-seeds ]; then  # a known shape and one or more seeds, before setup
   usage="gate-seeds SHAPE SEED...: SHAPE 2b or 9b, then one or more seeds (non-negative integers), e.g. 2b 1 2"
   case "${1:-}" in 2b|9b) ;; *) echo "$usage"; exit 2 ;; esac
@@ -279,6 +299,21 @@ case "$stage" in
     family_fidelity_within $((585 - (SECONDS - start))) "$probe_shape" "$probe_oracle" "$probe_seed" "$probe_configs" \
       _probe
     echo "gate-probe rc=$? at $((SECONDS - start)) s" ;;
+  gate-probes)
+    pids=()
+    for spec in "${probe_specs[@]}"; do
+      read -r p_shape p_seed p_oracle p_configs <<<"$spec"
+      family_fidelity_within $((585 - (SECONDS - start))) "$p_shape" "$p_oracle" "$p_seed" "$p_configs" _probe \
+        >"$out/${p_shape}_seed${p_seed}.log" 2>&1 &
+      pids+=($!)
+    done
+    for i in "${!pids[@]}"; do  # our own children, in order
+      wait "${pids[$i]}"
+      rc=$?
+      read -r p_shape p_seed _ <<<"${probe_specs[$i]}"
+      echo "gate-probe $p_shape seed $p_seed rc=$rc at $((SECONDS - start)) s"
+      tail -n 12 "$out/${p_shape}_seed${p_seed}.log"
+    done ;;
   gate-seeds)
     for seed in "${seeds[@]}"; do  # per seed: its fp32 oracle (resumed from a carried one), then B and the default
       name=${gate_shape}_seed$seed
@@ -378,5 +413,5 @@ case "$stage" in
     fi ;;
 esac
 tar czf "${OUT:-/tmp/out}/$stage.tgz" -C "$out" .
-case "$stage" in family|session|fingerprints|gate-seeds|gate-probe) rm -rf "$out" ;; esac  # many files: the tarball alone comes back
+case "$stage" in family|session|fingerprints|gate-seeds|gate-probe|gate-probes) rm -rf "$out" ;; esac  # many files: the tarball alone comes back
 ls -la "${OUT:-/tmp/out}"

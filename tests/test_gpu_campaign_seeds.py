@@ -2,7 +2,7 @@
 its arguments): per seed the oracle, the export and ``hf-openjev fidelity`` get that seed, and bad calls are
 refused before setup; a cut run's oracle carried back into data/bench/ is resumed whether gzipped or not; every
 committed oracle a stage names (data/bench/oracle_<shape>.json.gz) is in the checkout; gate-probe judges options
-files against a seed's committed oracle and puts carried answers where the command reuses them; server-time runs
+files against a seed's committed oracle (gate-probes: several such runs side by side) and puts carried answers where the command reuses them; server-time runs
 the stand-in, then the shape's real forward, and refuses an unknown shape before setup; divergence runs the layer
 comparison against fp32 per request; family runs the 9B's and 2B's benches alone, B warmed on every request."""
 
@@ -191,6 +191,48 @@ def test_gate_probe_judges_each_options_file_against_the_seeds_committed_oracle(
     (("gate-probe", "2b", "0", "a b={}"), "configuration a b={}"),
 ])
 def test_gate_probe_refuses_bad_calls_before_setup(tmp_path, args, message):
+    result, lines, _ = run_stage(tmp_path, *args, carried=("oracle_2b.json.gz",))
+    assert result.returncode == 2 and message in result.stdout, (args, result.stdout)
+    assert lines == [], (args, lines)
+
+
+def test_gate_probes_run_side_by_side_each_against_its_seeds_oracle(tmp_path):
+    """gate-probes 2b:1:B1 2b:2 9b:0:aligned,B1: one export and one ``hf-openjev fidelity`` per spec (the default
+    always, then the named configurations), each against its seed's committed oracle, files named SHAPE_seedN_probe,
+    all in one tarball; each run's answers carried back in .answers/ are put where its command reuses them."""
+    carried = tmp_path / "repo" / ".answers" / "answers_2b_seed2_probe.json"
+    carried.parent.mkdir(parents=True)
+    carried.write_text('{"carried": true}')
+    result, lines, out = run_stage(tmp_path, "gate-probes", "2b:1:B1", "2b:2", "9b:0:aligned,B1",
+                                   carried=("oracle_2b_seed1.json.gz", "oracle_2b_seed2.json.gz", "oracle_9b.json.gz"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    exports = sorted(script_calls(lines, "random_export.py"))
+    assert [re.search(r"--shape (\S+) --seed (\d+)", e).groups() for e in exports] == [("2b", "1"), ("2b", "2"),
+                                                                                      ("9b", "0")]
+    runs = {re.search(r"--name (\S+)", f).group(1): f for f in script_calls(lines, "-m hf_openjev fidelity")}
+    assert set(runs) == {"2b_seed1_probe", "2b_seed2_probe", "9b_seed0_probe"}
+    assert "--configs default,B1 " in runs["2b_seed1_probe"] and "--configs default " in runs["2b_seed2_probe"]
+    assert "--configs default,aligned,B1 " in runs["9b_seed0_probe"]
+    assert f"--oracle {tmp_path}/repo/data/bench/oracle_2b_seed2.json.gz " in runs["2b_seed2_probe"]
+    assert f"--oracle {tmp_path}/repo/data/bench/oracle_9b.json.gz " in runs["9b_seed0_probe"]
+    done = [line.split(" at ")[0] for line in result.stdout.splitlines() if line.startswith("gate-probe ")]
+    assert done == ["gate-probe 2b seed 1 rc=0", "gate-probe 2b seed 2 rc=0", "gate-probe 9b seed 0 rc=0"]
+    with tarfile.open(out / "gate-probes.tgz") as tar:
+        names = tar.getnames()
+        assert tar.extractfile("./fidelity2b_seed2_probe/answers_2b_seed2_probe.json").read() == b'{"carried": true}'
+    for name in ("2b_seed1_probe", "2b_seed2_probe", "9b_seed0_probe"):
+        assert f"./fidelity{name}/fidelity_{name}.json" in names
+
+
+@pytest.mark.parametrize("args, message", [
+    (("gate-probes",), "gate-probes SPEC..."),
+    (("gate-probes", "27b:1"), "27b:1: gate-probes SPEC"),
+    (("gate-probes", "2b:x"), "2b:x: gate-probes SPEC"),
+    (("gate-probes", "2b:0:noshare"), "2b:0:noshare: gate-probes SPEC"),
+    (("gate-probes", "2b:0:B1:x"), "2b:0:B1:x: gate-probes SPEC"),
+    (("gate-probes", "2b:0", "2b:7"), "no committed oracle"),
+])
+def test_gate_probes_refuse_bad_calls_before_setup(tmp_path, args, message):
     result, lines, _ = run_stage(tmp_path, *args, carried=("oracle_2b.json.gz",))
     assert result.returncode == 2 and message in result.stdout, (args, result.stdout)
     assert lines == [], (args, lines)
