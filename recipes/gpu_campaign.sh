@@ -46,8 +46,9 @@
 #                                        # again. B alone takes ~140 s on a fresh kernel cache (fla autotunes)
 #   bash recipes/gpu_campaign.sh gate-probes SPEC...  # e.g. gate-probes 2b:1:B1 2b:2:B1 9b:1:aligned,B1: gate-probe's
 #                                        # runs (SHAPE:SEED[:B1,aligned], the default always) side by side in one call,
-#                                        # one process each: the gate times nothing, and with the carried fla
-#                                        # configurations nothing is tuned, so sharing the GPU changes no answer
+#                                        # one process each: the gate times nothing (fla's keys that the carried
+#                                        # configurations lack, stock B's among them, are tuned under the others'
+#                                        # load and may pick another configuration, as a fresh machine may)
 #                                        # (fidelity_SHAPE_seedN_probe.*)
 #   bash recipes/gpu_campaign.sh family [SHAPE...]  # 9b and 2b by default: per shape, B and C in one process on the
 #                                        # exact workload (no HTTP), B warmed on every request (so on every shape)
