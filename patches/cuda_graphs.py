@@ -1,7 +1,9 @@
 """CUDA-graph replay of packed forwards, one graph per shape bucket (:mod:`.graph_buckets`).
 
 The first pack of a new bucket runs once eagerly on a side stream (Triton autotuning, compiles, cuDNN plans and lazy
-allocations stay out of the graph), and that eager run is its answer; the same forward is then recorded, not run.
+allocations stay out of the graph); the same forward is then recorded, not run. By default that eager run is a probe
+of a few layers and a replay of the new graph answers the pack (below); with ``probe_layers=None`` it is the whole
+forward, and its answer.
 Later packs of the bucket copy their inputs into the captured context's tensors (one flat byte buffer,
 ``PackContext.input_buffer``) and replay. All graphs share one memory pool (they never run
 concurrently, and each graph's output is read before the next replay). At most ``capacity`` graphs are kept
@@ -22,11 +24,11 @@ of many buckets frees every cached block before each capture and allocates it ag
 Here the eager runs and the captures share one side stream, and the blocks an eager run freed stay cached for the
 next one (what the caching allocator does everywhere else); ``torch.cuda.empty_cache()`` still returns them.
 
-A probed capture (``PackGraphs(..., probe_layers=first_use_layers(text_model))``, opt-in until a GPU run shows it
-answers as the eager capture does and warms up faster): the eager run before recording takes only the layers that
-meet every first use (the first layer, the first of each block type, the last: every op of the forward on every
-shape it takes), then the whole forward is recorded and replayed once to answer the pack. At 27B the eager run is
-about half of a capture's host time (three layers instead of 64); the replay costs a forward of GPU time, not host.
+A probed capture (``PackGraphs(..., probe_layers=first_use_layers(text_model))``, what ``apply_patches`` makes since
+s25): the eager run before recording takes only the layers that meet every first use (the first layer, the first of
+each block type, the last: every op of the forward on every shape it takes), then the whole forward is recorded and
+replayed once to answer the pack. Its answers equal the eager capture's bit for bit (a GPU test); the replay costs a
+forward of GPU time, not host. ``probe_layers=None`` is the eager capture (recipes/RESULTS.md s25 compares them).
 """
 
 from __future__ import annotations

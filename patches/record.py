@@ -25,7 +25,7 @@ from hf_openjev.family import text_model_of
 from hf_openjev.fast_options import FastPathOptions, options_for
 from hf_openjev.packing.bucket_policy import BucketPolicy, bucket_policy_for
 
-from .cuda_graphs import PackGraphs
+from .cuda_graphs import PackGraphs, first_use_layers
 from .final_row_mlp import PackedDecoderLayer, PackedTextModel
 from .packed_candidates import PackedAttention, PackedGatedDeltaNet
 from .stacked_projections import stack_projections
@@ -138,7 +138,7 @@ def apply_patches(model, options: FastPathOptions | None = None) -> PatchRecord:
     if options.stacked_projections:
         stack_projections(text_model)
     if options.cuda_graphs and record.graphs is None and _device_of(text_model).type == "cuda":
-        record.graphs = PackGraphs(text_model)
+        record.graphs = PackGraphs(text_model, probe_layers=first_use_layers(text_model))
     return record
 
 

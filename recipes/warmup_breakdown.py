@@ -162,9 +162,10 @@ def main(argv=None) -> int:
     parser.add_argument("--op-profile", action="store_true",
                         help="torch.profiler (CPU activity) over the pass: the host's time per op, top 40 by own time")
     parser.add_argument("--fast-options", default="{}", help="JSON of FastPathOptions over the shape's defaults")
-    parser.add_argument("--capture", choices=("eager", "probe"), default="eager",
-                        help="eager: a capture's first-use run is the whole forward (the default); probe: only "
-                             "patches.cuda_graphs.first_use_layers, and a replay answers the pack")
+    parser.add_argument("--capture", choices=("eager", "probe"), default="probe",
+                        help="probe (the default, as apply_patches makes it): a capture's first-use run takes only "
+                             "patches.cuda_graphs.first_use_layers, and a replay answers the pack; eager: the "
+                             "whole forward runs eagerly and answers it (the capture before s25)")
     parser.add_argument("--dump-fla-configs", type=Path, default=None, metavar="DIR",
                         help="after the pass, merge fla's tuned configurations into DIR/<GPU>/<kernel>.json (CUDA; "
                              "DIR ops/fla_configs: the package's carried ones)")
@@ -184,10 +185,8 @@ def main(argv=None) -> int:
     work = build_workload(args.manifest, vocab=VOCAB, seed=args.seed)[: args.requests]
     apply_patches(model, options)
     graphs = patch_record(model).graphs
-    if args.capture == "probe" and graphs is not None:
-        from hf_openjev.patches.cuda_graphs import first_use_layers
-
-        graphs.probe_layers = first_use_layers(graphs.text_model)
+    if args.capture == "eager" and graphs is not None:
+        graphs.probe_layers = None
     totals = {"autotune_s": 0.0, "compile_s": 0.0, "compiles": 0}
     tuned: Counter = Counter()
     profiler = cProfile.Profile() if args.profile else None

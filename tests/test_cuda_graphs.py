@@ -364,6 +364,21 @@ def test_first_use_layers_are_the_first_of_each_block_type_and_the_last(tmp_path
         assert first_use_layers(text_model_of(model)) == expected
 
 
+def test_apply_patches_makes_probed_captures_on_cuda(tmp_path, monkeypatch):
+    """The graph cache apply_patches makes for a CUDA model probes the first-use layers (its device stood in for:
+    a PackGraphs touches CUDA only at its first capture)."""
+    from hf_openjev.patches import record as patch_records
+    from hf_openjev.patches.cuda_graphs import first_use_layers
+
+    checkpoint = build_tiny_checkpoint(tmp_path, config=tiny_text_config(num_layers=8, hidden_size=32))
+    model = load_export(checkpoint.export, dtype=torch.float32, device="cpu")
+    monkeypatch.setattr(patch_records, "_device_of", lambda module: torch.device("cuda"))
+    apply_patches(model, FastPathOptions(cuda_graphs=True))
+    graphs = patch_record(model).graphs
+    assert graphs is not None and graphs.probe_layers == first_use_layers(text_model_of(model)) == (0, 3, 7)
+    revert_patches(model)
+
+
 def _op_calls(text_model, ctx, layers):
     """Every op a packed forward calls at the dispatcher: its name, each tensor's shape, strides and dtype, and its
     other arguments: what a GPU's first uses (compiles, autotuning, plans) are keyed on."""
@@ -465,8 +480,11 @@ def test_a_probed_capture_answers_as_the_whole_eager_run_did_on_cuda(tmp_path):
     batches = [random_token_requests(rng, model.config.vocab_size) for _ in range(4)]
     apply_patches(model, FastPathOptions(cuda_graphs=True))
     record = patch_record(model)
+    text_model = record.graphs.text_model
+    assert record.graphs.probe_layers == first_use_layers(text_model) == (0, 3, 7)  # apply_patches' default
+    record.graphs = PackGraphs(text_model)  # the eager capture
     eager_captured = [score_fast(model, b)[0] for b in batches]
-    record.graphs = PackGraphs(record.graphs.text_model, probe_layers=first_use_layers(record.graphs.text_model))
+    record.graphs = PackGraphs(text_model, probe_layers=first_use_layers(text_model))
     probed = [score_fast(model, b)[0] for b in batches]
     captures = record.graphs.captures
     replayed = [score_fast(model, b)[0] for b in batches]
