@@ -129,7 +129,7 @@ class PackGraphs:
             self.stream, self.pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
         caller = torch.cuda.current_stream()
         self.stream.wait_stream(caller)  # the caller's input copies first
-        with torch.cuda.stream(self.stream):  # first-use costs stay out of the graph; a whole run is the answer
+        with torch.cuda.stream(self.stream):  # first-use costs stay out of the graph (a whole run: the answer)
             answer = self.text_model(pack=ctx, layers=self.probe_layers)
         recorded_from = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
