@@ -169,6 +169,10 @@ family_fidelity_within() {  # $1 = seconds at most, then family_fidelity's argum
     family_fidelity $(printf '%q ' "$@")"
 }
 
+seed_oracle() {  # $1 = shape, $2 = seed: the seed's committed fp32 oracle (seed 0's carries no seed in its name)
+  if [ "$2" = 0 ]; then echo "$PWD/data/bench/oracle_$1.json.gz"; else echo "$PWD/data/bench/oracle_${1}_seed$2.json.gz"; fi
+}
+
 parts_file=$PWD/recipes/gpu_parts.txt  # the one list of the GPU suite's parts (cwd: the repository)
 part_entries() {  # $1 = part name: its entries in recipes/gpu_parts.txt, one a line
   awk -v part="$1" '$1 == part { print $2 }' "$parts_file"
@@ -192,8 +196,7 @@ if [ "$stage" = gate-probe ]; then  # a known shape, a seed with a committed ora
   case "${1:-}" in 2b|9b) ;; *) echo "$usage"; exit 2 ;; esac
   [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "$usage"; exit 2; }
   probe_shape=$1 probe_seed=$2
-  probe_oracle=$PWD/data/bench/oracle_${1}_seed$2.json.gz
-  [ "$2" = 0 ] && probe_oracle=$PWD/data/bench/oracle_$1.json.gz
+  probe_oracle=$(seed_oracle "$1" "$2")
   [ -f "$probe_oracle" ] || { echo "no committed oracle $probe_oracle: run gate-seeds $1 $2 first"; exit 2; }
   shift 2
   probe_dir=${TMPDIR:-/tmp}/gate-probe-configs
@@ -215,8 +218,7 @@ if [ "$stage" = gate-probes ]; then  # SHAPE:SEED[:NAMED,...] each, with a commi
     case "$p_shape" in 2b|9b) ;; *) echo "$spec: $usage"; exit 2 ;; esac
     [[ "$p_seed" =~ ^[0-9]+$ ]] && [ -z "$extra" ] || { echo "$spec: $usage"; exit 2; }
     [[ -z "$p_named" || "$p_named" =~ ^(B1|aligned)(,(B1|aligned))*$ ]] || { echo "$spec: $usage"; exit 2; }
-    p_oracle=$PWD/data/bench/oracle_${p_shape}_seed$p_seed.json.gz
-    [ "$p_seed" = 0 ] && p_oracle=$PWD/data/bench/oracle_$p_shape.json.gz
+    p_oracle=$(seed_oracle "$p_shape" "$p_seed")
     [ -f "$p_oracle" ] || { echo "no committed oracle $p_oracle: run gate-seeds $p_shape $p_seed first"; exit 2; }
     probe_specs+=("$p_shape $p_seed $p_oracle default${p_named:+,$p_named}")
   done

@@ -199,7 +199,6 @@ def main(argv=None) -> int:
         if profiler:
             profiler.disable()
         warmup_s = time.perf_counter() - start
-    graphs = patch_record(model).graphs
     stats = graphs.stats() if graphs is not None else {}
     requests_s = sum(t for t, _ in times)
     result = {"command": command_line(), "versions": versions(), "shape": args.shape, "device": device,

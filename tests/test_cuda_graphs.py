@@ -190,17 +190,21 @@ def test_a_tail_continued_from_another_pack_is_refused():
         build_pack_context(plan, split, {tail.id: SegmentState(length=40)}, "cpu", DEFAULTS)
 
 
+def heads27_config(num_layers: int = 4):
+    """A tiny config (hidden 256) with the 27B model's Gated DeltaNet and attention head layouts. fla compiles and
+    autotunes its kernels per head layout: on a fresh GPU machine the tiny default layout costs minutes of tuning
+    that the ops' 27B-shape GPU tests, run first in the same process, have already done for this one."""
+    return tiny_text_config(num_layers=num_layers, hidden_size=256, linear_num_key_heads=16, linear_num_value_heads=48,
+                            linear_key_head_dim=128, linear_value_head_dim=128, num_attention_heads=24,
+                            num_key_value_heads=4, head_dim=256,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                             "mrope_section": [11, 11, 10], "mrope_interleaved": True})
+
+
 @pytest.fixture(scope="module")
 def heads27_checkpoint(tmp_path_factory):
-    """A tiny checkpoint (4 layers, hidden 256) with the 27B model's Gated DeltaNet and attention head layouts. fla
-    compiles and autotunes its kernels per head layout: on a fresh GPU machine the tiny default layout costs minutes
-    of tuning that the ops' 27B-shape GPU tests, run first in the same process, have already done for this one."""
-    config = tiny_text_config(hidden_size=256, linear_num_key_heads=16, linear_num_value_heads=48,
-                              linear_key_head_dim=128, linear_value_head_dim=128, num_attention_heads=24,
-                              num_key_value_heads=4, head_dim=256,
-                              rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
-                                               "mrope_section": [11, 11, 10], "mrope_interleaved": True})
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("heads27"), config=config)
+    """A tiny checkpoint of :func:`heads27_config` (4 layers)."""
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("heads27"), config=heads27_config())
 
 
 def test_recording_always_ends_the_capture_it_began():
@@ -230,14 +234,11 @@ def test_recording_always_ends_the_capture_it_began():
     assert [name for name, _ in graph.calls] == ["begin", "end"]
 
 
-def test_a_new_bucket_is_answered_by_its_eager_run_and_recorded_without_a_wait(monkeypatch):
-    """A bucket's first pack: one eager forward (its answer) then one recorded forward, with no synchronize and no
-    replay in between; the caller's stream waits for the side stream. Its second pack: the inputs copied into the
-    captured context and one replay, whose static output is the answer. (A stand-in for torch.cuda's streams and
-    graphs, so this runs on a CPU.)"""
-    from hf_openjev.patches import cuda_graphs
-
-    events = []
+def stand_in_cuda(monkeypatch, events: list, on_replay=lambda: None) -> type:
+    """torch.cuda's streams and graphs stood in for, so that a capture's order runs on a CPU: each stream wait,
+    synchronize, capture begin and end and replay is appended to ``events``. Returns a tensor subclass whose
+    ``record_stream`` is logged too (the answer's)."""
+    import contextlib
 
     class Stream:
         def __init__(self, name="side"):
@@ -258,6 +259,7 @@ def test_a_new_bucket_is_answered_by_its_eager_run_and_recorded_without_a_wait(m
 
         def replay(self):
             events.append("replay")
+            on_replay()
 
     class Answer(torch.Tensor):
         def record_stream(self, stream):
@@ -268,8 +270,20 @@ def test_a_new_bucket_is_answered_by_its_eager_run_and_recorded_without_a_wait(m
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: caller)
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("synchronize device"))
+    return Answer
+
+
+def test_a_new_bucket_is_answered_by_its_eager_run_and_recorded_without_a_wait(monkeypatch):
+    """A bucket's first pack: one eager forward (its answer) then one recorded forward, with no synchronize and no
+    replay in between; the caller's stream waits for the side stream. Its second pack: the inputs copied into the
+    captured context and one replay, whose static output is the answer. (A stand-in for torch.cuda's streams and
+    graphs, so this runs on a CPU.)"""
+    from hf_openjev.patches import cuda_graphs
+
+    events = []
+    Answer = stand_in_cuda(monkeypatch, events)
     forwards = []
 
     def text_model(*, pack, layers=None):
@@ -307,36 +321,8 @@ def test_a_probed_capture_runs_the_probe_then_records_and_replays_once(monkeypat
     from hf_openjev.patches import cuda_graphs
 
     events, outputs = [], []
-
-    class Stream:
-        def __init__(self, name="side"):
-            self.name = name
-
-        def wait_stream(self, other):
-            events.append(f"{self.name} waits for {other.name}")
-
-    class Graph:
-        def capture_begin(self, **kwargs):
-            events.append("capture_begin")
-
-        def capture_end(self):
-            events.append("capture_end")
-
-        def replay(self):
-            events.append("replay")
-            outputs[-1].fill_(5.0)  # the recorded forward's rows, as a replay writes them
-
-    class Rows(torch.Tensor):
-        def record_stream(self, stream):
-            events.append(f"answer read on {stream.name}")
-
-    caller = Stream("caller")
-    monkeypatch.setattr(torch.cuda, "Stream", Stream)
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: caller)
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("synchronize device"))
+    # a replay writes the recorded forward's rows into its static output
+    Rows = stand_in_cuda(monkeypatch, events, on_replay=lambda: outputs[-1].fill_(5.0))
 
     def text_model(*, pack, layers=None):
         events.append(f"forward layers={layers}")
@@ -470,12 +456,8 @@ def test_a_probed_capture_answers_as_the_whole_eager_run_did_on_cuda(tmp_path):
     from hf_openjev.fast_path import score_fast
     from hf_openjev.patches.cuda_graphs import PackGraphs, first_use_layers
 
-    config = tiny_text_config(num_layers=8, hidden_size=256, linear_num_key_heads=16, linear_num_value_heads=48,
-                              linear_key_head_dim=128, linear_value_head_dim=128, num_attention_heads=24,
-                              num_key_value_heads=4, head_dim=256,
-                              rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
-                                               "mrope_section": [11, 11, 10], "mrope_interleaved": True})
-    model = load_export(build_tiny_checkpoint(tmp_path, config=config).export, dtype=torch.bfloat16, device="cuda")
+    checkpoint = build_tiny_checkpoint(tmp_path, config=heads27_config(num_layers=8))
+    model = load_export(checkpoint.export, dtype=torch.bfloat16, device="cuda")
     rng = random.Random(4)
     batches = [random_token_requests(rng, model.config.vocab_size) for _ in range(4)]
     apply_patches(model, FastPathOptions(cuda_graphs=True))

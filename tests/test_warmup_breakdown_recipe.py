@@ -5,6 +5,7 @@ import sys
 import types
 from collections import Counter
 
+import pytest
 from repo_data import load_recipe
 
 
@@ -16,6 +17,24 @@ def test_the_warm_up_pass_runs_and_reports_its_parts(tmp_path):
     assert result["graphs"] == {} and result["other_s"] == result["warmup_s"]  # no CUDA: no graph cache
     assert "| whole pass |" in (tmp_path / "warmup_mid.md").read_text()
     assert "op_profile_top" not in result
+
+
+@pytest.mark.parametrize("capture, probe", [(None, (0, 3)), ("probe", (0, 3)), ("eager", None)])
+def test_capture_eager_runs_the_whole_forward_first_and_the_default_keeps_the_probe(tmp_path, monkeypatch, capture,
+                                                                                   probe):
+    """--capture eager empties the graph cache's probe (the capture before s25); probe, the default, keeps what
+    apply_patches made. (The graph cache stood in for: a CPU makes none.)"""
+    import hf_openjev.patches as patches
+
+    graphs = types.SimpleNamespace(probe_layers=(0, 3), stats=lambda: {})
+    real = patches.patch_record
+    monkeypatch.setattr(patches, "patch_record", lambda model: types.SimpleNamespace(
+        **{**vars(real(model)), "graphs": graphs}))
+    recipe = load_recipe("warmup_breakdown")
+    args = ["--shape", "mid", "--requests", "1", "--out", str(tmp_path)] + (["--capture", capture] if capture else [])
+    assert recipe.main(args) == 0
+    assert graphs.probe_layers == probe
+    assert json.loads((tmp_path / "warmup_mid.json").read_text())["capture"] == (capture or "probe")
 
 
 def test_the_op_profile_lists_the_hosts_time_per_op(tmp_path, capsys):
