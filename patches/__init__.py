@@ -17,7 +17,8 @@ from .record import (
                      read_options,
                      require_patches,
                      revert_patches,
+                     warming_up,
 )
 
 __all__ = ["PatchRecord", "apply_patches", "patch_record", "patched", "read_graph_stats",
-           "read_options", "require_patches", "revert_patches"]
+           "read_options", "require_patches", "revert_patches", "warming_up"]

@@ -29,6 +29,12 @@ s25): the eager run before recording takes only the layers that meet every first
 each block type, the last: every op of the forward on every shape it takes), then the whole forward is recorded and
 replayed once to answer the pack. Its answers equal the eager capture's bit for bit (a GPU test); the replay costs a
 forward of GPU time, not host. ``probe_layers=None`` is the eager capture (recipes/RESULTS.md s25 compares them).
+
+A warm-up discards its answers, so inside :meth:`PackGraphs.warming` (``patches.warming_up(model)``, what the
+server's warm-up and the bench's C warm-up pass use) nothing answers: a probed capture records without its replay
+and a captured bucket's pack replays nothing; the rows returned are zeros, or a graph's output as its last replay
+left it. At 27B each answering replay was ~100 ms of GPU time the warm-up waited for (s26, one H100). The first
+replay of each graph then comes in the first real pack of its bucket.
 """
 
 from __future__ import annotations
@@ -95,6 +101,7 @@ class PackGraphs:
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, object, torch.Tensor]] = OrderedDict()
         self.pool = self.stream = None
         self.captures = self.replays = self.evictions = 0
+        self.answering = True  # False inside warming(): no replay answers a pack
         self.capture_s = 0.0
         # capture_s split, host time (nothing synchronized): launching the eager forward on the side stream (with its
         # first-use costs: autotuning, Triton compiles, cuDNN plans, allocations), recording and instantiating
@@ -105,6 +112,17 @@ class PackGraphs:
                 "replays": self.replays, "evictions": self.evictions, "capture_s": round(self.capture_s, 3),
                 "capture_phases_s": {k: round(v, 3) for k, v in self.phases_s.items()}}
 
+    @contextlib.contextmanager
+    def warming(self):
+        """Inside, packs are not answered: a capture records without its answering replay (a probed one; an eager
+        one still answers from its eager run) and a captured bucket's pack replays nothing. For warm-ups, which
+        discard what they score; the rows returned are zeros, or a graph's output as its last replay left it."""
+        previous, self.answering = self.answering, False
+        try:
+            yield self
+        finally:
+            self.answering = previous
+
     def run(self, ctx) -> torch.Tensor:
         """Rows ``[R_b, hidden]`` of a padded context (``ctx.graph_key`` set); keep the first ``len(leaf_ids)``."""
         if ctx.graph_key is None:
@@ -114,6 +132,8 @@ class PackGraphs:
             return self._capture(ctx)
         self.graphs.move_to_end(ctx.graph_key)
         graph, static, output = entry
+        if not self.answering:
+            return output
         copy_inputs(ctx, static)
         graph.replay()
         self.replays += 1
@@ -137,7 +157,10 @@ class PackGraphs:
             output = self.text_model(pack=ctx)  # recorded, not run: the graph's static output
         if self.probe_layers is not None:  # the probe's rows are no answer: the new graph's are
             with torch.cuda.stream(self.stream):
-                graph.replay()
+                if self.answering:
+                    graph.replay()
+                else:  # nothing answers: the recorded output is memory the graph has not written yet
+                    output.zero_()
             answer = output
         caller.wait_stream(self.stream)  # the caller reads the answer, and later copies into ctx, after the side stream
         answer.record_stream(caller)

@@ -15,6 +15,7 @@ refused.
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -88,6 +89,17 @@ def read_graph_stats(model) -> dict | None:
     """The ``stats()`` of the model's graph cache (captures, replays, ...), or None when it has none."""
     record = patch_record(model)
     return record.graphs.stats() if record is not None and record.graphs is not None else None
+
+
+@contextmanager
+def warming_up(model):
+    """``with warming_up(model): ...``: the fast path's packs inside are scored for their captures and first uses
+    only, not answered (:meth:`PackGraphs.warming`): what a warm-up that discards its scores runs. Scores computed
+    inside are meaningless. Nothing changes for a model without a graph cache (the CPU, ``cuda_graphs=False``)."""
+    record = patch_record(model)
+    graphs = record.graphs if record is not None else None
+    with graphs.warming() if graphs is not None else contextlib.nullcontext():
+        yield
 
 
 def require_patches(model) -> PatchRecord:

@@ -31,6 +31,7 @@ batcher. The shared pieces are the ``benchlib`` package beside this script.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -167,14 +168,15 @@ def run_sweep(model, work, sweep_entries, c_options, base_fast_options, *, args,
               responses: dict, fidelity, save) -> None:
     """--sweep: one warm-up and one measured pass of C per entry (its options over C's), compared with the
     reference arms and the oracle; then C's options again."""
-    from hf_openjev.patches import apply_patches
+    from hf_openjev.patches import apply_patches, warming_up
 
     quantize_for_fast_path(model, args, results)
     sweep = results["sweep"] = {}
     for overrides in sweep_entries:
         apply_patches(model, c_options.replace(**overrides))  # the entry's options, for its passes and singles
         label = json.dumps(overrides, sort_keys=True)
-        run_pass(model, work, fast=True)  # warm: new shapes autotune and capture here
+        with warming_up(model):
+            run_pass(model, work, fast=True)  # warm: new shapes autotune and capture here
         measured = run_pass(model, work, fast=True)
         times = [t * 1000 for t, _ in measured]
         sweep[label] = {**summarize(times), "table": table(work, times), "fast_options": {**base_fast_options, **overrides}}
@@ -196,7 +198,7 @@ def run_sweep(model, work, sweep_entries, c_options, base_fast_options, *, args,
 def run_arm(run: BenchRun, arm: str, model, work, *, results: dict, responses: dict, fidelity) -> None:
     """One arm: its patches (C, E) or fla binding (A, B), warm-up unless parity-only, its measured passes, its
     entry in ``results["arms"]``, the graphs' counters (C) and the singles (C, right after its passes)."""
-    from hf_openjev.patches import apply_patches
+    from hf_openjev.patches import apply_patches, warming_up
 
     args = run.args
     fast = arm in ("C", "E")
@@ -211,7 +213,8 @@ def run_arm(run: BenchRun, arm: str, model, work, *, results: dict, responses: d
     timed = arm not in run.parity_only
     limit = args.b_warmup_requests if arm == "B" else None
     if arm not in ("A", "A1", "B1") and timed:
-        run_pass(model, work[:limit], fast=fast)  # warm-up: autotuning, compilation (C: graph capture)
+        with warming_up(model) if fast else contextlib.nullcontext():  # C: captures, no answering replays
+            run_pass(model, work[:limit], fast=fast)  # warm-up: autotuning, compilation (C: graph capture)
     warmup_s = time.perf_counter() - start
     # B is cold when its warm-up missed a shape its timed pass runs (fla tunes its kernels there): no ratio from it
     cold = arm == "B" and timed and not covers_every_shape([item for item, _ in work[:limit]], [i for i, _ in work])

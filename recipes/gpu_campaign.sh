@@ -80,11 +80,13 @@
 #                                        # rounds as one dense call per sequence does (recipes/varlen_attention_probe.py:
 #                                        # FA2 and mem-efficient varlen, stock's padded batch; bit-equal share,
 #                                        # differences, graph-replayed time)
-#   bash recipes/gpu_campaign.sh capture-ab [SHAPES...]  # the probed capture (patches/cuda_graphs.py, opt-in) against
-#                                        # the eager one: its GPU tests (the answers bit-equal), then C's warm-up
-#                                        # (recipes/warmup_breakdown.py --capture) per shape (2b 27b by default),
-#                                        # alternated on one kernel cache: eager, probe, eager, probe (the first warms
-#                                        # the cache); a 27B run is started only with 170 s left
+#   bash recipes/gpu_campaign.sh warm-ab [SHAPES...]  # the warm-up without answers (patches.warming_up, s26)
+#                                        # against the answered one: the capture and warm-up GPU tests, then per shape
+#                                        # (2b 27b by default) C's warm-up pass and a measured pass after it
+#                                        # (recipes/warmup_breakdown.py --measured-pass), alternated on one kernel
+#                                        # cache: answered, unanswered, answered, unanswered (the first warms the
+#                                        # cache); then one unanswered run with --record-ops (the recordings' host
+#                                        # time per op); a 27B run is started only with 120 s left
 #   bash recipes/gpu_campaign.sh warmup [SHAPES...]  # C's warm-up split (recipes/warmup_breakdown.py) at 2b 9b 27b
 #                                        # (default) on an empty kernel cache, fla's tuned configurations merged into
 #                                        # $OUT/warmup/fla_configs/<GPU>/ (copy them to ops/fla_configs/); then the 2B
@@ -110,10 +112,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-probes | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup | capture-ab | varlen-attention"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-probes | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup | warm-ab | varlen-attention"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-probes|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup|capture-ab|varlen-attention) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-probes|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup|warm-ab|varlen-attention) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -252,11 +254,11 @@ fi
 if [ "$stage" = family-fidelity ]; then  # a known shape, before setup
   case "${1:-}" in 2b|9b|27b) ;; *) echo "family-fidelity SHAPE: 2b, 9b or 27b (27b: a 51 GB export on this disk)"; exit 2 ;; esac
 fi
-if [ "$stage" = capture-ab ]; then  # known shapes, before setup
+if [ "$stage" = warm-ab ]; then  # known shapes, before setup
   ab_shapes=("$@")
   [ $# -eq 0 ] && ab_shapes=(2b 27b)
   for shape in "${ab_shapes[@]}"; do
-    case "$shape" in 2b|9b|27b) ;; *) echo "capture-ab [SHAPE...]: 2b, 9b or 27b (default: 2b 27b), got $shape"; exit 2 ;; esac
+    case "$shape" in 2b|9b|27b) ;; *) echo "warm-ab [SHAPE...]: 2b, 9b or 27b (default: 2b 27b), got $shape"; exit 2 ;; esac
   done
 fi
 if [ "$stage" = server-time ]; then  # a known shape, before setup
@@ -407,18 +409,22 @@ case "$stage" in
       timeout $((580 - (SECONDS - start))) python3 "$REPO/recipes/varlen_attention_probe.py" --shape "$shape" \
         --out "$out" 2>&1 | quiet | tail -n 40
     done ;;
-  capture-ab)
-    gpu_pytest 170 pytest_capture.log "probe or graph_replay_matches_eager" "$REPO/tests/test_cuda_graphs.py"
+  warm-ab)
+    gpu_pytest 170 pytest_capture.log "probe or graph_replay_matches_eager or unanswered or warm_up_captures" \
+      "$REPO/tests/test_cuda_graphs.py"
     n=0
     for shape in "${ab_shapes[@]}"; do
-      for capture in eager probe eager probe; do
+      need=$([ "$shape" = 27b ] && echo 120 || echo 50)
+      for run in answered unanswered answered unanswered record-ops; do
         n=$((n + 1))
         left=$((585 - (SECONDS - start)))
-        need=$([ "$shape" = 27b ] && echo 170 || echo 60)
-        [ "$left" -gt "$need" ] || { echo "$shape $capture: no time left"; continue; }
-        timeout "$left" python3 "$REPO/recipes/warmup_breakdown.py" --shape "$shape" --capture "$capture" \
-          --out "$out/$n-$shape-$capture" 2>&1 | quiet | grep -E "^\| (whole|captures|- capture|other)" | tr '\n' ' '
-        echo "<- $n $shape $capture rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
+        [ "$left" -gt "$need" ] || { echo "$shape $run: no time left"; continue; }
+        flags=(--measured-pass)
+        [ "$run" = answered ] && flags+=(--answered)
+        [ "$run" = record-ops ] && flags=(--record-ops)
+        timeout "$left" python3 "$REPO/recipes/warmup_breakdown.py" --shape "$shape" "${flags[@]}" \
+          --out "$out/$n-$shape-$run" 2>&1 | quiet | grep -E "^\| (whole|captures|- capture|other)|^Measured" | tr '\n' ' '
+        echo "<- $n $shape $run rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
       done
     done ;;
   warmup)

@@ -18,8 +18,15 @@ Run it twice in a row on one machine (each a fresh process, the same ``TRITON_CA
 empty kernel cache, the second the warm one. ``--profile`` adds cProfile's top functions by own time (on the GPU
 machine, torch 2.11, it put 10.9 s of an 18.8 s pass on the custom ops' ``backend_impl`` line itself, none on the
 functions it calls: not a split to act on); ``--op-profile`` adds torch.profiler's host time per op instead (CPU
-activity only: aten ops, the ``hf_openjev::`` custom ops, SDPA, each with its own and its children's time). Writes
-``warmup_<shape>.json`` and ``.md``.
+activity only: aten ops, the ``hf_openjev::`` custom ops, SDPA, each with its own and its children's time), over
+the whole pass, the GPU's waits included. ``--record-ops`` times the recordings alone, where nothing waits for the
+GPU: each op called at the top level of a recorded forward (a custom op with all it launches, or an aten op), per
+graph, and the rest (the modules' Python between ops). Writes ``warmup_<shape>.json`` and ``.md``.
+
+The pass runs inside :func:`hf_openjev.patches.warming_up`, as the bench's C warm-up and the server's do since s26
+(captures without answering replays); ``--answered`` runs it answering, as before. ``--measured-pass`` adds one
+measured pass after it (answering; the bench's C pass): its mean / p50 / p95 ms and the captures it made (none is
+the point of a warm-up).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from pathlib import Path
 from benchlib.provenance import command_line, versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
 from benchlib.shapes import VOCAB
-from benchlib.timing import run_pass
+from benchlib.timing import run_pass, summarize
 from benchlib.workload import add_manifest_argument, build_workload, check_manifest_argument
 
 
@@ -108,6 +115,74 @@ def find_autotuners(kind: type, prefix: str = "fla.") -> list:
     return list(found.values())
 
 
+class OpTimer:
+    """A dispatch mode that sums the host time of each op called at the top level while it is active (ops an op calls
+    run below the mode: a custom op's time includes all it does). ``totals``: op name -> [calls, seconds]."""
+
+    def __init__(self):
+        self.totals: dict[str, list] = {}
+
+    def mode(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        totals = self.totals
+
+        class Timing(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                start = time.perf_counter()
+                result = func(*args, **(kwargs or {}))
+                entry = totals.setdefault(str(func.overloadpacket), [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - start
+                return result
+
+        return Timing()
+
+
+@contextmanager
+def timing_recordings(timer: OpTimer, seconds: list):
+    """While the block runs, every PackGraphs recording runs under ``timer``'s mode; ``seconds`` gets each
+    recording's host time (the mode's own cost included)."""
+    from hf_openjev.patches import cuda_graphs
+
+    original = cuda_graphs.recording
+
+    @contextmanager
+    def timed(*args, **kwargs):
+        with original(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                with timer.mode():
+                    yield
+            finally:
+                seconds.append(time.perf_counter() - start)
+
+    cuda_graphs.recording = timed
+    try:
+        yield
+    finally:
+        cuda_graphs.recording = original
+
+
+def record_ops_table(timer: OpTimer, seconds: list, top: int = 30) -> tuple[dict, list[str]]:
+    """The recordings' host time per op (per graph) and the rest: a JSON-able dict and markdown lines."""
+    graphs = max(len(seconds), 1)
+    total = sum(seconds)
+    ops = sorted(timer.totals.items(), key=lambda item: -item[1][1])
+    in_ops = sum(t for _, t in timer.totals.values())
+    data = {"graphs": len(seconds), "record_s": round(total, 3), "in_ops_s": round(in_ops, 3),
+            "ops": {name: {"calls": calls, "s": round(t, 4)} for name, (calls, t) in ops}}
+    lines = ["", f"Recording's host time, {len(seconds)} graphs, {1000 * total / graphs:.1f} ms a graph (under the "
+             "timing mode): per op at the top level of the forward", "",
+             "| op | calls a graph | ms a graph | us a call |", "|---|---|---|---|"]
+    lines += [f"| {name} | {calls / graphs:.0f} | {1000 * t / graphs:.2f} | {1e6 * t / max(calls, 1):.0f} |"
+              for name, (calls, t) in ops[:top]]
+    lines += [f"| (other ops) | {sum(c for _, (c, _) in ops[top:]) / graphs:.0f} | "
+              f"{1000 * sum(t for _, (_, t) in ops[top:]) / graphs:.2f} | |",
+              f"| **between ops** (module code) | | {1000 * (total - in_ops) / graphs:.2f} | |"]
+    return data, lines
+
+
 def op_profile():
     """torch.profiler over the host alone (no CUDA activity: the device's kernels are the profiles' business, not
     the warm-up's), ops only: its ``key_averages()`` gives each op's own and total host time."""
@@ -153,6 +228,15 @@ def write_fla_configs(folder: Path, files: dict[str, dict]) -> dict[str, int]:
     return counts
 
 
+def measured_pass(model, work, graphs) -> dict:
+    """One answered pass of the fast path after the warm-up: its times and the captures it made."""
+    before = graphs.captures if graphs is not None else 0
+    times = [t * 1000 for t, _ in run_pass(model, work, fast=True)]
+    summary = summarize(times)
+    return {"mean_ms": summary["mean_ms"], "p50_ms": summary["p50_ms"], "p95_ms": summary["p95_ms"],
+            "captures": (graphs.captures if graphs is not None else 0) - before}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(parser, shape="27b")
@@ -161,6 +245,12 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile the pass: top functions by own time")
     parser.add_argument("--op-profile", action="store_true",
                         help="torch.profiler (CPU activity) over the pass: the host's time per op, top 40 by own time")
+    parser.add_argument("--record-ops", action="store_true",
+                        help="time each op at the top level of the recordings (host; nothing waits for the GPU there)")
+    parser.add_argument("--answered", action="store_true",
+                        help="answer the warm-up's packs (replays included), as the warm-up pass did before s26")
+    parser.add_argument("--measured-pass", action="store_true",
+                        help="then one measured pass (answered): its mean / p50 / p95 ms and the captures it made")
     parser.add_argument("--fast-options", default="{}", help="JSON of FastPathOptions over the shape's defaults")
     parser.add_argument("--capture", choices=("eager", "probe"), default="probe",
                         help="probe (the default, as apply_patches makes it): a capture's first-use run takes only "
@@ -173,7 +263,7 @@ def main(argv=None) -> int:
     check_manifest_argument(parser, args)
     from hf_openjev.family import member_sized
     from hf_openjev.fast_options import options_for
-    from hf_openjev.patches import apply_patches, patch_record
+    from hf_openjev.patches import apply_patches, patch_record, warming_up
 
     try:  # over the shape's own defaults
         options = options_for(member_sized(args.shape), json.loads(args.fast_options))
@@ -191,18 +281,22 @@ def main(argv=None) -> int:
     tuned: Counter = Counter()
     profiler = cProfile.Profile() if args.profile else None
     op_profiler = op_profile() if args.op_profile else contextlib.nullcontext()
-    with triton_hooks(totals, tuned), op_profiler as ops:
+    timer, record_seconds = OpTimer(), []
+    recordings = timing_recordings(timer, record_seconds) if args.record_ops else contextlib.nullcontext()
+    with triton_hooks(totals, tuned), op_profiler as ops, recordings:
         start = time.perf_counter()
         if profiler:
             profiler.enable()
-        times = run_pass(model, work, fast=True)
+        with contextlib.nullcontext() if args.answered else warming_up(model):
+            times = run_pass(model, work, fast=True)
         if profiler:
             profiler.disable()
         warmup_s = time.perf_counter() - start
     stats = graphs.stats() if graphs is not None else {}
+    measured = measured_pass(model, work, graphs) if args.measured_pass else None
     requests_s = sum(t for t, _ in times)
     result = {"command": command_line(), "versions": versions(), "shape": args.shape, "device": device,
-              "capture": args.capture,
+              "capture": args.capture, "answered": args.answered,
               "triton_cache_dir": bool(os.environ.get("TRITON_CACHE_DIR")), "requests": len(work),
               "build_s": round(build_s, 1), "warmup_s": round(warmup_s, 2), "requests_s": round(requests_s, 2),
               "graphs": stats, "autotune_s": round(totals["autotune_s"], 2),
@@ -216,6 +310,11 @@ def main(argv=None) -> int:
         # package-relative file names: no machine's paths in a committed file
         result["profile_top"] = [re.sub(r"\S*/(?=(hf_openjev|ops|patches|fla|triton|torch|transformers)/)", "", line)
                                  for line in text.getvalue().splitlines()[:60]]
+    if measured is not None:
+        result["measured_pass"] = measured
+    record_lines = []
+    if args.record_ops:
+        result["record_ops"], record_lines = record_ops_table(timer, record_seconds)
     if ops is not None:
         table = ops.key_averages().table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60)
         result["op_profile_top"] = table.splitlines()
@@ -233,6 +332,11 @@ def main(argv=None) -> int:
               f"| autotuning ({sum(tuned.values())} keys; inside the above) | {totals['autotune_s']:.1f} |",
               f"| Triton compiles / cache loads ({totals['compiles']}; inside the above) | {totals['compile_s']:.1f} |",
               "", "Autotuned keys per kernel: " + ", ".join(f"{k} {v}" for k, v in tuned.most_common())]
+    if measured is not None:
+        lines += ["", f"Measured pass after it (answered): mean {measured['mean_ms']:.1f} / p50 "
+                      f"{measured['p50_ms']:.1f} / p95 {measured['p95_ms']:.1f} ms, "
+                      f"{measured['captures']} captures during it"]
+    lines += record_lines
     (out / f"warmup_{args.shape}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     if profiler:

@@ -340,6 +340,81 @@ def test_a_probed_capture_runs_the_probe_then_records_and_replays_once(monkeypat
     assert answer is outputs[1] and torch.equal(answer, torch.full((2, 3), 5.0))  # the graph's rows, not the probe's
 
 
+def test_inside_warming_a_capture_records_without_its_replay_and_a_captured_bucket_replays_nothing(monkeypatch):
+    """PackGraphs.warming: a probed capture records and returns zeros (no replay); the bucket's next pack returns
+    the static output without copying or replaying; after the block, packs are answered again. (Stand-ins.)"""
+    from hf_openjev.patches import cuda_graphs
+
+    events, outputs = [], []
+    Rows = stand_in_cuda(monkeypatch, events, on_replay=lambda: outputs[-1].fill_(5.0))
+
+    def text_model(*, pack, layers=None):
+        events.append(f"forward layers={layers}")
+        outputs.append(torch.full((2, 3), 9.0).as_subclass(Rows))  # memory the graph has not written
+        return outputs[-1]
+
+    class Ctx:
+        graph_key = ("key",)
+
+        def __init__(self, value=0.0):
+            self.input_buffer = (torch.full((4,), value),)
+
+    graphs = cuda_graphs.PackGraphs(text_model, probe_layers=(0, 3))
+    first = Ctx()
+    with graphs.warming():
+        rows = graphs.run(first)
+        assert events == ["side waits for caller", "forward layers=(0, 3)", "capture_begin", "forward layers=None",
+                          "capture_end", "caller waits for side", "answer read on caller"]  # no replay
+        assert rows is outputs[1] and torch.equal(rows, torch.zeros(2, 3))
+        events.clear()
+        assert graphs.run(Ctx(7.0)) is outputs[1] and events == []  # nothing copied, nothing replayed
+        assert torch.equal(first.input_buffer[0], torch.zeros(4))
+    assert graphs.answering and graphs.stats()["replays"] == 0 and graphs.stats()["captures"] == 1
+    answer = graphs.run(Ctx(7.0))
+    assert events == ["replay"] and torch.equal(answer, torch.full((2, 3), 5.0))
+    assert torch.equal(first.input_buffer[0], torch.full((4,), 7.0))
+
+
+def test_an_eager_capture_inside_warming_still_answers_from_its_eager_run(monkeypatch):
+    from hf_openjev.patches import cuda_graphs
+
+    events = []
+    Rows = stand_in_cuda(monkeypatch, events)
+    runs = []
+
+    def text_model(*, pack, layers=None):
+        runs.append(torch.full((2, 3), float(len(runs) + 1)).as_subclass(Rows))
+        return runs[-1]
+
+    class Ctx:
+        graph_key = ("key",)
+        input_buffer = (torch.zeros(4),)
+
+    graphs = cuda_graphs.PackGraphs(text_model)
+    with graphs.warming():
+        assert torch.equal(graphs.run(Ctx()), torch.full((2, 3), 1.0)) and "replay" not in events
+
+
+def test_warming_up_a_model_turns_answers_off_inside_only_and_is_a_no_op_without_graphs(tmp_path):
+    from hf_openjev.patches import warming_up
+    from hf_openjev.patches.cuda_graphs import PackGraphs
+
+    checkpoint = build_tiny_checkpoint(tmp_path, config=tiny_text_config(num_layers=4, hidden_size=32))
+    model = load_export(checkpoint.export, dtype=torch.float32, device="cpu")
+    with warming_up(model):  # not patched: nothing to do
+        pass
+    record = apply_patches(model, FastPathOptions())
+    assert record.graphs is None  # the CPU: no graph cache
+    with warming_up(model):
+        pass
+    record.graphs = PackGraphs(text_model_of(model))  # never captures here: only its flag is read
+    with pytest.raises(RuntimeError, match="inside"):
+        with warming_up(model):
+            assert patch_record(model).graphs.answering is False
+            raise RuntimeError("inside")
+    assert record.graphs.answering is True
+
+
 def test_first_use_layers_are_the_first_of_each_block_type_and_the_last(tmp_path):
     from hf_openjev.patches.cuda_graphs import first_use_layers
 
@@ -492,6 +567,32 @@ def test_warm_up_captures_the_graphs_that_requests_of_its_shapes_replay(heads27_
         score_fast(model, [[[prefix + [rng.randrange(5, 200) for _ in range(n)] for n in suffixes]]])
     stats = patch_record(model).graphs.stats()
     assert stats["captures"] == captures and stats["replays"] >= 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphs_captured_unanswered_in_a_warm_up_answer_as_answered_captures_do_on_cuda(heads27_checkpoint):
+    """warm_up captures without replaying (nothing answers there); the first real packs of those buckets then
+    replay graphs never replayed before, and answer what graphs captured and replayed at once answer, bit for bit."""
+    from hf_openjev.fast_path import score_fast
+    from hf_openjev.patches.cuda_graphs import PackGraphs, first_use_layers
+    from hf_openjev.serve.warmup import warm_up
+
+    model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
+    record = apply_patches(model, FastPathOptions(cuda_graphs=True))
+    shapes = [(0, [107]), (38, [43, 37, 40]), (130, [5, 9, 12, 3, 7])]
+    rng = random.Random(4)
+    requests = []
+    for prefix_tokens, suffixes in shapes:
+        prefix = [rng.randrange(5, 200) for _ in range(prefix_tokens)]
+        requests.append([[prefix + [rng.randrange(5, 200) for _ in range(n)] for n in suffixes]])
+    answered = [score_fast(model, [r])[0] for r in requests]  # an empty cache: captured, replayed, answered
+    text_model = text_model_of(model)
+    record.graphs = PackGraphs(text_model, probe_layers=first_use_layers(text_model))
+    report = warm_up(model, shapes, progress=False)
+    assert report["graphs"]["captures"] >= 3 and report["graphs"]["replays"] == 0
+    assert [score_fast(model, [r])[0] for r in requests] == answered
+    assert record.graphs.captures == report["graphs"]["captures"]  # the warm-up captured every bucket
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@ refused before setup; a cut run's oracle carried back into data/bench/ is resume
 committed oracle a stage names (data/bench/oracle_<shape>.json.gz) is in the checkout; gate-probe judges options
 files against a seed's committed oracle (gate-probes: several such runs side by side) and puts carried answers where the command reuses them; server-time runs
 the stand-in, then the shape's real forward, and refuses an unknown shape before setup; divergence runs the layer
-comparison against fp32 per request; family runs the 9B's and 2B's benches alone, B warmed on every request; capture-ab alternates the two captures."""
+comparison against fp32 per request; family runs the 9B's and 2B's benches alone, B warmed on every request; warm-ab alternates answered and unanswered warm-ups."""
 
 import json
 import os
@@ -309,23 +309,26 @@ def test_warmup_starts_from_empty_kernel_caches_on_a_machine_left_warm(tmp_path,
 
 
 @pytest.mark.parametrize("args, shapes", [((), ["2b", "27b"]), (("9b",), ["9b"])])
-def test_capture_ab_runs_the_capture_tests_then_alternates_the_two_captures(tmp_path, args, shapes):
-    """capture-ab: the probed capture's GPU tests first, then per shape C's warm-up with each capture, alternated
-    on one kernel cache (eager first: it warms the cache), each in a folder of its own."""
-    result, lines, out = run_stage(tmp_path, "capture-ab", *args)
+def test_warm_ab_runs_the_tests_then_alternates_answered_and_unanswered_warm_ups_then_the_record_ops(tmp_path, args,
+                                                                                                   shapes):
+    """warm-ab: the capture and warm-up GPU tests first, then per shape C's warm-up and a measured pass, answered and
+    not, alternated on one kernel cache (answered first: it warms the cache), then one run with --record-ops, each in
+    a folder of its own."""
+    result, lines, out = run_stage(tmp_path, "warm-ab", *args)
     assert result.returncode == 0, result.stdout + result.stderr
     (tests,) = script_calls(lines, "-m pytest")
-    assert "tests/test_cuda_graphs.py" in tests and "-k probe or graph_replay_matches_eager" in tests
+    assert "tests/test_cuda_graphs.py" in tests and "unanswered or warm_up_captures" in tests
     runs = script_calls(lines, "warmup_breakdown.py")
-    found = [re.search(r"--shape (\S+) --capture (\S+) --out (\S+)", run).groups() for run in runs]
-    assert [(shape, capture) for shape, capture, _ in found] == [
-        (shape, capture) for shape in shapes for capture in ("eager", "probe", "eager", "probe")]
+    found = [re.search(r"--shape (\S+) (.*) --out (\S+)", run).groups() for run in runs]
+    expected = ["--measured-pass --answered", "--measured-pass", "--measured-pass --answered", "--measured-pass",
+                "--record-ops"]
+    assert [(shape, flags) for shape, flags, _ in found] == [(shape, flags) for shape in shapes for flags in expected]
     assert len({folder for _, _, folder in found}) == len(found)
-    assert lines.index(tests) < lines.index(runs[0]) and (out / "capture-ab.tgz").is_file()
+    assert lines.index(tests) < lines.index(runs[0]) and (out / "warm-ab.tgz").is_file()
 
 
-def test_capture_ab_refuses_another_shape_before_setup(tmp_path):
-    result, lines, _ = run_stage(tmp_path, "capture-ab", "2b", "70b")
+def test_warm_ab_refuses_another_shape_before_setup(tmp_path):
+    result, lines, _ = run_stage(tmp_path, "warm-ab", "2b", "70b")
     assert result.returncode == 2 and "got 70b" in result.stdout and lines == []
 
 

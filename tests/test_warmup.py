@@ -73,6 +73,24 @@ def test_warm_up_runs_one_request_per_shape_with_its_token_counts(tiny_checkpoin
         assert all(0 <= t < model.config.vocab_size for c in candidates for t in c)
 
 
+def test_warm_up_scores_inside_warming_up_so_no_replay_answers(tiny_checkpoint, monkeypatch):
+    """The warm-up discards its scores: its forwards run inside patches.warming_up (captures, no answering
+    replays), and the graph cache answers again afterwards. (A graph cache set on a CPU model; score_fast spied.)"""
+    from hf_openjev import fast_path
+    from hf_openjev.family import text_model_of
+    from hf_openjev.patches import apply_patches
+    from hf_openjev.patches.cuda_graphs import PackGraphs
+
+    model = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")
+    record = apply_patches(model)
+    record.graphs = PackGraphs(text_model_of(model))
+    answering = []
+    monkeypatch.setattr(fast_path, "score_fast", lambda model, requests, options: answering.append(
+        record.graphs.answering))
+    warmup.warm_up(model, [(3, [2, 4]), (0, [5])], progress=False)
+    assert answering == [False, False] and record.graphs.answering is True
+
+
 def test_warm_up_sets_the_model_up_for_the_fast_path_with_its_options(tiny_checkpoint):
     from hf_openjev.patches import patch_record
 

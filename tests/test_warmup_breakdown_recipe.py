@@ -1,11 +1,13 @@
 """recipes/warmup_breakdown.py on the CPU (a smoke run: no graphs, no Triton) and its Triton hooks on stand-ins."""
 
+import contextlib
 import json
 import sys
 import types
 from collections import Counter
 
 import pytest
+import torch
 from repo_data import load_recipe
 
 
@@ -35,6 +37,72 @@ def test_capture_eager_runs_the_whole_forward_first_and_the_default_keeps_the_pr
     assert recipe.main(args) == 0
     assert graphs.probe_layers == probe
     assert json.loads((tmp_path / "warmup_mid.json").read_text())["capture"] == (capture or "probe")
+
+
+@pytest.mark.parametrize("answered", [False, True])
+def test_the_pass_runs_inside_warming_up_unless_answered_and_a_measured_pass_follows(tmp_path, monkeypatch,
+                                                                                       answered):
+    """The warm-up pass runs inside patches.warming_up (as the bench's and the server's), --answered outside it;
+    --measured-pass then times one answered pass and counts its captures. (A stand-in graph cache.)"""
+    import hf_openjev.patches as patches
+
+    graphs = types.SimpleNamespace(probe_layers=(0, 3), stats=lambda: {}, captures=2)
+    real = patches.patch_record
+    monkeypatch.setattr(patches, "patch_record", lambda model: types.SimpleNamespace(
+        **{**vars(real(model)), "graphs": graphs}))
+    inside = []
+
+    @contextlib.contextmanager
+    def warming_up(model):
+        inside.append(True)
+        yield
+        inside.pop()
+
+    monkeypatch.setattr(patches, "warming_up", warming_up)
+    recipe = load_recipe("warmup_breakdown")
+    passes = []
+
+    def run_pass(model, work, *, fast):  # the passes themselves are the smoke test's (a mid request: ~25 s here)
+        passes.append(bool(inside))
+        return [(0.010 * (i + 1), None) for i in range(len(work))]
+
+    monkeypatch.setattr(recipe, "run_pass", run_pass)
+    args = ["--shape", "mid", "--requests", "3", "--measured-pass", "--out", str(tmp_path)]
+    assert recipe.main(args + (["--answered"] if answered else [])) == 0
+    assert passes == [not answered, False]  # the warm-up pass (inside unless answered), then the measured one
+    result = json.loads((tmp_path / "warmup_mid.json").read_text())
+    assert result["answered"] is answered
+    assert result["measured_pass"] == {"mean_ms": pytest.approx(20.0), "p50_ms": pytest.approx(20.0),
+                                       "p95_ms": pytest.approx(20.0), "captures": 0}
+    assert "Measured pass after it" in (tmp_path / "warmup_mid.md").read_text()
+
+
+def test_record_ops_times_each_top_level_op_of_the_recordings_and_the_rest(monkeypatch):
+    """--record-ops: inside a recording, each op called at the top level is timed (a custom op with the ops it
+    calls, counted once), and the table says what is left between ops. (The recording itself stood in for.)"""
+    from hf_openjev.patches import cuda_graphs
+
+    def stand_in(graph, pool, stream):
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(cuda_graphs, "recording", stand_in)
+    recipe = load_recipe("warmup_breakdown")
+    timer, seconds = recipe.OpTimer(), []
+    x, weight = torch.randn(5, 16), torch.ones(16)
+    with recipe.timing_recordings(timer, seconds):
+        for _ in range(2):  # two graphs
+            with cuda_graphs.recording(None, None, None):
+                y = torch.ops.hf_openjev.rms_norm(x, weight, 1e-6)
+                torch.add(y, 1.0)
+    assert cuda_graphs.recording is stand_in and len(seconds) == 2  # put back
+    torch.add(x, 1.0)  # after the block: not timed
+    assert timer.totals["hf_openjev.rms_norm"][0] == 2 and timer.totals["aten.add"][0] == 2
+    assert not any(name.startswith("aten.") and name != "aten.add" for name in timer.totals)  # inner ops not apart
+    data, lines = recipe.record_ops_table(timer, seconds)
+    assert data["graphs"] == 2 and data["record_s"] >= data["in_ops_s"] > 0
+    assert set(data["ops"]) == {"hf_openjev.rms_norm", "aten.add"}
+    assert any(line.startswith("| hf_openjev.rms_norm | 1 |") for line in lines)
+    assert any("between ops" in line for line in lines)
 
 
 def test_the_op_profile_lists_the_hosts_time_per_op(tmp_path, capsys):

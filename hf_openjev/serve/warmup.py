@@ -49,8 +49,8 @@ def load_shapes(path) -> list[tuple[int, list[int]]]:
 
 
 def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True) -> dict:
-    """Set ``model`` up for the fast path and run one fast-path forward per shape (random ids; the scores are
-    discarded); report what it did.
+    """Set ``model`` up for the fast path and run one fast-path forward per shape (random ids), unanswered
+    (:func:`~hf_openjev.patches.warming_up`: captures and first uses, no replay); report what it did.
 
     ``shapes``: (prefix tokens, [suffix tokens]) pairs (:func:`load_shapes`); shapes longer than the model's
     ``max_length`` are skipped, as the server would refuse such requests. ``options``: the
@@ -63,7 +63,7 @@ def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True
     from tqdm.auto import tqdm
 
     from ..fast_path import score_fast
-    from ..patches import apply_patches, read_graph_stats, read_options
+    from ..patches import apply_patches, read_graph_stats, read_options, warming_up
 
     options = options if options is not None else read_options(model)
     apply_patches(model, options)
@@ -72,11 +72,12 @@ def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True
     rng = random.Random(seed)
     runnable = [(p, s) for p, s in shapes if p + max(s) <= model.max_length]
     start = time.perf_counter()
-    for prefix_tokens, suffixes in tqdm(runnable, desc="hf-openjev warm-up", unit="request", disable=not progress,
-                                        file=sys.stderr):
-        prefix = [rng.randrange(low, vocab) for _ in range(prefix_tokens)]
-        candidates = [prefix + [rng.randrange(low, vocab) for _ in range(n)] for n in suffixes]
-        score_fast(model, [[candidates]], options)
+    with warming_up(model):  # the scores are discarded: captures and first uses only, no answering replays
+        for prefix_tokens, suffixes in tqdm(runnable, desc="hf-openjev warm-up", unit="request",
+                                            disable=not progress, file=sys.stderr):
+            prefix = [rng.randrange(low, vocab) for _ in range(prefix_tokens)]
+            candidates = [prefix + [rng.randrange(low, vocab) for _ in range(n)] for n in suffixes]
+            score_fast(model, [[candidates]], options)
     return {"requests": len(runnable), "skipped_too_long": len(shapes) - len(runnable),
             "seconds": time.perf_counter() - start, "graphs": read_graph_stats(model)}
 
