@@ -84,9 +84,9 @@
 #                                        # against the answered one: the capture and warm-up GPU tests, then per shape
 #                                        # (2b 27b by default) C's warm-up pass and a measured pass after it
 #                                        # (recipes/warmup_breakdown.py --measured-pass), alternated on one kernel
-#                                        # cache: answered, unanswered, answered, unanswered (the first warms the
-#                                        # cache); then one unanswered run with --record-ops (the recordings' host
-#                                        # time per op); a 27B run is started only with 120 s left
+#                                        # cache: answered, unanswered (the first warms the cache), one unanswered
+#                                        # run with --record-ops (the recordings' host time per op), answered,
+#                                        # unanswered; a 27B run is started only with 120 s left
 #   bash recipes/gpu_campaign.sh warmup [SHAPES...]  # C's warm-up split (recipes/warmup_breakdown.py) at 2b 9b 27b
 #                                        # (default) on an empty kernel cache, fla's tuned configurations merged into
 #                                        # $OUT/warmup/fla_configs/<GPU>/ (copy them to ops/fla_configs/); then the 2B
@@ -415,7 +415,7 @@ case "$stage" in
     n=0
     for shape in "${ab_shapes[@]}"; do
       need=$([ "$shape" = 27b ] && echo 120 || echo 50)
-      for run in answered unanswered answered unanswered record-ops; do
+      for run in answered unanswered record-ops answered unanswered; do  # the op split before the second pair
         n=$((n + 1))
         left=$((585 - (SECONDS - start)))
         [ "$left" -gt "$need" ] || { echo "$shape $run: no time left"; continue; }

@@ -141,3 +141,35 @@ def test_unknown_or_bad_fast_path_options_are_refused_before_any_work(tmp_path, 
         bench.main(["--shape", "tiny", "--arms", "C", flag, value, "--out", str(tmp_path / "o")])
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_c_warms_up_unanswered_and_is_then_timed_answering(tmp_path, monkeypatch):
+    """C's warm-up pass runs inside patches.warming_up (captures without answering replays, as the server's
+    warm-up); its measured pass and B's passes run outside it."""
+    import contextlib
+
+    import hf_openjev.patches as patches
+
+    torch.set_num_threads(1)
+    bench = load_recipe("bench_jevbench")
+    inside, passes = [], []
+
+    @contextlib.contextmanager
+    def warming_up(model):
+        inside.append(True)
+        yield
+        inside.pop()
+
+    real_pass = bench.run_pass
+
+    def run_pass(model, work, *, fast, **kwargs):
+        passes.append(("C" if fast else "B", bool(inside)))
+        return real_pass(model, work, fast=fast, **kwargs)
+
+    monkeypatch.setattr(patches, "warming_up", warming_up)
+    monkeypatch.setattr(bench, "run_pass", run_pass)
+    rc = bench.main(["--shape", "tiny", "--limit", "2", "--arms", "B,C", "--passes", "1", "--b-passes", "1",
+                     "--long-candidate", "0", "--single", "", "--concurrency", "", "--dtype", "float32",
+                     "--out", str(tmp_path)])
+    assert rc == 0
+    assert passes == [("B", False), ("B", False), ("C", True), ("C", False)]  # warm-up, measured, per arm

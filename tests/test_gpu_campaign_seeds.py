@@ -312,16 +312,16 @@ def test_warmup_starts_from_empty_kernel_caches_on_a_machine_left_warm(tmp_path,
 def test_warm_ab_runs_the_tests_then_alternates_answered_and_unanswered_warm_ups_then_the_record_ops(tmp_path, args,
                                                                                                    shapes):
     """warm-ab: the capture and warm-up GPU tests first, then per shape C's warm-up and a measured pass, answered and
-    not, alternated on one kernel cache (answered first: it warms the cache), then one run with --record-ops, each in
-    a folder of its own."""
+    not, alternated on one kernel cache (answered first: it warms the cache), one run with --record-ops between the
+    two pairs, each in a folder of its own."""
     result, lines, out = run_stage(tmp_path, "warm-ab", *args)
     assert result.returncode == 0, result.stdout + result.stderr
     (tests,) = script_calls(lines, "-m pytest")
     assert "tests/test_cuda_graphs.py" in tests and "unanswered or warm_up_captures" in tests
     runs = script_calls(lines, "warmup_breakdown.py")
     found = [re.search(r"--shape (\S+) (.*) --out (\S+)", run).groups() for run in runs]
-    expected = ["--measured-pass --answered", "--measured-pass", "--measured-pass --answered", "--measured-pass",
-                "--record-ops"]
+    expected = ["--measured-pass --answered", "--measured-pass", "--record-ops", "--measured-pass --answered",
+                "--measured-pass"]
     assert [(shape, flags) for shape, flags, _ in found] == [(shape, flags) for shape in shapes for flags in expected]
     assert len({folder for _, _, folder in found}) == len(found)
     assert lines.index(tests) < lines.index(runs[0]) and (out / "warm-ab.tgz").is_file()
