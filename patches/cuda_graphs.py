@@ -33,8 +33,8 @@ forward of GPU time, not host. ``probe_layers=None`` is the eager capture (recip
 A warm-up discards its answers, so inside :meth:`PackGraphs.warming` (``patches.warming_up(model)``, what the
 server's warm-up and the bench's C warm-up pass use) nothing answers: a probed capture records without its replay
 and a captured bucket's pack replays nothing; the rows returned are zeros, or a graph's output as its last replay
-left it. At 27B each answering replay was ~100 ms of GPU time the warm-up waited for (s26, one H100). The first
-replay of each graph then comes in the first real pack of its bucket.
+left it. Those replays were a forward of GPU time each that the warm-up waited for (recipes/RESULTS.md s26). The
+first replay of each graph then comes in the first real pack of its bucket.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ refused.
 
 from __future__ import annotations
 
-import contextlib
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -98,7 +97,7 @@ def warming_up(model):
     inside are meaningless. Nothing changes for a model without a graph cache (the CPU, ``cuda_graphs=False``)."""
     record = patch_record(model)
     graphs = record.graphs if record is not None else None
-    with graphs.warming() if graphs is not None else contextlib.nullcontext():
+    with graphs.warming() if graphs is not None else nullcontext():
         yield
 
 
