@@ -16,6 +16,11 @@ loop (the kernels are tiny: the host is the bottleneck), and timed per call at t
 Baselines: ``torch.add`` of the same tensors (one ATen kernel) and an empty ``@triton.jit`` kernel (Triton's own
 launch path). Rows: the tokens (``--tokens``) at the shape's widths (``--shape``). Writes ``op_launch_cost.json``
 and ``.md`` (medians of ``--repeats`` rounds). Needs CUDA and Triton.
+
+``--gdn`` times the Gated DeltaNet's two fla-backed ops too (``gdn_prefill``, ``causal_conv1d_packed``: 970 and 387
+us a call while a 27B graph was recorded, RESULTS s26), one call over one sequence of each ``--tokens``, as the
+patched layer calls them, and cProfiles their CUDA implementations called directly (below the custom op, whose
+boundary hides the frames from cProfile): fla's and Triton's functions by cumulative time per call.
 """
 
 from __future__ import annotations
@@ -60,6 +65,65 @@ def op_inputs(shape, tokens: int, device) -> dict[str, tuple]:
         "sigmoid_gate": (r(tokens, heads, head_dim), r(tokens, heads, head_dim)),
         "silu_qkv": (r(tokens, 2 * key_dim + value_dim), key_dim, value_dim),
     }
+
+
+def gdn_inputs(shape, lengths: list[int], device) -> dict[str, tuple]:
+    """``op name -> arguments`` of the Gated DeltaNet's fla-backed ops for one call over sequences of ``lengths``
+    (fresh states, final states kept), at ``shape``'s widths, as ``patches/packed_candidates.py`` calls them."""
+    from hf_openjev.ops.varlen import prepare_varlen_metadata
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def r(*size, dtype=torch.bfloat16):
+        return torch.randn(*size, generator=gen).to(device=device, dtype=dtype)
+
+    s, tokens = shape, sum(lengths)
+    key_heads, key_dim, value_heads = s["linear_num_key_heads"], s["linear_key_head_dim"], s["linear_num_value_heads"]
+    value_dim = s["linear_value_head_dim"]
+    conv_dim = 2 * key_heads * key_dim + value_heads * value_dim
+    cu = [0]
+    for length in lengths:
+        cu.append(cu[-1] + length)
+    meta = prepare_varlen_metadata(cu, device=device)
+    g = -torch.rand(tokens, value_heads, generator=gen).to(device)  # fp32 log decays <= 0
+    beta = torch.rand(tokens, value_heads, generator=gen).to(device=device, dtype=torch.bfloat16)
+    return {
+        "causal_conv1d_packed": (r(tokens, conv_dim), r(conv_dim, 4), meta.cu_seqlens, None, meta.chunk_indices,
+                                 False, True),
+        "gdn_prefill": (r(tokens, key_heads, key_dim), r(tokens, key_heads, key_dim), r(tokens, value_heads, value_dim),
+                        g, beta, meta.cu_seqlens, None, meta.chunk_indices, True, meta.chunk_offsets),
+    }
+
+
+def gdn_impls() -> dict:
+    """The CUDA implementations of the GDN ops, called below the custom op."""
+    from hf_openjev.ops import causal_conv, gdn_prefill
+
+    return {"causal_conv1d_packed": causal_conv._causal_conv1d_packed_cuda,
+            "gdn_prefill": gdn_prefill._gdn_prefill_cuda}
+
+
+def profile_calls(fn, args, *, calls: int, top: int = 25) -> list[str]:
+    """cProfile of ``calls`` calls of ``fn(*args)``: the ``top`` functions by cumulative time, with us per call of
+    ``fn`` (package-relative file names)."""
+    import cProfile
+    import pstats
+    import re
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn(*args)
+    profiler.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profiler)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][3])[:top]  # (file, line, name) -> (.., cumtime)
+    lines = []
+    for (file, line, name), (_, ncalls, tottime, cumtime, _) in rows:
+        where = re.sub(r"\S*/(?=(hf_openjev|ops|patches|fla|triton|torch)/)", "", f"{file}:{line}")
+        lines.append(f"{1e6 * cumtime / calls:8.1f} us cum {1e6 * tottime / calls:7.1f} us own "
+                     f"{ncalls / calls:5.1f} calls  {where}({name})")
+    return lines
 
 
 def per_call_us(fn, args, *, calls: int, repeats: int) -> float:
@@ -119,6 +183,10 @@ def render_markdown(result: dict) -> str:
     for row in result["ops"]:
         lines.append(f"| {row['op']} | {row['tokens']} | {row['custom op']} | {row['custom op, inference mode']} | "
                      f"{row['cuda impl']} | {row['triton']} |")
+    for row in result.get("gdn_ops", []):
+        lines += ["", f"## {row['op']}, one sequence of {row['tokens']} tokens: custom op {row['custom op']} us, "
+                      f"cuda impl {row['cuda impl']} us a call", "", "cProfile of the cuda impl, per call:", "", "```",
+                  *row["profile"], "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -128,6 +196,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", default="16,512", help="comma-separated row counts")
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--gdn", action="store_true",
+                        help="also the GDN's fla-backed ops, one sequence of each --tokens, with a cProfile of fla")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -149,12 +219,21 @@ def main(argv=None) -> int:
                          "custom op, inference mode": inference_us, "cuda impl": per_call_us(impl, call_args, **timing),
                          "triton": per_call_us(triton_call, call_args, **timing)})
             print(rows[-1], flush=True)
+    gdn_rows = []
+    for tokens in [int(t) for t in args.tokens.split(",")] if args.gdn else []:
+        for name, call_args in gdn_inputs(shape, [tokens], device).items():
+            custom, impl = getattr(torch.ops.hf_openjev, name), gdn_impls()[name]
+            with torch.no_grad():
+                gdn_rows.append({"op": name, "tokens": tokens, "custom op": per_call_us(custom, call_args, **timing),
+                                 "cuda impl": per_call_us(impl, call_args, **timing),
+                                 "profile": profile_calls(impl, call_args, calls=args.calls)})
+            print({k: v for k, v in gdn_rows[-1].items() if k != "profile"}, flush=True)
     x = torch.randn(16, shape["hidden_size"], device=device, dtype=torch.bfloat16)
     result = {"command": command_line(), "versions": versions(), "device": torch.cuda.get_device_name(0),
               "shape": args.shape, "calls": args.calls, "repeats": args.repeats,
               "baselines": {"torch.add": per_call_us(torch.add, (x, x), **timing),
                             "empty triton kernel": per_call_us(empty_triton_kernel(), (x,), **timing)},
-              "ops": rows}
+              "ops": rows, "gdn_ops": gdn_rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "op_launch_cost.json").write_text(json.dumps(result, indent=1))

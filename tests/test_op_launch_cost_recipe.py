@@ -27,3 +27,32 @@ def test_every_elementwise_op_is_timed_at_each_layer_with_inputs_it_accepts():
 def test_without_cuda_it_says_so_and_writes_nothing(tmp_path, capsys):
     assert load_recipe("op_launch_cost").main(["--out", str(tmp_path / "x")]) == 2
     assert "needs CUDA" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_the_gdn_ops_take_the_recipes_inputs_and_the_profile_gives_per_call_rows(monkeypatch):
+    """--gdn: the two fla-backed GDN ops accept the recipe's inputs as the patched layer gives them (their CPU
+    references run here), and the profile's rows are per call of the profiled function."""
+    recipe = load_recipe("op_launch_cost")
+    from benchlib.shapes import SHAPES
+
+    inputs = recipe.gdn_inputs(SHAPES["tiny"], [70], torch.device("cpu"))
+    assert set(inputs) == {"gdn_prefill", "causal_conv1d_packed"}
+    conv, conv_final = torch.ops.hf_openjev.causal_conv1d_packed(*inputs["causal_conv1d_packed"])
+    assert conv.shape == inputs["causal_conv1d_packed"][0].shape and conv_final.shape[0] == 1
+    out, final = torch.ops.hf_openjev.gdn_prefill(*inputs["gdn_prefill"])
+    assert out.shape == inputs["gdn_prefill"][2].shape and final.shape[0] == 1
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    calls = []
+
+    def inner():
+        calls.append(1)
+
+    def outer(x):
+        inner()
+        inner()
+        return x
+
+    lines = recipe.profile_calls(outer, (1,), calls=4)
+    assert len(calls) == 8
+    (row,) = [line for line in lines if "(inner)" in line]
+    assert "  2.0 calls" in row
