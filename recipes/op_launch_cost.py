@@ -17,8 +17,8 @@ Baselines: ``torch.add`` of the same tensors (one ATen kernel) and an empty ``@t
 launch path). Rows: the tokens (``--tokens``) at the shape's widths (``--shape``). Writes ``op_launch_cost.json``
 and ``.md`` (medians of ``--repeats`` rounds). Needs CUDA and Triton.
 
-``--gdn`` times the Gated DeltaNet's two fla-backed ops too (``gdn_prefill``, ``causal_conv1d_packed``: 970 and 387
-us a call while a 27B graph was recorded, RESULTS s26), one call over one sequence of each ``--tokens``, as the
+``--gdn`` times the Gated DeltaNet's two fla-backed ops too (``gdn_prefill``, ``causal_conv1d_packed``: the largest
+shares of a 27B graph's recording, recipes/RESULTS.md s26), one call over one sequence of each ``--tokens``, as the
 patched layer calls them, and cProfiles their CUDA implementations called directly (below the custom op, whose
 boundary hides the frames from cProfile): fla's and Triton's functions by cumulative time per call.
 """
@@ -26,6 +26,7 @@ boundary hides the frames from cProfile): fla's and Triton's functions by cumula
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 
 import torch
-from benchlib.provenance import command_line, versions
+from benchlib.provenance import command_line, package_relative, versions
 from benchlib.shapes import SHAPES
 
 EPS = 1e-6
@@ -81,10 +82,7 @@ def gdn_inputs(shape, lengths: list[int], device) -> dict[str, tuple]:
     key_heads, key_dim, value_heads = s["linear_num_key_heads"], s["linear_key_head_dim"], s["linear_num_value_heads"]
     value_dim = s["linear_value_head_dim"]
     conv_dim = 2 * key_heads * key_dim + value_heads * value_dim
-    cu = [0]
-    for length in lengths:
-        cu.append(cu[-1] + length)
-    meta = prepare_varlen_metadata(cu, device=device)
+    meta = prepare_varlen_metadata(list(itertools.accumulate(lengths, initial=0)), device=device)
     g = -torch.rand(tokens, value_heads, generator=gen).to(device)  # fp32 log decays <= 0
     beta = torch.rand(tokens, value_heads, generator=gen).to(device=device, dtype=torch.bfloat16)
     return {
@@ -108,7 +106,6 @@ def profile_calls(fn, args, *, calls: int, top: int = 25) -> list[str]:
     ``fn`` (package-relative file names)."""
     import cProfile
     import pstats
-    import re
 
     profiler = cProfile.Profile()
     profiler.enable()
@@ -120,7 +117,7 @@ def profile_calls(fn, args, *, calls: int, top: int = 25) -> list[str]:
     rows = sorted(stats.stats.items(), key=lambda item: -item[1][3])[:top]  # (file, line, name) -> (.., cumtime)
     lines = []
     for (file, line, name), (_, ncalls, tottime, cumtime, _) in rows:
-        where = re.sub(r"\S*/(?=(hf_openjev|ops|patches|fla|triton|torch)/)", "", f"{file}:{line}")
+        where = package_relative(f"{file}:{line}")
         lines.append(f"{1e6 * cumtime / calls:8.1f} us cum {1e6 * tottime / calls:7.1f} us own "
                      f"{ncalls / calls:5.1f} calls  {where}({name})")
     return lines

@@ -38,14 +38,13 @@ import io
 import json
 import os
 import pstats
-import re
 import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from benchlib.provenance import command_line, versions
+from benchlib.provenance import command_line, package_relative, versions
 from benchlib.random_model import add_model_arguments, prepare_recipe
 from benchlib.shapes import VOCAB
 from benchlib.timing import run_pass, summarize
@@ -230,11 +229,13 @@ def write_fla_configs(folder: Path, files: dict[str, dict]) -> dict[str, int]:
 
 def measured_pass(model, work, graphs) -> dict:
     """One answered pass of the fast path after the warm-up: its times and the captures it made."""
-    before = graphs.captures if graphs is not None else 0
-    times = [t * 1000 for t, _ in run_pass(model, work, fast=True)]
-    summary = summarize(times)
+    def captures() -> int:
+        return graphs.captures if graphs is not None else 0
+
+    before = captures()
+    summary = summarize([t * 1000 for t, _ in run_pass(model, work, fast=True)])
     return {"mean_ms": summary["mean_ms"], "p50_ms": summary["p50_ms"], "p95_ms": summary["p95_ms"],
-            "captures": (graphs.captures if graphs is not None else 0) - before}
+            "captures": captures() - before}
 
 
 def main(argv=None) -> int:
@@ -308,8 +309,7 @@ def main(argv=None) -> int:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
         # package-relative file names: no machine's paths in a committed file
-        result["profile_top"] = [re.sub(r"\S*/(?=(hf_openjev|ops|patches|fla|triton|torch|transformers)/)", "", line)
-                                 for line in text.getvalue().splitlines()[:60]]
+        result["profile_top"] = [package_relative(line) for line in text.getvalue().splitlines()[:60]]
     if measured is not None:
         result["measured_pass"] = measured
     record_lines = []

@@ -145,3 +145,12 @@ def test_local_server_gives_a_free_port_and_stops_waiting_when_the_server_exits(
     proc.wait()
     with pytest.raises(RuntimeError, match="exited with status 3 before it was ready"):
         wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=30)
+
+
+def test_profiler_lines_name_packages_not_machine_paths():
+    package_relative = load_recipe("warmup_breakdown").package_relative  # benchlib.provenance's, as recipes use it
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    line = f"3 0.1 /opt/torch/lib/python3.12/site-packages/fla/ops/utils/cache.py:374(run) {root}/ops/_fla.py:1(x)"
+    assert package_relative(line) == "3 0.1 fla/ops/utils/cache.py:374(run) ops/_fla.py:1(x)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +26,13 @@ def command_line(argv: list[str] | None = None) -> str:
             return f"…/{path.name}"
 
     return " ".join(["python3", *map(shown, sys.argv if argv is None else argv)])
+
+
+def package_relative(text: str) -> str:
+    """``text`` (a profiler's line) with each file path cut to its package (``…/site-packages/fla/x.py`` ->
+    ``fla/x.py``) or to the repository (``<root>/ops/x.py`` -> ``ops/x.py``): a result file names no machine's
+    paths."""
+    return re.sub(r"\S*/(site|dist)-packages/", "", text).replace(f"{ROOT}/", "")
 
 
 def versions() -> dict:
