@@ -152,5 +152,5 @@ def test_profiler_lines_name_packages_not_machine_paths():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    line = f"3 0.1 /opt/torch/lib/python3.12/site-packages/fla/ops/utils/cache.py:374(run) {root}/ops/_fla.py:1(x)"
+    line = f"3 0.1 /srv/py/lib/python3.12/site-packages/fla/ops/utils/cache.py:374(run) {root}/ops/_fla.py:1(x)"
     assert package_relative(line) == "3 0.1 fla/ops/utils/cache.py:374(run) ops/_fla.py:1(x)"
