@@ -45,6 +45,7 @@ def test_no_command_is_a_usage_error(capsys):
     assert "usage: hf-openjev" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_prints_responses_and_reuses_the_cache(tmp_path, capsys):
     cache = tmp_path / "cache"
     assert cli.main(["demo", "--cache-dir", str(cache), "--device", "cpu"]) == 0

@@ -26,6 +26,7 @@ def test_demo_requests_cover_every_kind():
     assert kinds == {"choice", "score", "noul"}
 
 
+@pytest.mark.slow
 def test_demo_prints_every_kind_and_says_weights_are_random(tmp_path):
     lines: list[str] = []
     responses = run_demo(cache_dir=tmp_path / "cache", device="cpu", print_fn=lines.append)

@@ -178,7 +178,12 @@ def compare(prepared, reference, fast) -> float:
     return worst
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
+# the largest config's tests take 5-20 s each on 2 cores: slow (`pytest -m "not slow"` runs the other three)
+SLOW_CONFIGS = {"l8-h128"}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=pytest.mark.slow) if name in SLOW_CONFIGS else name
+                                        for name in CONFIGS])
 def workload(request):
     name = request.param
     seed = list(CONFIGS).index(name)

@@ -481,6 +481,7 @@ def test_a_limited_run_does_not_replace_a_full_report_unless_told(first_run, exp
     assert json.loads((out / "fidelity_export.json").read_text())["requests_compared"] == 2
 
 
+@pytest.mark.slow
 def test_a_cut_run_keeps_the_configurations_it_finished_and_the_next_run_reuses_them(export, tasks, tmp_path,
                                                                                      monkeypatch):
     """A run cut while answering a configuration used to lose every answer (nothing was written before the report).

@@ -111,6 +111,7 @@ def test_quantize_linear_in_blocks_of_rows_is_the_whole_weights_quantization(mon
     assert torch.equal(fp8(x), torch.ops.hf_openjev.fp8_linear(x, w_fp8, scale, linear.bias.detach()))
 
 
+@pytest.mark.slow
 def test_the_bf16_weights_are_released_module_by_module(tiny_checkpoint, monkeypatch):
     """Stacked first (one bf16 copy per module, views), then quantized: at every step the already replaced
     projections of other modules are gone, and at the end no old Linear or stack is alive."""

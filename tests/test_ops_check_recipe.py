@@ -12,9 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "gpu_ops_check.py"
 
 
+@pytest.mark.slow
 def test_every_case_runs_in_cpu_smoke_mode(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, str(RECIPE), "--out", str(tmp_path), "--cpu-smoke"], capture_output=True,

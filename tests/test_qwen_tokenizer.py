@@ -91,6 +91,7 @@ def test_agrees_with_tiktoken(qwen_tokenizer):
     assert len(_ids(qwen_tokenizer, HINDI)) == 6
 
 
+@pytest.mark.slow
 def test_autotokenizer_reads_the_saved_files_with_the_same_ids_and_the_qwen2_trap(qwen_tokenizer, tmp_path):
     from transformers import AutoTokenizer
 

@@ -516,6 +516,7 @@ def test_typesafe_sdk_parses_answers(live_url):
 KNOWN_DEVIATIONS = {"noul.criteria"}
 
 
+@pytest.mark.slow
 def test_jevcompat_conformance_suite(live_url):
     """The whole jevcompat suite (PyPI; ~60 requests, a few seconds on an idle CPU), official SDK check included."""
     runner = pytest.importorskip("jevcompat.runner")

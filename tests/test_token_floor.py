@@ -112,7 +112,8 @@ def test_request_token_budget_stops_tokenizing_at_the_limit():
     assert len(within[0]) == 200
 
 
-@pytest.mark.parametrize("size", [(1 << 16) - 1, 1 << 16, (1 << 16) + 7, 3 * 1024 * 1024 + 5])
+@pytest.mark.parametrize("size", [(1 << 16) - 1, 1 << 16, (1 << 16) + 7,
+                                  pytest.param(3 * 1024 * 1024 + 5, marks=pytest.mark.slow)])
 def test_the_gil_free_byte_count_of_long_data_equals_the_translate_count(size):
     """From 64 KiB on the classes are counted by torch.bincount (the GIL released); below, by translate/count."""
     from hf_openjev.tokenizer.token_floor import _CLASS_OF

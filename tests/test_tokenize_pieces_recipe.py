@@ -3,9 +3,11 @@ and the batch size restored."""
 
 import json
 
+import pytest
 from repo_data import load_recipe
 
 
+@pytest.mark.slow
 def test_pieces_and_whole_texts_are_timed_and_the_piece_size_restored(capsys):
     from hf_openjev.tokenizer import candidate_tokens
 
