@@ -216,10 +216,10 @@ def main(argv=None) -> int:
                          "custom op, inference mode": inference_us, "cuda impl": per_call_us(impl, call_args, **timing),
                          "triton": per_call_us(triton_call, call_args, **timing)})
             print(rows[-1], flush=True)
-    gdn_rows = []
+    gdn_rows, impls = [], gdn_impls() if args.gdn else {}
     for tokens in [int(t) for t in args.tokens.split(",")] if args.gdn else []:
         for name, call_args in gdn_inputs(shape, [tokens], device).items():
-            custom, impl = getattr(torch.ops.hf_openjev, name), gdn_impls()[name]
+            custom, impl = getattr(torch.ops.hf_openjev, name), impls[name]
             with torch.no_grad():
                 gdn_rows.append({"op": name, "tokens": tokens, "custom op": per_call_us(custom, call_args, **timing),
                                  "cuda impl": per_call_us(impl, call_args, **timing),

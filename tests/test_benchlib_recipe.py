@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from repo_data import load_recipe, read_committed_oracle
+from repo_data import REPO, load_recipe, read_committed_oracle
 
 KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
         "linear_num_key_heads", "linear_num_value_heads")
@@ -149,8 +149,5 @@ def test_local_server_gives_a_free_port_and_stops_waiting_when_the_server_exits(
 
 def test_profiler_lines_name_packages_not_machine_paths():
     package_relative = load_recipe("warmup_breakdown").package_relative  # benchlib.provenance's, as recipes use it
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    line = f"3 0.1 /srv/py/lib/python3.12/site-packages/fla/ops/utils/cache.py:374(run) {root}/ops/_fla.py:1(x)"
+    line = f"3 0.1 /srv/py/lib/python3.12/site-packages/fla/ops/utils/cache.py:374(run) {REPO}/ops/_fla.py:1(x)"
     assert package_relative(line) == "3 0.1 fla/ops/utils/cache.py:374(run) ops/_fla.py:1(x)"

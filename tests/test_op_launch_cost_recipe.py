@@ -56,3 +56,14 @@ def test_the_gdn_ops_take_the_recipes_inputs_and_the_profile_gives_per_call_rows
     assert len(calls) == 8
     (row,) = [line for line in lines if "(inner)" in line]
     assert "  2.0 calls" in row
+
+
+def test_the_markdown_gives_each_gdn_op_its_times_and_profile():
+    """--gdn's rows: each op's per-call times and its cProfile lines under a heading of their own."""
+    result = {"shape": "27b", "command": "c", "device": "d", "versions": {}, "ops": [],
+              "baselines": {"torch.add": 6.3, "empty triton kernel": 11.1},
+              "gdn_ops": [{"op": "gdn_prefill", "tokens": 128, "custom op": 990.0, "cuda impl": 950.0,
+                           "profile": ["  950.0 us cum    12.0 us own   1.0 calls  ops/gdn_prefill.py:1(f)"]}]}
+    text = load_recipe("op_launch_cost").render_markdown(result)
+    assert "## gdn_prefill, one sequence of 128 tokens: custom op 990.0 us, cuda impl 950.0 us a call" in text
+    assert "ops/gdn_prefill.py:1(f)" in text
