@@ -91,7 +91,8 @@
 #                                        # (default) on an empty kernel cache, fla's tuned configurations merged into
 #                                        # $OUT/warmup/fla_configs/<GPU>/ (copy them to ops/fla_configs/); then the 2B
 #                                        # again on an empty cache with those configurations (fla's strict mode),
-#                                        # once more on that warm cache, and once with torch.profiler (host time per op)
+#                                        # once more on that warm cache, and once with torch.profiler (host time per op):
+#                                        # those three only when 2b is among the shapes (they need its keys tuned)
 #
 # How the parts were sized: no earlier log holds per-test times (they ran -v without --durations), so the parts in
 # recipes/gpu_parts.txt come from the logs' totals on one H200: the whole suite, 194 tests, 538 s (`git show
@@ -431,11 +432,16 @@ case "$stage" in
     breakdown="python3 $REPO/recipes/warmup_breakdown.py"
     caches=${TMPDIR:-/tmp}
     rm -rf "$caches/tc_empty" "$caches/tc_carried"  # empty even on a machine an earlier call of this stage left warm
-    for shape in ${*:-2b 9b 27b}; do  # one process a shape, one kernel cache for all (fla tunes per head shape)
+    warm_shapes=(${*:-2b 9b 27b})
+    for shape in "${warm_shapes[@]}"; do  # one process a shape, one kernel cache for all (fla tunes per head shape)
       TRITON_CACHE_DIR="$caches/tc_empty" timeout $((540 - (SECONDS - start))) $breakdown --shape "$shape" \
         --out "$out/$shape" --dump-fla-configs "$out/fla_configs" 2>&1 | quiet | tail -n 12
     done
     gpu=$(ls "$out/fla_configs" 2>/dev/null | head -n 1)
+    case " ${warm_shapes[*]} " in  # the configurations just tuned hold the 2B's keys only when the 2B ran (s28:
+      *" 2b "*) ;;                  # after 27b 9b alone, its "carried" run autotuned 6 keys for 42 s)
+      *) [ -n "$gpu" ] && echo "no 2B runs with the configurations just tuned: 2b is not among the shapes"; gpu="" ;;
+    esac
     for cache in empty warm; do  # the 2B with the configurations just tuned: an empty kernel cache, then that one warm
       [ -n "$gpu" ] && [ $((SECONDS - start)) -lt 480 ] || break
       FLA_CONFIG_DIR="$out/fla_configs/$gpu" FLA_CACHE_MODE=strict TRITON_CACHE_DIR="$caches/tc_carried" \
