@@ -22,7 +22,7 @@ from .patches.cuda_graphs import graph_ready
 from .patches.record import require_patches
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no autograd dispatch keys: less host time per op call (recipes/RESULTS.md s28)
 def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]]],
                options: FastPathOptions | None = None) -> tuple[list[float], list[dict]]:
     """Score every candidate with the patched backbone.

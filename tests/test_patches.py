@@ -255,6 +255,24 @@ def test_pipeline_reports_prefix_sharing_and_the_same_usage(own_model):
                 assert other[key] == pytest.approx(answer[key], abs=1e-4)
 
 
+def test_the_fast_path_scores_in_inference_mode_and_leaves_the_weights_writable(own_model):
+    """score_fast runs the patched forward under torch.inference_mode (no autograd keys on any op call); nothing
+    it leaves on the model is an inference tensor, so the weights still load in place afterwards."""
+    from hf_openjev.fast_path import score_fast
+
+    apply_patches(own_model)
+    modes = []
+    handle = text_model_of(own_model).register_forward_pre_hook(
+        lambda module, args, kwargs: modes.append(torch.is_inference_mode_enabled()), with_kwargs=True)
+    try:
+        scores, _ = score_fast(own_model, [prepare_request(own_model, r).tokens for r in (REQUEST, SHORT)])
+    finally:
+        handle.remove()
+    assert modes and all(modes) and len(scores) == 4 + 10 + 1 + 1 + 1
+    assert not any(t.is_inference() for _, t in parameters(own_model))
+    own_model.load_state_dict({name: t.clone() for name, t in own_model.state_dict().items()})
+
+
 def test_prefix_cache_per_request_and_with_sharing_switched_off(own_model):
     prepared = [prepare_request(own_model, r) for r in (REQUEST, SHORT)]
     expected = plan_requests([p.tokens for p in prepared]).shared_tokens
