@@ -56,6 +56,13 @@ def padded_rows(packs, buckets: BucketPolicy | None, *, dense_attention_tokens: 
     return found
 
 
+def key_without_gdn_shapes(key_tail: tuple) -> tuple:
+    """A graph key's tail (``naive_layout.key_graph``: final rows, levels, GDN calls) without its GDN calls' shapes:
+    the graphs a warm-up would capture if every GDN call's gathered rows and chunk counts were padded to one size."""
+    final_rows, levels, _calls = key_tail
+    return final_rows, levels
+
+
 def cost_rule(packs, laid_out, before, curve: BucketPolicy) -> dict:
     """One rule's figures (``laid_out``: :func:`padded_rows` of ``packs``; ``before``: the token steps' rows):
     padded GEMM ms on ``curve``, the most one pack's padding adds over its unpadded ms, the packs that cost more than
@@ -68,7 +75,9 @@ def cost_rule(packs, laid_out, before, curve: BucketPolicy) -> dict:
             "packs_costlier_than_steps": sum(c > curve.cost_ms(rows) for c, (rows, _) in zip(cost, before)),
             "real_tokens": sum(real), "padding_tokens": padded - sum(real),
             "padding_share": round((padded - sum(real)) / sum(real), 4),
-            "graph_keys": len({key for _, key in laid_out}), "row_counts": len({rows for rows, _ in laid_out})}
+            "graph_keys": len({key for _, key in laid_out}),
+            "graph_keys_without_gdn_shapes": len({key_without_gdn_shapes(key) for _, key in laid_out}),
+            "row_counts": len({rows for rows, _ in laid_out})}
 
 
 def compare_rules(packs, shape: str, options: FastPathOptions) -> dict:
@@ -94,11 +103,11 @@ def render_markdown(results: dict, command: str) -> str:
              f"row ({results['table_rows']}) packs keep the token steps and cost the last point's ms per row.", "",
              f"Unpadded (each pack at its real tokens' ms on the curve): {results['unpadded_gemm_ms']:.1f} ms.", "",
              "| rule | padded GEMM ms | most one pack's padding adds, ms | packs costlier than the steps | "
-             "padding tokens | padding / real | graph keys | row counts |",
-             "|---|---|---|---|---|---|---|---|"]
+             "padding tokens | padding / real | graph keys | without the GDN calls' shapes | row counts |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results["rules"].items():
         lines.append(f"| {name} | {r['gemm_ms']:.1f} | {r['max_over_unpadded_ms']:.2f} | {r['packs_costlier_than_steps']} | {r['padding_tokens']} | {100 * r['padding_share']:.1f}% | "
-                     f"{r['graph_keys']} | {r['row_counts']} |")
+                     f"{r['graph_keys']} | {r['graph_keys_without_gdn_shapes']} | {r['row_counts']} |")
     return "\n".join(lines) + "\n"
 
 
