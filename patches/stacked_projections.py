@@ -133,6 +133,9 @@ def _stack_part(layers: list[nn.Module], names: tuple[str, ...]) -> StackedPart 
     return StackedPart(names, stacked, scale, sizes)
 
 
+# outside inference mode even when called inside it (score_fast restacks a cast model there): the weights become
+# views of the stack, and an inference tensor could not be written in place later (load_state_dict, say)
+@torch.inference_mode(False)
 def _stack(module: nn.Module, names: tuple[str, ...]) -> StackedProjection | None:
     layers = [getattr(module, name) for name in names]
     kinds = [_kind(layer) for layer in layers]
@@ -172,10 +175,8 @@ def projections(module: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if stacked is not None and not torch.compiler.is_compiling() and not stacked.is_current(module):
         # the model was moved or cast since stacking (.to() moves each Parameter on its own): stack again. Only
         # eagerly (Dynamo cannot trace a data pointer comparison): a compiled forward reads the stack as it is, so
-        # a model moved or cast after it was compiled needs one eager forward first. Outside inference mode (which
-        # score_fast runs in): the weights become views of the new stack, and an inference tensor could not be
-        # written in place later (load_state_dict, say)
-        with torch.no_grad(), torch.inference_mode(False):
+        # a model moved or cast after it was compiled needs one eager forward first
+        with torch.no_grad():
             stacked = _stack(module, names)
         setattr(module, STACKED_ATTRIBUTE, stacked)
     if stacked is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from transformers import Qwen3_5TextModel
@@ -73,17 +74,22 @@ def test_a_moved_or_cast_model_is_stacked_again():
         assert getattr(module, names[0]).weight.data_ptr() == stacked.weight.data_ptr()
 
 
-def test_stacking_again_inside_inference_mode_leaves_weights_a_later_update_can_write():
-    """score_fast runs under torch.inference_mode, so a model cast since stacking is stacked again there. Its
-    weights must not become inference tensors: loading a state dict (an in-place copy) outside inference mode would
-    then fail."""
+@pytest.mark.parametrize("path", ["stack", "restack"])
+def test_stacking_inside_inference_mode_leaves_weights_a_later_update_can_write(path):
+    """score_fast runs under torch.inference_mode, so a model cast since stacking is stacked again there
+    ("restack"), and a caller may patch a model inside inference mode ("stack"). Either way the weights must not
+    become inference tensors: loading a state dict (an in-place copy) outside inference mode would then fail."""
     model = _model(3)
-    stack_projections(model)
-    model.to(torch.float64)
-    x = torch.randn(5, model.config.hidden_size, dtype=torch.float64)
-    with torch.inference_mode():
-        for module, _ in _groups(model):
-            projections(module, x)
+    if path == "stack":
+        with torch.inference_mode():
+            stack_projections(model)
+    else:
+        stack_projections(model)
+        model.to(torch.float64)
+        x = torch.randn(5, model.config.hidden_size, dtype=torch.float64)
+        with torch.inference_mode():
+            for module, _ in _groups(model):
+                projections(module, x)
     assert not any(p.is_inference() for p in model.parameters())
     state = {name: torch.zeros_like(p) for name, p in model.state_dict().items()}
     model.load_state_dict(state)  # in place, outside inference mode
