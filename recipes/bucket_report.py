@@ -35,6 +35,10 @@ from hf_openjev.packing.planner import plan_with_options
 from hf_openjev.patches.cuda_graphs import graph_ready
 
 WINDOWS = (64, 128, 256)
+# packs over these rows as eager forwards instead of graphs (graph_ready's cut is 4,096): the graph keys left. A
+# long pack's GPU time can exceed the host time of launching it eagerly (27B: ~0.19 s of host a forward, RESULTS.md s23),
+# and then its graph saves nothing but costs a capture
+EAGER_ABOVE = (2048, 2560, 3072)
 
 
 def graphed_packs(requests, options: FastPathOptions) -> list[tuple[object, object]]:
@@ -77,6 +81,8 @@ def cost_rule(packs, laid_out, before, curve: BucketPolicy) -> dict:
             "padding_share": round((padded - sum(real)) / sum(real), 4),
             "graph_keys": len({key for _, key in laid_out}),
             "graph_keys_without_gdn_shapes": len({key_without_gdn_shapes(key) for _, key in laid_out}),
+            "graph_keys_eager_above": {str(limit): len({key for rows, key in laid_out if rows <= limit})
+                                       for limit in EAGER_ABOVE},
             "row_counts": len({rows for rows, _ in laid_out})}
 
 
@@ -103,11 +109,14 @@ def render_markdown(results: dict, command: str) -> str:
              f"row ({results['table_rows']}) packs keep the token steps and cost the last point's ms per row.", "",
              f"Unpadded (each pack at its real tokens' ms on the curve): {results['unpadded_gemm_ms']:.1f} ms.", "",
              "| rule | padded GEMM ms | most one pack's padding adds, ms | packs costlier than the steps | "
-             "padding tokens | padding / real | graph keys | without the GDN calls' shapes | row counts |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "padding tokens | padding / real | graph keys | without the GDN calls' shapes | "
+             + " | ".join(f"packs over {limit:,} rows eager" for limit in EAGER_ABOVE) + " | row counts |",
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(EAGER_ABOVE) + "---|"]
     for name, r in results["rules"].items():
         lines.append(f"| {name} | {r['gemm_ms']:.1f} | {r['max_over_unpadded_ms']:.2f} | {r['packs_costlier_than_steps']} | {r['padding_tokens']} | {100 * r['padding_share']:.1f}% | "
-                     f"{r['graph_keys']} | {r['graph_keys_without_gdn_shapes']} | {r['row_counts']} |")
+                     f"{r['graph_keys']} | {r['graph_keys_without_gdn_shapes']} | "
+                     + " | ".join(str(r["graph_keys_eager_above"][str(limit)]) for limit in EAGER_ABOVE)
+                     + f" | {r['row_counts']} |")
     return "\n".join(lines) + "\n"
 
 
