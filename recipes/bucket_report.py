@@ -1,4 +1,4 @@
-"""Graph buckets by the old token steps against buckets chosen by measured GEMM cost, on the JevBench workload (CPU).
+"""Graph buckets by the fixed token steps against buckets chosen by measured GEMM cost, on the JevBench workload (CPU).
 
     python recipes/bucket_report.py --out results/buckets          # the 27B shape: buckets.json and buckets.md
     python recipes/bucket_report.py --shape 9b --out results/buckets
@@ -7,7 +7,7 @@ Each request of the benchmark's workload (``--manifest``, the same token ids as 
 as the fast path plans it (``plan_with_options`` with the shape's own defaults, ``options_for``, the request
 alone: a 2B plans every candidate alone), and each
 pack the fast path would replay as a CUDA graph (``graph_ready``) is laid out padded, as ``build_pack_context``
-lays it out, under each rule: the fixed token steps (``bucket_policy=None``, the rule before) and the shape's
+lays it out, under each rule: the fixed token steps (``bucket_policy=None``, the fast path's default) and the shape's
 measured table (``hf_openjev/packing/gemm_costs.py``) at a few windows. Per rule: the padded GEMM milliseconds of
 the graphed packs on the measured curve (``BucketPolicy.cost_ms``: the time at the smallest measured row count >=
 the pack's rows), the padding tokens, and the distinct graph keys (graphs a warm-up captures) and row counts. This
@@ -91,8 +91,8 @@ def compare_rules(packs, shape: str, options: FastPathOptions) -> dict:
     measured table of ``shape`` at each of ``WINDOWS``."""
     dense = options.dense_attention_tokens
     curve = table_policy(shape)
-    rules = {"token steps (before)": None}
-    rules.update({f"measured, window {w}" + (" (default)" if w == curve.window else ""): table_policy(shape, window=w)
+    rules = {"token steps (the fast path's default)": None}
+    rules.update({f"measured, window {w}" + (" (its default window; opt-in: measured_buckets)" if w == curve.window else ""): table_policy(shape, window=w)
                   for w in WINDOWS})
     before = padded_rows(packs, None, dense_attention_tokens=dense)
     return {name: cost_rule(packs, padded_rows(packs, buckets, dense_attention_tokens=dense), before, curve)

@@ -1,4 +1,4 @@
-"""recipes/bucket_report.py: the old token steps and the measured-cost buckets costed on the JevBench workload."""
+"""recipes/bucket_report.py: the fixed token steps and the measured-cost buckets costed on the JevBench workload."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ def test_the_report_costs_every_rule_on_the_measured_curve(tmp_path):
     assert recipe.main(["--limit", "8", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "buckets.json").read_text())
     rules = results["rules"]
-    assert list(rules)[0] == "token steps (before)" and "measured, window 128 (default)" in rules
+    measured = "measured, window 128 (its default window; opt-in: measured_buckets)"
+    assert list(rules)[0] == "token steps (the fast path's default)" and measured in rules
     assert results["graphed_packs"] > 0 and "not a GPU timing" in results["note"] and results["unpadded_gemm_ms"] > 0
     real = {r["real_tokens"] for r in rules.values()}
     assert len(real) == 1  # the same packs under every rule
@@ -21,9 +22,9 @@ def test_the_report_costs_every_rule_on_the_measured_curve(tmp_path):
         assert 1 <= r["graph_keys_without_gdn_shapes"] <= r["graph_keys"]
         eager = [r["graph_keys_eager_above"][str(limit)] for limit in recipe.EAGER_ABOVE]
         assert eager == sorted(eager) and eager[-1] <= r["graph_keys"]  # a higher cut keeps more graphs
-    assert rules["measured, window 128 (default)"]["packs_costlier_than_steps"] == 0
+    assert rules[measured]["packs_costlier_than_steps"] == 0
     markdown = (tmp_path / "buckets.md").read_text()
-    assert "not a GPU timing" in markdown and "| token steps (before) |" in markdown
+    assert "not a GPU timing" in markdown and "| token steps (the fast path's default) |" in markdown
 
 
 def test_the_report_plans_with_the_shapes_own_defaults(tmp_path):
