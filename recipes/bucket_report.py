@@ -36,8 +36,8 @@ from hf_openjev.patches.cuda_graphs import graph_ready
 
 WINDOWS = (64, 128, 256)
 # packs over these rows as eager forwards instead of graphs (graph_ready's cut is 4,096): the graph keys left. A
-# long pack's GPU time can exceed the host time of launching it eagerly (27B: ~0.19 s of host a forward, RESULTS.md s23),
-# and then its graph saves nothing but costs a capture
+# long pack's GPU time can exceed the host time of launching it eagerly (27B: ~0.19 s of host a forward,
+# RESULTS.md s23), and then its graph saves nothing but costs a capture
 EAGER_ABOVE = (2048, 2560, 3072)
 
 
@@ -87,12 +87,13 @@ def cost_rule(packs, laid_out, before, curve: BucketPolicy) -> dict:
 
 
 def compare_rules(packs, shape: str, options: FastPathOptions) -> dict:
-    """``rule name -> figures`` over ``packs`` (:func:`graphed_packs` under ``options``) for the old steps and the
-    measured table of ``shape`` at each of ``WINDOWS``."""
+    """``rule name -> figures`` over ``packs`` (:func:`graphed_packs` under ``options``) for the fixed token steps
+    (the fast path's default) and the measured table of ``shape`` at each of ``WINDOWS`` (opt-in)."""
     dense = options.dense_attention_tokens
     curve = table_policy(shape)
+    default_window = " (its default window; opt-in: measured_buckets)"
     rules = {"token steps (the fast path's default)": None}
-    rules.update({f"measured, window {w}" + (" (its default window; opt-in: measured_buckets)" if w == curve.window else ""): table_policy(shape, window=w)
+    rules.update({f"measured, window {w}" + (default_window if w == curve.window else ""): table_policy(shape, window=w)
                   for w in WINDOWS})
     before = padded_rows(packs, None, dense_attention_tokens=dense)
     return {name: cost_rule(packs, padded_rows(packs, buckets, dense_attention_tokens=dense), before, curve)

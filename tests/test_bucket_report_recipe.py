@@ -27,6 +27,22 @@ def test_the_report_costs_every_rule_on_the_measured_curve(tmp_path):
     assert "not a GPU timing" in markdown and "| token steps (the fast path's default) |" in markdown
 
 
+def test_eager_cuts_count_the_graph_keys_of_packs_up_to_each_cut():
+    """A key counts under a cut when one of its packs has at most that many rows (packs over it run eagerly)."""
+    recipe = load_recipe("bucket_report")
+
+    class Pack:
+        def tokens(self, plan):
+            return 100
+
+    rows = (1000, 1000, 2100, 2600, 3100, 4000)
+    keys = ("a", "a", "b", "c", "d", "e")  # a key's tail: final rows, levels, GDN calls
+    laid_out = [(n, (n, key, ())) for n, key in zip(rows, keys)]
+    figures = recipe.cost_rule([(None, Pack())] * len(laid_out), laid_out, laid_out, recipe.table_policy("27b"))
+    assert figures["graph_keys"] == 5
+    assert figures["graph_keys_eager_above"] == {"2048": 1, "2560": 2, "3072": 3}
+
+
 def test_the_report_plans_with_the_shapes_own_defaults(tmp_path):
     """A 2B plans every candidate alone (its own defaults), so its graphed packs hold one sequence each and no shared
     prefix; the 27B's packs share prefixes and several candidates."""
