@@ -20,10 +20,14 @@ from .packing.planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_
 # (ops.packed_attention.causal_attention: cuDNN on CUDA): cuDNN is faster than FA2 on long single sequences and
 # slower on short ones, so the threshold sits where it starts to win (recipes/RESULTS.md). 0 turns it off.
 DENSE_ATTENTION_TOKENS = 2048
+# A graphed pack has at most this many tokens; a longer one runs eagerly (its host time is small beside its GPU
+# time, its activations are not small in the graphs' shared pool)
+GRAPH_TOKENS = 4096
 
 # the options a packed forward reads (PackContext.options): a captured CUDA graph depends on them (its key holds them)
 FORWARD_FIELDS = ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32", "packed_attention")
-_MINIMUM = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0}
+_MINIMUM = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0,
+            "graph_tokens": 1}
 # the kernels a packed level's attention can run on CUDA (ops.packed_attention.PACKED_KERNELS)
 PACKED_ATTENTION_KERNELS = ("flash", "efficient")
 _CHOICES = {"fp8": tuple(FP8_MODES), "packed_attention": PACKED_ATTENTION_KERNELS}  # options that take one of a few names
@@ -65,6 +69,10 @@ class FastPathOptions:
     # on CUDA, replay packed forwards as CUDA graphs per shape bucket (cuda_graphs.py); apply_patches creates the
     # graph cache of a CUDA model when this is on; per call, False runs eagerly
     cuda_graphs: bool = True
+    # the longest pack (tokens, before padding) replayed as a CUDA graph; longer packs run eagerly. Fewer graphs,
+    # a shorter warm-up, less pool memory at a lower value; what eager long packs cost is measured in
+    # recipes/RESULTS.md (s30)
+    graph_tokens: int = GRAPH_TOKENS
     # on CUDA, norms / SiLU-mul / gates / RoPE through torch.compile: faster than the plain code, but its decisions
     # drift further from stock Transformers' (recipes/RESULTS.md), so opt-in
     compile_elementwise: bool = False

@@ -3,7 +3,7 @@
 ``score_fast(model, requests_tokens, options)`` scores ``requests_tokens[r][q][c]`` (token ids) and returns the flat
 scores in request/question/candidate order plus one ``prefix_cache`` report per request. The model must have been
 set up with :func:`~hf_openjev.patches.apply_patches`. On CUDA (``cuda_graphs``, on by default) every pack that
-``graph_ready`` accepts is padded to its shape bucket (the record's ``buckets``: the model shape's measured GEMM
+``graph_ready`` accepts (at most ``graph_tokens``) is padded to its shape bucket (the record's ``buckets``: the model shape's measured GEMM
 cost table, :mod:`.packing.bucket_policy`) and replayed from the record's graph cache; other packs run
 eagerly.
 """
@@ -48,7 +48,7 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
     pack_scores: list[torch.Tensor] = []  # per pack with scored rows: [N] fp32, still on the device
     leaf_index: dict[int, int] = {}  # scored segment id -> its index in the packs' scores, concatenated
     for pack in plan.packs:
-        graphed = graphs is not None and graph_ready(plan, pack)
+        graphed = graphs is not None and graph_ready(plan, pack, options.graph_tokens)
         ctx = build_pack_context(plan, pack, store, model.device, options, pad=graphed, buckets=buckets)
         if graphed:
             rows = graphs.run(ctx)[: len(ctx.leaf_ids)]  # a static buffer: the head reads it right away

@@ -45,14 +45,16 @@ from collections import OrderedDict
 
 import torch
 
+from hf_openjev.fast_options import GRAPH_TOKENS
+
 DEFAULT_CAPACITY = 256
-MAX_GRAPH_TOKENS = 4096  # larger packs run eagerly: their host overhead is negligible, their activations are not
 
 
-def graph_ready(plan, pack) -> bool:
+def graph_ready(plan, pack, max_tokens: int = GRAPH_TOKENS) -> bool:
     """Whether a planner pack can replay a graph: it neither receives nor hands on prefix states (padding would
-    shift their rows) and has at most ``MAX_GRAPH_TOKENS`` tokens."""
-    return not pack.external and not pack.export and pack.tokens(plan) <= MAX_GRAPH_TOKENS
+    shift their rows) and has at most ``max_tokens`` tokens (``FastPathOptions.graph_tokens``; longer ones run
+    eagerly)."""
+    return not pack.external and not pack.export and pack.tokens(plan) <= max_tokens
 
 
 def copy_inputs(ctx, static) -> None:

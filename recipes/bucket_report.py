@@ -11,7 +11,7 @@ lays it out, under each rule: the fixed token steps (``bucket_policy=None``, the
 measured table (``hf_openjev/packing/gemm_costs.py``) at a few windows. Per rule: the padded GEMM milliseconds of
 the graphed packs on the measured curve (``BucketPolicy.cost_ms``: the time at the smallest measured row count >=
 the pack's rows), the padding tokens, and the distinct graph keys (graphs a warm-up captures) and row counts. This
-is a costing on the measured curve, not a GPU timing; eager packs (over 4,096 tokens, or handing states on) are
+is a costing on the measured curve, not a GPU timing; eager packs (over ``graph_tokens``, 4,096 by default, or handing states on) are
 left out, being the same under every rule.
 """
 
@@ -35,9 +35,9 @@ from hf_openjev.packing.planner import plan_with_options
 from hf_openjev.patches.cuda_graphs import graph_ready
 
 WINDOWS = (64, 128, 256)
-# packs over these rows as eager forwards instead of graphs (graph_ready's cut is 4,096): the graph keys left. A
-# long pack's GPU time can exceed the host time of launching it eagerly (27B: ~0.19 s of host a forward,
-# RESULTS.md s23), and then its graph saves nothing but costs a capture
+# packs over these tokens (before padding) as eager forwards instead of graphs (FastPathOptions.graph_tokens; its
+# default is 4,096): the graph keys left. A long pack's GPU time can exceed the host time of launching it eagerly
+# (27B: ~0.19 s of host a forward, RESULTS.md s23), and then its graph saves nothing but costs a capture
 EAGER_ABOVE = (2048, 2560, 3072)
 
 
@@ -81,7 +81,8 @@ def cost_rule(packs, laid_out, before, curve: BucketPolicy) -> dict:
             "padding_share": round((padded - sum(real)) / sum(real), 4),
             "graph_keys": len({key for _, key in laid_out}),
             "graph_keys_without_gdn_shapes": len({key_without_gdn_shapes(key) for _, key in laid_out}),
-            "graph_keys_eager_above": {str(limit): len({key for rows, key in laid_out if rows <= limit})
+            "graph_keys_eager_above": {str(limit): len({key for (plan, pack), (_, key) in zip(packs, laid_out)
+                                                        if graph_ready(plan, pack, limit)})
                                        for limit in EAGER_ABOVE},
             "row_counts": len({rows for rows, _ in laid_out})}
 
@@ -111,7 +112,7 @@ def render_markdown(results: dict, command: str) -> str:
              f"Unpadded (each pack at its real tokens' ms on the curve): {results['unpadded_gemm_ms']:.1f} ms.", "",
              "| rule | padded GEMM ms | most one pack's padding adds, ms | packs costlier than the steps | "
              "padding tokens | padding / real | graph keys | without the GDN calls' shapes | "
-             + " | ".join(f"packs over {limit:,} rows eager" for limit in EAGER_ABOVE) + " | row counts |",
+             + " | ".join(f"packs over {limit:,} tokens eager" for limit in EAGER_ABOVE) + " | row counts |",
              "|---|---|---|---|---|---|---|---|" + "---|" * len(EAGER_ABOVE) + "---|"]
     for name, r in results["rules"].items():
         lines.append(f"| {name} | {r['gemm_ms']:.1f} | {r['max_over_unpadded_ms']:.2f} | {r['packs_costlier_than_steps']} | {r['padding_tokens']} | {100 * r['padding_share']:.1f}% | "

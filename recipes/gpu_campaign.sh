@@ -87,6 +87,11 @@
 #                                        # cache: answered, unanswered (the first warms the cache), one unanswered
 #                                        # run with --record-ops (the recordings' host time per op), answered,
 #                                        # unanswered; a 27B run is started only with 120 s left
+#   bash recipes/gpu_campaign.sh graph-cut SHAPE [CUT...]  # e.g. graph-cut 27b 2560 2048: C's warm-up pass and a
+#                                        # measured pass after it (recipes/warmup_breakdown.py --measured-pass) with
+#                                        # packs over CUT tokens eager (FastPathOptions.graph_tokens; default cuts
+#                                        # 2560 2048), alternated with the default 4096 on one kernel cache: 4096
+#                                        # (warms the cache), each CUT, 4096, each CUT; a run starts only with 120 s left
 #   bash recipes/gpu_campaign.sh warmup [SHAPES...]  # C's warm-up split (recipes/warmup_breakdown.py) at 2b 9b 27b
 #                                        # (default) on an empty kernel cache, fla's tuned configurations merged into
 #                                        # $OUT/warmup/fla_configs/<GPU>/ (copy them to ops/fla_configs/); then the 2B
@@ -113,10 +118,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-probes | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup | warm-ab | varlen-attention"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-probes | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup | warm-ab | graph-cut | varlen-attention"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-probes|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup|warm-ab|varlen-attention) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-probes|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup|warm-ab|graph-cut|varlen-attention) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -260,6 +265,16 @@ if [ "$stage" = warm-ab ]; then  # known shapes, before setup
   [ $# -eq 0 ] && ab_shapes=(2b 27b)
   for shape in "${ab_shapes[@]}"; do
     case "$shape" in 2b|9b|27b) ;; *) echo "warm-ab [SHAPE...]: 2b, 9b or 27b (default: 2b 27b), got $shape"; exit 2 ;; esac
+  done
+fi
+if [ "$stage" = graph-cut ]; then  # a known shape and whole numbers, before setup
+  cut_shape=${1:-}
+  case "$cut_shape" in 2b|9b|27b) ;; *) echo "graph-cut SHAPE [CUT...]: SHAPE 2b, 9b or 27b, then token cuts (default 2560 2048)"; exit 2 ;; esac
+  shift
+  cuts=("$@")
+  [ $# -eq 0 ] && cuts=(2560 2048)
+  for cut in "${cuts[@]}"; do
+    [[ "$cut" =~ ^[1-9][0-9]*$ ]] || { echo "graph-cut: a cut is a positive whole number of tokens, got $cut"; exit 2; }
   done
 fi
 if [ "$stage" = server-time ]; then  # a known shape, before setup
@@ -427,6 +442,17 @@ case "$stage" in
           --out "$out/$n-$shape-$run" 2>&1 | quiet | grep -E "^\| (whole|captures|- capture|other)|^Measured" | tr '\n' ' '
         echo "<- $n $shape $run rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
       done
+    done ;;
+  graph-cut)
+    n=0
+    for cut in 4096 "${cuts[@]}" 4096 "${cuts[@]}"; do  # the first run warms the kernel cache
+      n=$((n + 1))
+      left=$((585 - (SECONDS - start)))
+      [ "$left" -gt 120 ] || { echo "$cut_shape graph_tokens $cut: no time left"; continue; }
+      timeout "$left" python3 "$REPO/recipes/warmup_breakdown.py" --shape "$cut_shape" --measured-pass \
+        --fast-options "{\"graph_tokens\": $cut}" --out "$out/$n-$cut_shape-$cut" 2>&1 | quiet \
+        | grep -E "^\| (whole|captures|- capture|other)|^Measured" | tr '\n' ' '
+      echo "<- $n $cut_shape graph_tokens $cut rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
     done ;;
   warmup)
     breakdown="python3 $REPO/recipes/warmup_breakdown.py"

@@ -28,19 +28,27 @@ def test_the_report_costs_every_rule_on_the_measured_curve(tmp_path):
 
 
 def test_eager_cuts_count_the_graph_keys_of_packs_up_to_each_cut():
-    """A key counts under a cut when one of its packs has at most that many rows (packs over it run eagerly)."""
+    """A key counts under a cut when one of its packs has at most that many tokens before padding (graph_ready with
+    that graph_tokens: packs over it run eagerly), whatever its padded rows."""
     recipe = load_recipe("bucket_report")
 
     class Pack:
-        def tokens(self, plan):
-            return 100
+        external = export = ()
 
-    rows = (1000, 1000, 2100, 2600, 3100, 4000)
-    keys = ("a", "a", "b", "c", "d", "e")  # a key's tail: final rows, levels, GDN calls
-    laid_out = [(n, (n, key, ())) for n, key in zip(rows, keys)]
-    figures = recipe.cost_rule([(None, Pack())] * len(laid_out), laid_out, laid_out, recipe.table_policy("27b"))
+        def __init__(self, tokens):
+            self._tokens = tokens
+
+        def tokens(self, plan):
+            return self._tokens
+
+    tokens = (1000, 2040, 2100, 2600, 3100, 4000)
+    rows = (1024, 2080, 2112, 2624, 3104, 4096)  # padded: the second pack's 2,080 rows are over 2,048, its tokens not
+    keys = ("a", "b", "b", "c", "d", "e")  # a key's tail: final rows, levels, GDN calls
+    laid_out = [(n, (key, (), ())) for n, key in zip(rows, keys)]
+    packs = [(None, Pack(t)) for t in tokens]
+    figures = recipe.cost_rule(packs, laid_out, laid_out, recipe.table_policy("27b"))
     assert figures["graph_keys"] == 5
-    assert figures["graph_keys_eager_above"] == {"2048": 1, "2560": 2, "3072": 3}
+    assert figures["graph_keys_eager_above"] == {"2048": 2, "2560": 2, "3072": 3}
 
 
 def test_the_report_plans_with_the_shapes_own_defaults(tmp_path):

@@ -654,15 +654,54 @@ def test_graph_keys_tell_compiled_from_plain_elementwise():
 
 
 def test_graph_ready_packs():
-    from hf_openjev.patches.cuda_graphs import MAX_GRAPH_TOKENS, graph_ready
+    from hf_openjev.patches.cuda_graphs import graph_ready
     assert FastPathOptions().cuda_graphs  # the fast path replays graphs by default (on CUDA)
     small = plan_requests([[[[7] * 70 + [8], [7] * 70 + [9]]]])
     assert graph_ready(small, small.packs[0])
-    long = plan_requests([[[[7] * (MAX_GRAPH_TOKENS + 1)]]])
+    cut = FastPathOptions().graph_tokens
+    long = plan_requests([[[[7] * (cut + 1)]]])
     assert len(long.packs) == 1 and not graph_ready(long, long.packs[0])  # runs alone, eagerly
+    at_cut = plan_requests([[[[7] * cut]]])
+    assert graph_ready(at_cut, at_cut.packs[0]) and not graph_ready(at_cut, at_cut.packs[0], cut - 1)
+    assert graph_ready(small, small.packs[0], small.packs[0].tokens(small))  # a cut counts tokens, before padding
     split = plan_requests([[[[7] * 130 + [8], [7] * 130 + [9], [7] * 130 + [10]]]], max_sequences=1)
     assert not any(graph_ready(split, pack) for pack in split.packs if pack.external or pack.export)
     assert any(pack.external for pack in split.packs) and any(pack.export for pack in split.packs)
+
+
+def test_score_fast_sends_only_packs_within_graph_tokens_to_the_graphs(tmp_path):
+    """``graph_tokens`` is the longest pack that replays a graph; longer packs run eagerly, with the same answers
+    (the graph cache stood in for on the CPU: it runs the padded forward eagerly and counts the packs it gets)."""
+    from hf_openjev.fast_path import score_fast
+
+    checkpoint = build_tiny_checkpoint(tmp_path, config=tiny_text_config(num_layers=4, hidden_size=32))
+    model = load_export(checkpoint.export, dtype=torch.float32, device="cpu")
+    record = apply_patches(model, FastPathOptions())
+    text_model = text_model_of(model)
+    received = []
+
+    class Graphs:  # what score_fast needs of a PackGraphs
+        def run(self, ctx):
+            received.append(ctx.graph_key)
+            return text_model(pack=ctx)
+
+    rng = torch.Generator().manual_seed(3)
+    short = [[[torch.randint(10, 200, (12 + c,), generator=rng).tolist() for c in range(3)]]]  # one pack, 39 tokens
+    long = [[[torch.randint(10, 200, (90,), generator=rng).tolist()]]]  # one pack of 90
+    for requests, graphed_at_60 in ((short, 1), (long, 0)):
+        eager, _ = score_fast(model, requests, record.options.replace(cuda_graphs=False))
+        record.graphs = Graphs()
+        received.clear()
+        everything, _ = score_fast(model, requests)
+        assert len(received) == 1  # the default cut (4,096) graphs both
+        received.clear()
+        cut, _ = score_fast(model, requests, record.options.replace(graph_tokens=60))
+        assert len(received) == graphed_at_60  # the 90-token pack runs eagerly
+        record.graphs = None
+        for scores in (everything, cut):
+            assert scores == pytest.approx(eager, rel=1e-4, abs=1e-4)
+    with pytest.raises(ValueError, match="graph_tokens"):
+        FastPathOptions(graph_tokens=0)
 
 
 def _calls_and_levels(plan, pack):

@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from hf_openjev.fast_options import DENSE_ATTENTION_TOKENS, FORWARD_FIELDS, FastPathOptions
+from hf_openjev.fast_options import DENSE_ATTENTION_TOKENS, FORWARD_FIELDS, GRAPH_TOKENS, FastPathOptions
 from hf_openjev.packing import planner
 
-INTS = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0}  # name: minimum
+INTS = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0,
+        "graph_tokens": 1}  # name: minimum
 BOOLS = ["packed_candidates", "shared_prefix", "final_row_mlp", "stacked_projections", "cuda_graphs",
          "compile_elementwise", "fused_elementwise", "gdn_fp32", "share_tails", "measured_buckets"]
 
@@ -20,12 +21,13 @@ BOOLS = ["packed_candidates", "shared_prefix", "final_row_mlp", "stacked_project
 def test_every_option_and_its_default():
     options = FastPathOptions()
     assert set(FastPathOptions.names()) == set(INTS) | set(BOOLS) | {"fp8", "packed_attention"}
-    assert len(FastPathOptions.names()) == 16
+    assert len(FastPathOptions.names()) == 17
     assert options.fp8 == "off" and options.packed_attention == "flash"  # FP8 and the other kernels are opt-in
     assert (options.min_shared_tokens, options.max_sequences, options.max_tokens, options.share_tails) == (
         planner.DEFAULT_MIN_SHARED_TOKENS, planner.DEFAULT_MAX_SEQUENCES, planner.DEFAULT_MAX_TOKENS,
         planner.DEFAULT_SHARE_TAILS)
     assert options.dense_attention_tokens == DENSE_ATTENTION_TOKENS == 2048
+    assert options.graph_tokens == GRAPH_TOKENS == 4096  # packs up to 4,096 tokens replay graphs
     assert [name for name in BOOLS if getattr(options, name)] == [
         "packed_candidates", "shared_prefix", "final_row_mlp", "stacked_projections", "cuda_graphs",
         "fused_elementwise", "share_tails"]
@@ -47,7 +49,8 @@ def test_a_bad_integer_is_refused_with_what_to_give(name, value):
 
 
 def test_the_smallest_integers_are_accepted_and_one_below_is_not():
-    assert FastPathOptions(dense_attention_tokens=0, min_shared_tokens=1, max_sequences=1, max_tokens=1)
+    assert FastPathOptions(dense_attention_tokens=0, min_shared_tokens=1, max_sequences=1, max_tokens=1,
+                           graph_tokens=1)
     for name, minimum in INTS.items():
         with pytest.raises(ValueError, match=name):
             FastPathOptions(**{name: minimum - 1})
