@@ -52,8 +52,8 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
         ctx = build_pack_context(plan, pack, store, model.device, options, pad=graphed, buckets=buckets)
         if graphed:
             rows = graphs.run(ctx)[: len(ctx.leaf_ids)]  # a static buffer: the head reads it right away
-        else:
-            rows = text_model(pack=ctx)  # [N, hidden]
+        else:  # [N, hidden]; inside a warm-up maybe a probe of a few layers (PackGraphs.eager_layers)
+            rows = text_model(pack=ctx, layers=graphs.eager_layers(pack) if graphs is not None else None)
         if ctx.leaf_ids:
             pack_scores.append(model.head(rows.float()).squeeze(-1))  # [N] fp32
             leaf_index.update((seg, len(leaf_index)) for seg in ctx.leaf_ids)

@@ -34,7 +34,9 @@ A warm-up discards its answers, so inside :meth:`PackGraphs.warming` (``patches.
 server's warm-up and the bench's C warm-up pass use) nothing answers: a probed capture records without its replay
 and a captured bucket's pack replays nothing; the rows returned are zeros, or a graph's output as its last replay
 left it. Those replays were a forward of GPU time each that the warm-up waited for (recipes/RESULTS.md s26). The
-first replay of each graph then comes in the first real pack of its bucket.
+first replay of each graph then comes in the first real pack of its bucket. A pack that takes no graph (longer than
+``graph_tokens``) runs eagerly; inside a warm-up, when it hands no prefix state on, only the probe layers
+(:meth:`PackGraphs.eager_layers`): its first uses are met, a whole forward of GPU time is not spent (s30).
 """
 
 from __future__ import annotations
@@ -117,13 +119,20 @@ class PackGraphs:
     @contextlib.contextmanager
     def warming(self):
         """Inside, packs are not answered: a capture records without its answering replay (a probed one; an eager
-        one still answers from its eager run) and a captured bucket's pack replays nothing. For warm-ups, which
-        discard what they score; the rows returned are zeros, or a graph's output as its last replay left it."""
+        one still answers from its eager run), a captured bucket's pack replays nothing and an ungraphed pack that
+        hands no state on runs the probe layers alone (:meth:`eager_layers`). For warm-ups, which discard what they
+        score; the rows returned are zeros, a graph's output as its last replay left it, or a probe's."""
         previous, self.answering = self.answering, False
         try:
             yield self
         finally:
             self.answering = previous
+
+    def eager_layers(self, pack) -> tuple[int, ...] | None:
+        """The layers an eager (ungraphed) planner ``pack`` runs: inside :meth:`warming`, the probe layers when it
+        hands no prefix state on (its rows answer nothing; a later pack reads every layer's exported states);
+        otherwise None, all of them."""
+        return self.probe_layers if not self.answering and not pack.export else None
 
     def run(self, ctx) -> torch.Tensor:
         """Rows ``[R_b, hidden]`` of a padded context (``ctx.graph_key`` set); keep the first ``len(leaf_ids)``."""

@@ -465,11 +465,12 @@ def _op_calls(text_model, ctx, layers):
     return calls
 
 
+@pytest.mark.parametrize("pad", [True, False], ids=["padded", "eager"])
 @pytest.mark.parametrize("tails", [dict(), dict(share_tails=True, min_shared_tokens=8)])
-def test_a_probe_of_the_first_use_layers_calls_every_op_the_whole_forward_calls(tmp_path, tails):
+def test_a_probe_of_the_first_use_layers_calls_every_op_the_whole_forward_calls(tmp_path, tails, pad):
     """The probe of a capture (:func:`first_use_layers`) meets every op call of the whole padded forward, shapes,
     strides, dtypes and arguments alike, so that recording meets none for the first time; leaving a block type
-    out does not."""
+    out does not. So does the probe of an unpadded (eager) pack inside a warm-up (``PackGraphs.eager_layers``)."""
     from hf_openjev.patches.cuda_graphs import first_use_layers
 
     checkpoint = build_tiny_checkpoint(tmp_path, config=tiny_text_config(num_layers=7))
@@ -483,7 +484,7 @@ def test_a_probe_of_the_first_use_layers_calls_every_op_the_whole_forward_calls(
     for _ in range(3):
         plan = plan_requests(random_token_requests(rng, model.config.vocab_size), **tails)
         for pack in plan.packs:
-            ctx = build_pack_context(plan, pack, {}, "cpu", read_options(model), pad=True)
+            ctx = build_pack_context(plan, pack, {}, "cpu", read_options(model), pad=pad)
             whole = _op_calls(text_model, ctx, None)
             assert whole <= _op_calls(text_model, ctx, probe)
             assert not whole <= _op_calls(text_model, ctx, (0, 6))  # no full-attention layer: its ops are missed
@@ -670,38 +671,59 @@ def test_graph_ready_packs():
 
 
 def test_score_fast_sends_only_packs_within_graph_tokens_to_the_graphs(tmp_path):
-    """``graph_tokens`` is the longest pack that replays a graph; longer packs run eagerly, with the same answers
-    (the graph cache stood in for on the CPU: it runs the padded forward eagerly and counts the packs it gets)."""
+    """``graph_tokens`` is the longest pack that replays a graph; longer packs run eagerly, with the same answers.
+    Inside a warm-up an eager pack that hands no state on runs the probe layers alone. (The graph cache's captures
+    stood in for on the CPU: its ``run`` runs the padded forward eagerly and counts the packs it gets.)"""
     from hf_openjev.fast_path import score_fast
+    from hf_openjev.patches import warming_up
+    from hf_openjev.patches.cuda_graphs import PackGraphs, first_use_layers
 
-    checkpoint = build_tiny_checkpoint(tmp_path, config=tiny_text_config(num_layers=4, hidden_size=32))
+    checkpoint = build_tiny_checkpoint(tmp_path, config=tiny_text_config(num_layers=7, hidden_size=32))
     model = load_export(checkpoint.export, dtype=torch.float32, device="cpu")
     record = apply_patches(model, FastPathOptions())
     text_model = text_model_of(model)
-    received = []
+    received, layers_run = [], []
 
-    class Graphs:  # what score_fast needs of a PackGraphs
+    class Graphs(PackGraphs):
         def run(self, ctx):
             received.append(ctx.graph_key)
             return text_model(pack=ctx)
 
+    for layer in text_model.layers:
+        layer.register_forward_pre_hook(lambda module, args: layers_run.append(module))
     rng = torch.Generator().manual_seed(3)
     short = [[[torch.randint(10, 200, (12 + c,), generator=rng).tolist() for c in range(3)]]]  # one pack, 39 tokens
     long = [[[torch.randint(10, 200, (90,), generator=rng).tolist()]]]  # one pack of 90
     for requests, graphed_at_60 in ((short, 1), (long, 0)):
         eager, _ = score_fast(model, requests, record.options.replace(cuda_graphs=False))
-        record.graphs = Graphs()
+        record.graphs = Graphs(text_model, probe_layers=first_use_layers(text_model))
         received.clear()
         everything, _ = score_fast(model, requests)
         assert len(received) == 1  # the default cut (4,096) graphs both
         received.clear()
         cut, _ = score_fast(model, requests, record.options.replace(graph_tokens=60))
         assert len(received) == graphed_at_60  # the 90-token pack runs eagerly
+        if not graphed_at_60:  # inside a warm-up the eager pack runs the probe, (0, 3, 6) of 7 layers
+            layers_run.clear()
+            with warming_up(model):
+                score_fast(model, requests, record.options.replace(graph_tokens=60))
+            assert [list(text_model.layers).index(m) for m in layers_run] == list(first_use_layers(text_model)) == [0, 3, 6]
         record.graphs = None
         for scores in (everything, cut):
             assert scores == pytest.approx(eager, rel=1e-4, abs=1e-4)
     with pytest.raises(ValueError, match="graph_tokens"):
         FastPathOptions(graph_tokens=0)
+
+
+def test_an_eager_pack_that_hands_states_on_runs_every_layer_inside_a_warm_up_too(tmp_path):
+    from hf_openjev.patches.cuda_graphs import PackGraphs
+
+    graphs = PackGraphs(object(), probe_layers=(0, 3, 6))
+    exporting, leaf = Pack(segments=[], export=[1]), Pack(segments=[], export=[])
+    assert graphs.eager_layers(exporting) is None and graphs.eager_layers(leaf) is None  # answering: all layers
+    with graphs.warming():
+        assert graphs.eager_layers(exporting) is None and graphs.eager_layers(leaf) == (0, 3, 6)
+    assert PackGraphs(object()).eager_layers(leaf) is None  # an eager capture's cache probes nothing
 
 
 def _calls_and_levels(plan, pack):
