@@ -20,8 +20,9 @@ from .packing.planner import DEFAULT_MAX_SEQUENCES, DEFAULT_MAX_TOKENS, DEFAULT_
 # (ops.packed_attention.causal_attention: cuDNN on CUDA): cuDNN is faster than FA2 on long single sequences and
 # slower on short ones, so the threshold sits where it starts to win (recipes/RESULTS.md). 0 turns it off.
 DENSE_ATTENTION_TOKENS = 2048
-# A graphed pack has at most this many tokens; a longer one runs eagerly (its host time is small beside its GPU
-# time, its activations are not small in the graphs' shared pool)
+# A graphed pack has at most this many tokens; a longer one runs eagerly: its GPU time hides its launches' host
+# time, and its activations would be large in the graphs' shared pool. Lower cuts lose speed: at 27B a pack of
+# 2,049-4,096 tokens run eagerly is host-bound (recipes/RESULTS.md s30)
 GRAPH_TOKENS = 4096
 
 # the options a packed forward reads (PackContext.options): a captured CUDA graph depends on them (its key holds them)
@@ -69,9 +70,9 @@ class FastPathOptions:
     # on CUDA, replay packed forwards as CUDA graphs per shape bucket (cuda_graphs.py); apply_patches creates the
     # graph cache of a CUDA model when this is on; per call, False runs eagerly
     cuda_graphs: bool = True
-    # the longest pack (tokens, before padding) replayed as a CUDA graph; longer packs run eagerly. Fewer graphs,
-    # a shorter warm-up, less pool memory at a lower value; what eager long packs cost is measured in
-    # recipes/RESULTS.md (s30)
+    # the longest pack (tokens, before padding) replayed as a CUDA graph; longer packs run eagerly. A lower value
+    # means fewer graphs, a shorter warm-up and a smaller pool, at a cost in speed (27B, 2,048: ~5 s off a warm
+    # warm-up, 9% of the mean and 27% of p95 lost; recipes/RESULTS.md s30)
     graph_tokens: int = GRAPH_TOKENS
     # on CUDA, norms / SiLU-mul / gates / RoPE through torch.compile: faster than the plain code, but its decisions
     # drift further from stock Transformers' (recipes/RESULTS.md), so opt-in

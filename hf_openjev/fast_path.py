@@ -3,9 +3,9 @@
 ``score_fast(model, requests_tokens, options)`` scores ``requests_tokens[r][q][c]`` (token ids) and returns the flat
 scores in request/question/candidate order plus one ``prefix_cache`` report per request. The model must have been
 set up with :func:`~hf_openjev.patches.apply_patches`. On CUDA (``cuda_graphs``, on by default) every pack that
-``graph_ready`` accepts (at most ``graph_tokens``) is padded to its shape bucket (the record's ``buckets``: the model shape's measured GEMM
-cost table, :mod:`.packing.bucket_policy`) and replayed from the record's graph cache; other packs run
-eagerly.
+``graph_ready`` accepts (at most ``graph_tokens``, no prefix state handed on or received) is padded to its shape
+bucket (the fixed token steps, or with ``measured_buckets`` the record's ``buckets``: the model shape's measured GEMM
+cost table, :mod:`.packing.bucket_policy`) and replayed from the record's graph cache; other packs run eagerly.
 """
 
 from __future__ import annotations
