@@ -45,7 +45,9 @@
 #                                        # copied back into .answers/ (git-ignored; carry it), are reused, not answered
 #                                        # again. B alone takes ~140 s on a fresh kernel cache (fla autotunes)
 #   bash recipes/gpu_campaign.sh gate-probes SPEC...  # e.g. gate-probes 2b:1:B1 2b:2:B1 9b:1:aligned,B1: gate-probe's
-#                                        # runs (SHAPE:SEED[:B1,aligned], the default always) side by side in one call,
+#                                        # runs (SHAPE:SEED[:B1,aligned,...], the default always; also one option
+#                                        # over the model's defaults by name: nostack, nofused, nofinal, nographs,
+#                                        # gdn32, e.g. 2b:0:B1,nostack,nofused) side by side in one call,
 #                                        # one process each: the gate times nothing (fla's keys that the carried
 #                                        # configurations lack, stock B's among them, are tuned under the others'
 #                                        # load and may pick another configuration, as a fresh machine may)
@@ -218,17 +220,33 @@ if [ "$stage" = gate-probe ]; then  # a known shape, a seed with a committed ora
   done
 fi
 if [ "$stage" = gate-probes ]; then  # SHAPE:SEED[:NAMED,...] each, with a committed oracle, before setup
-  usage="gate-probes SPEC...: SHAPE:SEED[:CONFIGS], SHAPE 2b or 9b, a seed whose oracle is in data/bench, CONFIGS B1 and/or aligned (comma-separated); e.g. 2b:1:B1 9b:1:aligned,B1"
+  # one option off (or on) over the model's defaults, by name: where a default departs from B (issue 39's 2B)
+  declare -A probe_options=([nostack]='{"stacked_projections": false}' [nofused]='{"fused_elementwise": false}'
+    [nofinal]='{"final_row_mlp": false}' [nographs]='{"cuda_graphs": false}' [gdn32]='{"gdn_fp32": true}')
+  names="B1|aligned|$(printf '%s\n' "${!probe_options[@]}" | sort | paste -sd'|')"
+  usage="gate-probes SPEC...: SHAPE:SEED[:CONFIGS], SHAPE 2b or 9b, a seed whose oracle is in data/bench, CONFIGS comma-separated of ${names//|/, }; e.g. 2b:1:B1 9b:1:aligned,B1 2b:0:nostack,nofused"
   [ $# -gt 0 ] || { echo "$usage"; exit 2; }
+  probe_dir=${TMPDIR:-/tmp}/gate-probes-configs
+  rm -rf "$probe_dir"
   probe_specs=()
   for spec in "$@"; do
     IFS=: read -r p_shape p_seed p_named extra <<<"$spec"
     case "$p_shape" in 2b|9b) ;; *) echo "$spec: $usage"; exit 2 ;; esac
     [[ "$p_seed" =~ ^[0-9]+$ ]] && [ -z "$extra" ] || { echo "$spec: $usage"; exit 2; }
-    [[ -z "$p_named" || "$p_named" =~ ^(B1|aligned)(,(B1|aligned))*$ ]] || { echo "$spec: $usage"; exit 2; }
+    [[ -z "$p_named" || "$p_named" =~ ^($names)(,($names))*$ ]] || { echo "$spec: $usage"; exit 2; }
     p_oracle=$(seed_oracle "$p_shape" "$p_seed")
     [ -f "$p_oracle" ] || { echo "no committed oracle $p_oracle: run gate-seeds $p_shape $p_seed first"; exit 2; }
-    probe_specs+=("$p_shape $p_seed $p_oracle default${p_named:+,$p_named}")
+    p_configs=default
+    for name in ${p_named//,/ }; do  # B1, aligned: hf-openjev fidelity's own names; the others: options files
+      if [ -n "${probe_options[$name]:-}" ]; then
+        mkdir -p "$probe_dir/${p_shape}_seed$p_seed"
+        printf '%s\n' "${probe_options[$name]}" >"$probe_dir/${p_shape}_seed$p_seed/$name.json"
+        p_configs+=",$probe_dir/${p_shape}_seed$p_seed/$name.json"
+      else
+        p_configs+=",$name"
+      fi
+    done
+    probe_specs+=("$p_shape $p_seed $p_oracle $p_configs")
   done
 fi
 if [ "$stage" = gate-seeds ]; then  # a known shape and one or more seeds, before setup
