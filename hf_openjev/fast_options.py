@@ -71,8 +71,8 @@ class FastPathOptions:
     # graph cache of a CUDA model when this is on; per call, False runs eagerly
     cuda_graphs: bool = True
     # the longest pack (tokens, before padding) replayed as a CUDA graph; longer packs run eagerly. A lower value
-    # means fewer graphs, a shorter warm-up and a smaller pool, at a cost in speed (27B, 2,048: ~5 s off a warm
-    # warm-up, 9% of the mean and 27% of p95 lost; recipes/RESULTS.md s30)
+    # means fewer graphs and a shorter warm-up, at a cost in speed (27B, 2,048: ~5 s off a warm warm-up, 9% of the
+    # mean and 27% of p95 lost; recipes/RESULTS.md s30)
     graph_tokens: int = GRAPH_TOKENS
     # on CUDA, norms / SiLU-mul / gates / RoPE through torch.compile: faster than the plain code, but its decisions
     # drift further from stock Transformers' (recipes/RESULTS.md), so opt-in
