@@ -67,6 +67,14 @@ def key_without_gdn_shapes(key_tail: tuple) -> tuple:
     return final_rows, levels
 
 
+def key_by_rows_and_level_kinds(rows: int, key_tail: tuple) -> tuple:
+    """A graph key if a graph took every layout on the device (each level's tokens, sequences and chunks, the GDN
+    calls' rows, the scored rows, all in padded device buffers read by kernels launched over upper bounds): the
+    padded rows and each level's kind (has parents, dense attention) alone. Not built; a costing of that design."""
+    _final_rows, levels, _calls = key_tail
+    return rows, tuple((level[3], level[6]) for level in levels)  # naive_layout.key_graph: has_parents, dense
+
+
 def cost_rule(packs, laid_out, before, curve: BucketPolicy) -> dict:
     """One rule's figures (``laid_out``: :func:`padded_rows` of ``packs``; ``before``: the token steps' rows):
     padded GEMM ms on ``curve``, the most one pack's padding adds over its unpadded ms, the packs that cost more than
@@ -81,6 +89,7 @@ def cost_rule(packs, laid_out, before, curve: BucketPolicy) -> dict:
             "padding_share": round((padded - sum(real)) / sum(real), 4),
             "graph_keys": len({key for _, key in laid_out}),
             "graph_keys_without_gdn_shapes": len({key_without_gdn_shapes(key) for _, key in laid_out}),
+            "graph_keys_rows_and_level_kinds": len({key_by_rows_and_level_kinds(*entry) for entry in laid_out}),
             "graph_keys_eager_above": {str(limit): len({key for (plan, pack), (_, key) in zip(packs, laid_out)
                                                         if graph_ready(plan, pack, limit)})
                                        for limit in EAGER_ABOVE},
@@ -112,11 +121,13 @@ def render_markdown(results: dict, command: str) -> str:
              f"Unpadded (each pack at its real tokens' ms on the curve): {results['unpadded_gemm_ms']:.1f} ms.", "",
              "| rule | padded GEMM ms | most one pack's padding adds, ms | packs costlier than the steps | "
              "padding tokens | padding / real | graph keys | without the GDN calls' shapes | "
+             "padded rows and level kinds alone (layout on the device) | "
              + " | ".join(f"packs over {limit:,} tokens eager" for limit in EAGER_ABOVE) + " | row counts |",
-             "|---|---|---|---|---|---|---|---|" + "---|" * len(EAGER_ABOVE) + "---|"]
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(EAGER_ABOVE) + "---|"]
     for name, r in results["rules"].items():
         lines.append(f"| {name} | {r['gemm_ms']:.1f} | {r['max_over_unpadded_ms']:.2f} | {r['packs_costlier_than_steps']} | {r['padding_tokens']} | {100 * r['padding_share']:.1f}% | "
                      f"{r['graph_keys']} | {r['graph_keys_without_gdn_shapes']} | "
+                     f"{r['graph_keys_rows_and_level_kinds']} | "
                      + " | ".join(str(r["graph_keys_eager_above"][str(limit)]) for limit in EAGER_ABOVE)
                      + f" | {r['row_counts']} |")
     return "\n".join(lines) + "\n"

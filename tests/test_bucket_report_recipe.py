@@ -20,6 +20,7 @@ def test_the_report_costs_every_rule_on_the_measured_curve(tmp_path):
     for r in rules.values():
         assert r["gemm_ms"] > 0 and r["padding_tokens"] >= 0 and "max_over_unpadded_ms" in r and 1 <= r["row_counts"] <= r["graph_keys"]
         assert 1 <= r["graph_keys_without_gdn_shapes"] <= r["graph_keys"]
+        assert r["row_counts"] <= r["graph_keys_rows_and_level_kinds"] <= r["graph_keys"]
         eager = [r["graph_keys_eager_above"][str(limit)] for limit in recipe.EAGER_ABOVE]
         assert eager == sorted(eager) and eager[-1] <= r["graph_keys"]  # a higher cut keeps more graphs
     assert rules[measured]["packs_costlier_than_steps"] == 0
