@@ -11,8 +11,8 @@ lays it out, under each rule: the fixed token steps (``bucket_policy=None``, the
 measured table (``hf_openjev/packing/gemm_costs.py``) at a few windows. Per rule: the padded GEMM milliseconds of
 the graphed packs on the measured curve (``BucketPolicy.cost_ms``: the time at the smallest measured row count >=
 the pack's rows), the padding tokens, and the distinct graph keys (graphs a warm-up captures) and row counts. This
-is a costing on the measured curve, not a GPU timing; eager packs (over ``graph_tokens``, 4,096 by default, or handing states on) are
-left out, being the same under every rule.
+is a costing on the measured curve, not a GPU timing; eager packs (over ``graph_tokens``, 4,096 by default, or
+handing states on) are left out, being the same under every rule.
 """
 
 from __future__ import annotations
