@@ -36,8 +36,8 @@ from hf_openjev.patches.cuda_graphs import graph_ready
 
 WINDOWS = (64, 128, 256)
 # packs over these tokens (before padding) as eager forwards instead of graphs (FastPathOptions.graph_tokens; its
-# default is 4,096): the graph keys left. A long pack's GPU time can exceed the host time of launching it eagerly
-# (27B: ~0.19 s of host a forward, RESULTS.md s23), and then its graph saves nothing but costs a capture
+# default is 4,096): the graph keys left. Measured at 27B (RESULTS.md s30): a 2,049-4,096-token pack run eagerly is
+# still host-bound, so these cuts shorten a warm-up at a cost in speed
 EAGER_ABOVE = (2048, 2560, 3072)
 
 

@@ -52,6 +52,26 @@ def test_eager_cuts_count_the_graph_keys_of_packs_up_to_each_cut():
     assert figures["graph_keys_eager_above"] == {"2048": 2, "2560": 2, "3072": 3}
 
 
+def test_keys_by_rows_and_level_kinds_drop_every_other_layout_detail():
+    """The layout-on-the-device costing: two packs of equal padded rows and level kinds (has parents, dense) share a
+    key whatever their levels' tokens, sequences, chunks, GDN calls and scored rows; another kind or row count not."""
+    recipe = load_recipe("bucket_report")
+
+    def level(tokens, seqs, has_parents, dense):  # naive_layout.key_graph's level tuple
+        return tokens, (seqs + 1,), (tokens // 64 + seqs, 2), has_parents, 0, None, dense
+
+    a = (4, (level(64, 1, False, False), level(192, 4, True, False)), (("call", 1),))
+    b = (6, (level(96, 1, False, False), level(160, 6, True, False)), (("call", 2),))
+    c = (4, (level(64, 1, False, False), level(192, 4, False, False)), (("call", 1),))
+    assert recipe.key_by_rows_and_level_kinds(256, a) == recipe.key_by_rows_and_level_kinds(256, b)
+    assert recipe.key_by_rows_and_level_kinds(256, a) != recipe.key_by_rows_and_level_kinds(256, c)
+    assert recipe.key_by_rows_and_level_kinds(256, a) != recipe.key_by_rows_and_level_kinds(288, a)
+    Pack = type("Pack", (), {"external": (), "export": (), "tokens": lambda self, plan: 200})
+    figures = recipe.cost_rule([(None, Pack())] * 3, [(256, a), (256, b), (256, c)], [(256, a)] * 3,
+                               recipe.table_policy("27b"))
+    assert (figures["graph_keys"], figures["graph_keys_rows_and_level_kinds"]) == (3, 2)
+
+
 def test_the_report_plans_with_the_shapes_own_defaults(tmp_path):
     """A 2B plans every candidate alone (its own defaults), so its graphed packs hold one sequence each and no shared
     prefix; the 27B's packs share prefixes and several candidates."""

@@ -5,6 +5,7 @@ committed oracle a stage names (data/bench/oracle_<shape>.json.gz) is in the che
 files against a seed's committed oracle (gate-probes: several such runs side by side) and puts carried answers where the command reuses them; server-time runs
 the stand-in, then the shape's real forward, and refuses an unknown shape before setup; divergence runs the layer
 comparison against fp32 per request; family runs the 9B's and 2B's benches alone, B warmed on every request; warm-ab alternates answered and unanswered warm-ups;
+graph-cut alternates the default graph_tokens with each cut;
 warmup re-runs the 2B on the configurations it tuned only when it tuned the 2B's."""
 
 import json
@@ -366,6 +367,28 @@ def test_warm_ab_runs_the_tests_then_alternates_answered_and_unanswered_warm_ups
 def test_warm_ab_refuses_another_shape_before_setup(tmp_path):
     result, lines, _ = run_stage(tmp_path, "warm-ab", "2b", "70b")
     assert result.returncode == 2 and "got 70b" in result.stdout and lines == []
+
+
+@pytest.mark.parametrize("args, cuts", [(("27b",), ["2560", "2048"]), (("2b", "3000"), ["3000"])])
+def test_graph_cut_alternates_the_default_with_each_cut(tmp_path, args, cuts):
+    """graph-cut SHAPE [CUT...]: C's warm-up and a measured pass per run with packs over CUT tokens eager, the default
+    4096 first (it warms the kernel cache), then each cut, the default, each cut again, each in a folder of its own."""
+    result, lines, out = run_stage(tmp_path, "graph-cut", *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = script_calls(lines, "warmup_breakdown.py")
+    found = [re.search(r'--shape (\S+) --measured-pass --fast-options \{"graph_tokens": (\d+)\} --out (\S+)',
+                       run).groups() for run in runs]
+    assert [(shape, cut) for shape, cut, _ in found] == [(args[0], cut) for cut in ["4096", *cuts, "4096", *cuts]]
+    assert len({folder for _, _, folder in found}) == len(found) and (out / "graph-cut.tgz").is_file()
+
+
+@pytest.mark.parametrize("args, message", [(("graph-cut",), "graph-cut SHAPE [CUT...]"),
+                                           (("graph-cut", "70b"), "graph-cut SHAPE [CUT...]"),
+                                           (("graph-cut", "27b", "0"), "got 0"),
+                                           (("graph-cut", "27b", "2k"), "got 2k")])
+def test_graph_cut_refuses_bad_calls_before_setup(tmp_path, args, message):
+    result, lines, _ = run_stage(tmp_path, *args)
+    assert result.returncode == 2 and message in result.stdout and lines == [], (args, result.stdout)
 
 
 @pytest.mark.parametrize("args, shapes", [((), ["9b", "2b"]), (("2b",), ["2b"])])
