@@ -30,7 +30,8 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
     ``options``: the :class:`~hf_openjev.fast_options.FastPathOptions` of this call (default: the ones the model
     was patched with; its ``fp8`` must be the model's). A model that :func:`~hf_openjev.patches.apply_patches` has
     not set up is refused (RuntimeError). Packs replay CUDA graphs when ``options.cuda_graphs`` is on and the
-    record holds a graph cache (``apply_patches`` creates it on a CUDA model)."""
+    record holds a graph cache (``apply_patches`` creates it on a CUDA model). Inside
+    :func:`~hf_openjev.patches.warming_up` nothing is answered: every score is 0.0."""
     record = require_patches(model)
     options = options if options is not None else record.options
     if options.fp8 != record.options.fp8:  # the modules are what apply_patches made them; a call cannot change them
@@ -65,6 +66,8 @@ def score_fast(model, requests_tokens: Sequence[Sequence[Sequence[Sequence[int]]
     order = sorted((s.request, s.leaf, s.id) for s in plan.segments if s.leaf is not None)
     scores = pack_scores[0] if len(pack_scores) == 1 else torch.cat(pack_scores) if pack_scores else None
     values = scores.tolist() if scores is not None else []  # the one device synchronisation
+    if graphs is not None and not graphs.answering:  # a warm-up: rows are zeros, stale outputs or probes
+        values = [0.0] * len(values)  # (PackGraphs.warming), so its scores are 0.0, never garbage
     flat = [values[leaf_index[seg_id]] for _, _, seg_id in order]
     caches = [{"enabled": options.shared_prefix, "mode": "prefix-tree" if options.shared_prefix else "none",
                "shared_tokens": shared} for shared in plan.shared_tokens]

@@ -93,8 +93,9 @@ def read_graph_stats(model) -> dict | None:
 @contextmanager
 def warming_up(model):
     """``with warming_up(model): ...``: the fast path's packs inside are scored for their captures and first uses
-    only, not answered (:meth:`PackGraphs.warming`): what a warm-up that discards its scores runs. Scores computed
-    inside are meaningless. Nothing changes for a model without a graph cache (the CPU, ``cuda_graphs=False``)."""
+    only, not answered (:meth:`PackGraphs.warming`): what a warm-up that discards its scores runs. Every score
+    the fast path returns inside is 0.0 (the rows it reads there are zeros, a graph's stale output or a probe's: no
+    answer). Nothing changes for a model without a graph cache (the CPU, ``cuda_graphs=False``)."""
     record = patch_record(model)
     graphs = record.graphs if record is not None else None
     with graphs.warming() if graphs is not None else nullcontext():

@@ -395,6 +395,40 @@ def test_an_eager_capture_inside_warming_still_answers_from_its_eager_run(monkey
         assert torch.equal(graphs.run(Ctx()), torch.full((2, 3), 1.0)) and "replay" not in events
 
 
+def test_inside_a_warm_up_every_score_is_zero_even_where_the_rows_read_are_not_finite(tmp_path):
+    """A warm-up's rows answer nothing (a graph's stale static output, a probe's): ``score_fast`` returns 0.0 for
+    each score there, so ``score_prepared``'s non-finite check cannot fail a warm pass (s31: the bench's sweep warm
+    pass at 27B raised "non-finite score"). Outside, the same packs are answered. (The graph cache stood in for:
+    unanswered, its rows are NaN, memory a graph has not written.)"""
+    from hf_openjev.contract import parse_request
+    from hf_openjev.patches import warming_up
+    from hf_openjev.patches.cuda_graphs import PackGraphs
+    from hf_openjev.scoring import PreparedRequest, score_prepared
+
+    checkpoint = build_tiny_checkpoint(tmp_path, config=tiny_text_config(num_layers=4, hidden_size=32))
+    model = load_export(checkpoint.export, dtype=torch.float32, device="cpu")
+    record = apply_patches(model, FastPathOptions())
+    text_model = text_model_of(model)
+
+    class Graphs(PackGraphs):
+        def run(self, ctx):
+            rows = text_model(pack=ctx)
+            return rows if self.answering else torch.full_like(rows, float("nan"))
+
+    parsed = parse_request({"state": "x", "questions": {"q": {"type": "choice", "instructions": "q",
+                                                               "criteria": {"a": None, "b": None, "c": None}}}})
+    rng = random.Random(5)
+    prefix = [rng.randrange(10, 200) for _ in range(70)]
+    prepared = [PreparedRequest(parsed, [[prefix + [rng.randrange(10, 200) for _ in range(n)] for n in (3, 1, 5)]])]
+    eager = score_prepared(model, prepared, fast=True).scores  # no graph cache on the CPU: answered eagerly
+    record.graphs = Graphs(text_model)
+    with warming_up(model):
+        warm = score_prepared(model, prepared, fast=True).scores
+    assert [x for q in warm[0] for x in q] == [0.0, 0.0, 0.0]
+    answered = score_prepared(model, prepared, fast=True).scores
+    assert [x for q in answered[0] for x in q] == pytest.approx([x for q in eager[0] for x in q], abs=1e-5)
+
+
 def test_warming_up_a_model_turns_answers_off_inside_only_and_is_a_no_op_without_graphs(tmp_path):
     from hf_openjev.patches import warming_up
     from hf_openjev.patches.cuda_graphs import PackGraphs
