@@ -26,7 +26,8 @@ DENSE_ATTENTION_TOKENS = 2048
 GRAPH_TOKENS = 4096
 
 # the options a packed forward reads (PackContext.options): a captured CUDA graph depends on them (its key holds them)
-FORWARD_FIELDS = ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32", "packed_attention")
+FORWARD_FIELDS = ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32", "packed_attention",
+                  "residual_fp32")
 _MINIMUM = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0,
             "graph_tokens": 1}
 # the kernels a packed level's attention can run on CUDA (ops.packed_attention.PACKED_KERNELS)
@@ -83,6 +84,11 @@ class FastPathOptions:
     # feed the GDN kernel fp32 q/k/v, for parity with the stock fp32 fallback. Opt-in: at 2B it passes the fidelity
     # gate on one set of weights of three, where the default passes on another (recipes/RESULTS.md, s18)
     gdn_fp32: bool = False
+    # carry the decoder layers' residual stream in fp32 (stock Transformers keeps it in the model dtype): each layer's
+    # output is added without rounding, the norms and projections still read the model dtype, and the head reads the
+    # final norm in fp32. Closer to the fp32 oracle than stock bf16, not bit-equal to it; opt-in until it has been
+    # through the fidelity gate (recipes/RESULTS.md s31)
+    residual_fp32: bool = False
     # FP8 projections, opt-in: "all" (MLP, attention and GDN projections), "no-gdn" (the GDN's in bf16) or "off".
     # About half the weights and faster, but neither mode passes the fidelity gate against the fp32 oracle
     # (recipes/RESULTS.md).

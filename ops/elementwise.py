@@ -23,9 +23,10 @@ def rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def add_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """(normed, new_residual): new_residual = residual + x in the model dtype, normed = RMSNorm(new_residual)."""
+    """(normed, new_residual): new_residual = residual + x in the residual's dtype (the model's, or fp32: the fast
+    path's ``residual_fp32``), normed = RMSNorm(new_residual) in x's dtype."""
     new_residual = residual + x
-    return rms_norm_reference(new_residual, weight, eps), new_residual
+    return rms_norm_reference(new_residual, weight, eps).to(x.dtype), new_residual
 
 
 def gated_rms_norm_reference(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -19,7 +19,8 @@ class PackedDecoderLayer(qwen.Qwen3_5DecoderLayer):
     when ``final_rows`` is given: the rows kept after the mixer), whose sum is the stock layer's output.
 
     The sum is left to the next layer, which adds it in the same kernel as its input norm (``add_rms_norm``;
-    ``residual`` is then the previous layer's residual and ``hidden_states`` its MLP output)."""
+    ``residual`` is then the previous layer's residual and ``hidden_states`` its MLP output). The residual is in
+    the model dtype, or fp32 with ``residual_fp32`` (the norms' outputs stay in the model dtype)."""
 
     def forward(self, hidden_states, *args, pack=None, rotary=None, final_rows=None, residual=None, **kwargs):
         if pack is None:
@@ -28,7 +29,7 @@ class PackedDecoderLayer(qwen.Qwen3_5DecoderLayer):
                                   fused=pack.options.fused_elementwise)
         norm = self.input_layernorm
         if residual is None:  # the first layer: its input is the embedding
-            residual = hidden_states
+            residual = hidden_states.float() if pack.options.residual_fp32 else hidden_states
             hidden_states = ew.rms_norm(hidden_states, norm.weight, norm.eps)
         else:
             hidden_states, residual = ew.add_rms_norm(hidden_states, residual, norm.weight, norm.eps)
@@ -40,8 +41,9 @@ class PackedDecoderLayer(qwen.Qwen3_5DecoderLayer):
         if final_rows is None:
             hidden_states, residual = ew.add_rms_norm(hidden_states, residual, norm.weight, norm.eps)
         else:
+            dtype = hidden_states.dtype
             residual = (residual + hidden_states).index_select(0, final_rows)  # [N, hidden]
-            hidden_states = ew.rms_norm(residual, norm.weight, norm.eps)
+            hidden_states = ew.rms_norm(residual, norm.weight, norm.eps).to(dtype)
         gate, up = projections(self.mlp, hidden_states)
         if self.mlp.config.hidden_act == "silu":
             hidden_states = ew.silu_mul(gate, up)

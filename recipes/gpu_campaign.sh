@@ -47,7 +47,7 @@
 #   bash recipes/gpu_campaign.sh gate-probes SPEC...  # e.g. gate-probes 2b:1:B1 2b:2:B1 9b:1:aligned,B1: gate-probe's
 #                                        # runs (SHAPE:SEED[:B1,aligned,...], the default always; also one option
 #                                        # over the model's defaults by name: nostack, nofused, nofinal, nographs,
-#                                        # gdn32, e.g. 2b:0:B1,nostack,nofused) side by side in one call,
+#                                        # gdn32, res32, e.g. 2b:0:B1,nostack,res32) side by side in one call,
 #                                        # one process each: the gate times nothing (fla's keys that the carried
 #                                        # configurations lack, stock B's among them, are tuned under the others'
 #                                        # load and may pick another configuration, as a fresh machine may)
@@ -222,7 +222,8 @@ fi
 if [ "$stage" = gate-probes ]; then  # SHAPE:SEED[:NAMED,...] each, with a committed oracle, before setup
   # one option off (or on) over the model's defaults, by name: where a default departs from B (issue 39's 2B)
   declare -A probe_options=([nostack]='{"stacked_projections": false}' [nofused]='{"fused_elementwise": false}'
-    [nofinal]='{"final_row_mlp": false}' [nographs]='{"cuda_graphs": false}' [gdn32]='{"gdn_fp32": true}')
+    [nofinal]='{"final_row_mlp": false}' [nographs]='{"cuda_graphs": false}' [gdn32]='{"gdn_fp32": true}'
+    [res32]='{"residual_fp32": true}')
   names="B1|aligned|$(printf '%s\n' "${!probe_options[@]}" | sort | paste -sd'|')"
   usage="gate-probes SPEC...: SHAPE:SEED[:CONFIGS], SHAPE 2b or 9b, a seed whose oracle is in data/bench, CONFIGS comma-separated of ${names//|/, }; e.g. 2b:1:B1 9b:1:aligned,B1 2b:0:nostack,nofused"
   [ $# -gt 0 ] || { echo "$usage"; exit 2; }

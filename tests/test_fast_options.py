@@ -15,13 +15,13 @@ from hf_openjev.packing import planner
 INTS = {"min_shared_tokens": 1, "max_sequences": 1, "max_tokens": 1, "dense_attention_tokens": 0,
         "graph_tokens": 1}  # name: minimum
 BOOLS = ["packed_candidates", "shared_prefix", "final_row_mlp", "stacked_projections", "cuda_graphs",
-         "compile_elementwise", "fused_elementwise", "gdn_fp32", "share_tails", "measured_buckets"]
+         "compile_elementwise", "fused_elementwise", "gdn_fp32", "residual_fp32", "share_tails", "measured_buckets"]
 
 
 def test_every_option_and_its_default():
     options = FastPathOptions()
     assert set(FastPathOptions.names()) == set(INTS) | set(BOOLS) | {"fp8", "packed_attention"}
-    assert len(FastPathOptions.names()) == 17
+    assert len(FastPathOptions.names()) == 18
     assert options.fp8 == "off" and options.packed_attention == "flash"  # FP8 and the other kernels are opt-in
     assert (options.min_shared_tokens, options.max_sequences, options.max_tokens, options.share_tails) == (
         planner.DEFAULT_MIN_SHARED_TOKENS, planner.DEFAULT_MAX_SEQUENCES, planner.DEFAULT_MAX_TOKENS,
@@ -110,7 +110,7 @@ def test_the_forward_key_holds_the_options_the_forward_reads():
         assert (changed.forward_key() != key) == (name in FORWARD_FIELDS), name
     # fp8 is not read by the forward: apply_patches swaps the modules once (score_fast refuses a call's other fp8)
     assert FORWARD_FIELDS == ("final_row_mlp", "compile_elementwise", "fused_elementwise", "gdn_fp32",
-                              "packed_attention")
+                              "packed_attention", "residual_fp32")
 
 
 def test_the_packed_attention_kernel_is_one_of_two_names():

@@ -232,14 +232,15 @@ def test_gate_probes_run_side_by_side_each_against_its_seeds_oracle(tmp_path):
 def test_gate_probes_name_one_option_over_the_defaults(tmp_path):
     """gate-probes 2b:0:B1,nostack,gdn32 9b:1:nofused: hf-openjev fidelity's own names as they are, the others as
     an options file each (one option over the model's defaults), per spec."""
-    result, lines, _ = run_stage(tmp_path, "gate-probes", "2b:0:B1,nostack,gdn32", "9b:1:nofused",
+    result, lines, _ = run_stage(tmp_path, "gate-probes", "2b:0:B1,nostack,gdn32,res32", "9b:1:nofused",
                                  carried=("oracle_2b.json.gz", "oracle_9b_seed1.json.gz"))
     assert result.returncode == 0, result.stdout + result.stderr
     runs = {re.search(r"--name (\S+)", f).group(1): f for f in script_calls(lines, "-m hf_openjev fidelity")}
     configs = {name: re.search(r"--configs (\S+)", run).group(1).split(",") for name, run in runs.items()}
     two, nine = configs["2b_seed0_probe"], configs["9b_seed1_probe"]
-    assert two[:2] == ["default", "B1"] and [Path(c).name for c in two[2:]] == ["nostack.json", "gdn32.json"]
-    assert [json.loads(Path(c).read_text()) for c in two[2:]] == [{"stacked_projections": False}, {"gdn_fp32": True}]
+    assert two[:2] == ["default", "B1"] and [Path(c).name for c in two[2:]] == ["nostack.json", "gdn32.json", "res32.json"]
+    assert [json.loads(Path(c).read_text()) for c in two[2:]] == [{"stacked_projections": False}, {"gdn_fp32": True},
+                                                                      {"residual_fp32": True}]
     assert nine[0] == "default" and json.loads(Path(nine[1]).read_text()) == {"fused_elementwise": False}
     assert Path(nine[1]).parent != Path(two[2]).parent  # a folder per spec
 

@@ -47,6 +47,19 @@ def test_add_rms_norm_is_stock_residual_add_then_norm(dtype):
     assert normed.dtype == dtype
 
 
+def test_add_rms_norm_with_an_fp32_residual_adds_in_fp32_and_norms_into_the_model_dtype():
+    """The fast path's ``residual_fp32``: the sum stays fp32 (no rounding to bf16), the norm's output is bf16."""
+    a = _inputs(torch.bfloat16)
+    residual = a["residual"].float() + torch.randn(a["residual"].shape, generator=torch.Generator().manual_seed(1)) * 1e-3
+    normed, new_residual = OPS.add_rms_norm(a["x"], residual, a["weight"], EPS)
+    exact = residual + a["x"].float()
+    assert new_residual.dtype == torch.float32 and torch.equal(new_residual, exact)
+    assert not torch.equal(exact.bfloat16().float(), exact)  # a bf16 residual would have rounded it
+    assert normed.dtype == torch.bfloat16
+    assert torch.equal(normed, _norm(a["weight"].float())(exact).bfloat16())
+    torch.library.opcheck(OPS.add_rms_norm, (a["x"], residual, a["weight"], EPS))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_rms_norm_is_stock(dtype):
     a = _inputs(dtype)

@@ -49,7 +49,7 @@ class PackContext:
     final_rows: torch.Tensor  # [N] int64: last token of each scored candidate, in ``leaf_ids`` order
     leaf_ids: list[int]
     # what the forward does (FORWARD_FIELDS: final_row_mlp, compile_elementwise, fused_elementwise, gdn_fp32,
-    # packed_attention)
+    # packed_attention, residual_fp32)
     options: PackOptions
     n_external: int = 0
     external_gdn: dict[int, torch.Tensor] = field(default_factory=dict)  # [E, Hv, Dk, Dv]
