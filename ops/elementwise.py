@@ -5,7 +5,8 @@ Each ``<op>_reference`` is the plain torch code with the exact dtype handling of
 is what a compiled model forward calls so that Inductor fuses it with its neighbours. The registered ops
 ``torch.ops.hf_openjev.<op>`` run the reference on the CPU. On CUDA, each runs one Triton kernel
 (``elementwise_triton.py``) that rounds where the reference rounds and reads row-strided views in place; inputs
-it does not cover (mixed dtypes, a strided last dimension) fall back to the reference.
+it does not cover (mixed dtypes other than ``add_rms_norm``'s fp32 residual, a strided last dimension) fall
+back to the reference.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def _rms_norm_cuda(x, weight, eps):
 
 
 def _add_rms_norm_cuda(x, residual, weight, eps):
-    if x.dim() != 2 or residual.shape != x.shape or not _same_dtype(x, residual) \
+    if x.dim() != 2 or residual.shape != x.shape or residual.dtype not in (x.dtype, torch.float32) \
             or not _kernel_can_read(x, residual, weight):
         return add_rms_norm_reference(x, residual, weight, eps)
     return _triton().rms_norm(x, weight, eps, residual=residual)

@@ -55,10 +55,11 @@ def _load_f32(P, stride_t, stride_h, t, h, cols, mask):
 
 @triton.jit
 def _residual_sum(X, x_offsets, RES, res_offsets, mask, HAS_RESIDUAL: tl.constexpr):
-    """x in fp32, or residual + x rounded to the model dtype (the decoder layer's add) when HAS_RESIDUAL."""
+    """x in fp32, or residual + x rounded to the residual's dtype (the decoder layer's add: the model dtype, or fp32
+    with the fast path's ``residual_fp32``) when HAS_RESIDUAL."""
     x = tl.load(X + x_offsets, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
-        x = (tl.load(RES + res_offsets, mask=mask, other=0.0).to(tl.float32) + x).to(X.dtype.element_ty)
+        x = (tl.load(RES + res_offsets, mask=mask, other=0.0).to(tl.float32) + x).to(RES.dtype.element_ty)
         x = x.to(tl.float32)
     return x
 
@@ -342,13 +343,13 @@ def _norm_args(x: Tensor, residual: Tensor | None = None) -> dict:
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    """x [T, D] or [T, H, D] -> (RMSNorm(x) contiguous, None); with ``residual`` [T, D]: (the norm of residual + x,
-    residual + x)."""
+    """x [T, D] or [T, H, D] -> (RMSNorm(x) contiguous, None); with ``residual`` [T, D] (x's dtype or fp32): (the
+    norm of residual + x in x's dtype, residual + x in the residual's)."""
     T, H, stride_t, stride_h = _heads_view(x)
     D = x.shape[-1]
     a = _norm_args(x, residual)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
+    new_residual = torch.empty(x.shape, dtype=residual.dtype, device=x.device) if residual is not None else None
     _rms_norm_kernel[a["grid"]](
         x, stride_t, stride_h, residual if residual is not None else x,
         residual.stride(0) if residual is not None else 0, new_residual if residual is not None else out,

@@ -235,6 +235,27 @@ def test_triton_kernel_equals_the_plain_code(name, dtype, tokens, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens", [1, 15, 37, 1001])
+def test_triton_add_rms_norm_with_an_fp32_residual_equals_the_plain_code(tokens, monkeypatch):
+    """``residual_fp32``: a bf16 layer output added to an fp32 residual runs the kernel (no fallback), the sum kept
+    in fp32 and the norm in bf16, bit for bit the plain code's."""
+    from hf_openjev.ops import elementwise_triton
+
+    calls = []
+    kernel = elementwise_triton.rms_norm
+    monkeypatch.setattr(elementwise_triton, "rms_norm", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    x, residual, weight, eps = _forward_layout("add_rms_norm", torch.bfloat16, tokens)
+    residual = residual.float() + torch.randn(residual.shape, device="cuda") * 1e-3  # off the bf16 grid
+    got = OPS.add_rms_norm(x, residual, weight, eps)
+    want = ew.add_rms_norm_reference(x, residual, weight, eps)
+    assert calls, "the CUDA op fell back to the plain code for an fp32 residual"
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [torch.bfloat16, torch.float32]
+    for g, w in zip(got, want):
+        assert _units_apart(g, w).max().item() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("d", [128, 256, 5120])  # the 27B's GDN norm, q/k norm and hidden widths
 def test_norms_sum_in_atens_order(d):
     """The kernels find ATen's summation order for these widths (else every norm falls back to three kernels), it
@@ -264,7 +285,7 @@ def test_opcheck_cuda(name):
     ("silu_mul", lambda a: (a["gate"].t(), a["up"].t())),  # a strided last dimension
     ("silu_qkv", lambda a: (a["mixed"].t().contiguous().t(), KEY_DIM, VALUE_DIM)),
     ("gated_rms_norm", lambda a: (a["x"], a["gate"], a["weight"].float(), EPS)),  # mixed dtypes
-    ("add_rms_norm", lambda a: (a["x"], a["residual"].float(), a["weight"], EPS)),
+    ("add_rms_norm", lambda a: (a["x"], a["residual"].half(), a["weight"], EPS)),  # fp32 is covered, fp16 not
     ("qk_norm_rope", lambda a: (a["query"], a["key"], a["q_weight"], a["k_weight"], EPS, EPS, a["cos"][:, :3],
                                 a["sin"][:, :3])),  # an odd rotary width
 ])
