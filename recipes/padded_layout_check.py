@@ -25,6 +25,7 @@ reason, so the GDN check there is about layout, not rounding. Writes ``padded_la
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -34,11 +35,11 @@ import torch
 import torch.nn.functional as F
 
 
-def chunk_metadata(lengths: list[int], device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chunk_indices [C, 2], chunk_offsets [N+1]) of sequences of ``lengths``: the fast path's own (ops/varlen.py)."""
-    from hf_openjev.ops.varlen import chunk_indices_from_lengths, chunk_offsets_from_lengths
+def varlen_layout(lengths: list[int], device: str):
+    """The fast path's varlen metadata (cu_seqlens, chunk_indices, chunk_offsets, max_seqlen) of ``lengths``."""
+    from hf_openjev.ops.varlen import prepare_varlen_metadata
 
-    return chunk_indices_from_lengths(lengths).to(device), chunk_offsets_from_lengths(lengths).to(device)
+    return prepare_varlen_metadata([0, *itertools.accumulate(lengths)], device=device)
 
 
 def check_gdn(*, device: str, lengths: list[int], pad_rows: int, pad_sequences: int, dummy_chunks: int,
@@ -56,26 +57,25 @@ def check_gdn(*, device: str, lengths: list[int], pad_rows: int, pad_sequences: 
     q, k, v = F.normalize(rand(total, heads, dim), dim=-1), F.normalize(rand(total, heads, dim), dim=-1), rand(total, heads, dim)
     g, beta = -rand(total, heads).abs() * 0.5, torch.sigmoid(rand(total, heads))
     h0 = rand(len(lengths), heads, dim, dim)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
 
     def run(q, k, v, g, beta, h0, cu, indices, offsets):
         o, final = fla_chunk_forward(q[None], k[None], v[None], g[None], beta[None], dim ** -0.5, h0, True, cu,
                                      indices, offsets)
         return o[0], final
 
-    o, final = run(q, k, v, g, beta, h0, cu, *chunk_metadata(lengths, device))
-    padded_cu = torch.cat([cu, cu[-1:].repeat(pad_sequences)])
-    indices, offsets = chunk_metadata(lengths + [0] * pad_sequences, device)
-    dummy = torch.tensor([[len(lengths), 0]] * dummy_chunks, dtype=indices.dtype, device=device)
-    indices = torch.cat([indices, dummy])  # the grid's upper bound: chunks of an empty sequence
+    plain = varlen_layout(lengths, device)
+    o, final = run(q, k, v, g, beta, h0, plain.cu_seqlens, plain.chunk_indices, plain.chunk_offsets)
+    padded = varlen_layout(lengths + [0] * pad_sequences, device)
+    dummy = torch.tensor([[len(lengths), 0]] * dummy_chunks, dtype=padded.chunk_indices.dtype, device=device)
+    indices = torch.cat([padded.chunk_indices, dummy])  # the grid's upper bound: chunks of an empty sequence
 
     def pad(x, low=None, high=None):
         extra = (torch.randn(pad_rows, *x.shape[1:], generator=gen) * 1e3).to(device)
         return torch.cat([x, extra.clamp(low, high) if low is not None or high is not None else extra])
 
     padded_h0 = torch.cat([h0, rand(pad_sequences, heads, dim, dim)])
-    o_pad, final_pad = run(pad(q), pad(k), pad(v), pad(g, high=0.0), pad(beta, 0.0, 1.0), padded_h0, padded_cu,
-                           indices, offsets)
+    o_pad, final_pad = run(pad(q), pad(k), pad(v), pad(g, high=0.0), pad(beta, 0.0, 1.0), padded_h0,
+                           padded.cu_seqlens, indices, padded.chunk_offsets)
     n = len(lengths)
     return {"lengths": lengths, "pad_rows": pad_rows, "pad_sequences": pad_sequences, "dummy_chunks": dummy_chunks,
             "rows_max_diff": (o_pad[:total] - o).abs().max().item(),
@@ -93,9 +93,9 @@ def check_fa2(*, lengths: list[int], pad_rows: int, pad_sequences: int, max_seql
         return torch.randn(t, h, dim, generator=gen, device="cuda").bfloat16()
 
     q, k, v = rand(total, heads), rand(total, kv_heads), rand(total, kv_heads)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu = varlen_layout(lengths, "cuda").cu_seqlens
     o = torch.ops.hf_openjev.packed_attention(q, k, v, cu, cu, max(lengths), max(lengths), dim ** -0.5)
-    padded_cu = torch.cat([cu, cu[-1:].repeat(pad_sequences)])
+    padded_cu = varlen_layout(lengths + [0] * pad_sequences, "cuda").cu_seqlens
     qp, kp, vp = (torch.cat([x, rand(pad_rows, x.shape[1])]) for x in (q, k, v))
     o_pad = torch.ops.hf_openjev.packed_attention(qp, kp, vp, padded_cu, padded_cu, max_seqlen, max_seqlen,
                                                   dim ** -0.5)

@@ -148,13 +148,18 @@ def decision(p: list[float]) -> int:
     return max(range(len(p)), key=lambda i: (p[i], -i))
 
 
-def max_dp(prepared, reference, fast) -> float:
-    worst = 0.0
-    for p, ref, got in zip(prepared, reference, fast, strict=True):
+def abs_dp(prepared, reference, scores) -> list[float]:
+    """|dp| of every probability of every answer against the reference's."""
+    out = []
+    for p, ref, got in zip(prepared, reference, scores, strict=True):
         p_ref, p_got = probabilities(p.parsed, ref), probabilities(p.parsed, got)
         for qid in p_ref:
-            worst = max(worst, max(abs(x - y) for x, y in zip(p_ref[qid], p_got[qid], strict=True)))
-    return worst
+            out += [abs(x - y) for x, y in zip(p_ref[qid], p_got[qid], strict=True)]
+    return out
+
+
+def max_dp(prepared, reference, fast) -> float:
+    return max(abs_dp(prepared, reference, fast), default=0.0)
 
 
 def compare(prepared, reference, fast) -> float:
@@ -605,16 +610,6 @@ def test_the_packed_forward_compiles_without_graph_breaks(case):
                     torch.testing.assert_close(ctx.exported[seg].gdn[layer], state, rtol=1e-5, atol=1e-5)
 
 
-def _abs_dp(prepared, reference, scores) -> list[float]:
-    """|dp| of every probability of every answer against the reference's."""
-    out = []
-    for p, ref, got in zip(prepared, reference, scores, strict=True):
-        p_ref, p_got = probabilities(p.parsed, ref), probabilities(p.parsed, got)
-        for qid in p_ref:
-            out += [abs(x - y) for x, y in zip(p_ref[qid], p_got[qid], strict=True)]
-    return out
-
-
 @pytest.mark.parametrize("name", ["l5-h48", pytest.param("l6-h96-lastlinear", marks=pytest.mark.slow)])
 def test_an_fp32_residual_brings_the_bf16_fast_path_closer_to_the_fp32_reference(name):
     """``residual_fp32`` on a bf16 copy of a model: its max and mean |dp| against the fp32 model's reference path
@@ -630,6 +625,6 @@ def test_an_fp32_residual_brings_the_bf16_fast_path_closer_to_the_fp32_reference
     for residual_fp32 in (False, True):
         apply_patches(model, FastPathOptions(residual_fp32=residual_fp32))
         scores = score_prepared(model, prepared, fast=True).scores
-        errors[residual_fp32] = _abs_dp(prepared, reference, scores)
+        errors[residual_fp32] = abs_dp(prepared, reference, scores)
     assert max(errors[True]) < max(errors[False])
     assert sum(errors[True]) < sum(errors[False])

@@ -299,6 +299,24 @@ def test_cuda_kernels_fall_back_to_the_plain_code_outside_their_layouts(name, ar
         assert torch.equal(g, w)
 
 
+def test_the_cuda_add_rms_norm_hands_an_fp32_residual_to_the_kernel(monkeypatch):
+    """``residual_fp32``'s layout (bf16 x, fp32 residual) goes to the Triton kernel, not the three-kernel fallback
+    (the kernel stood in for here; its arithmetic is checked on the GPU above)."""
+    calls = []
+
+    class Kernels:
+        @staticmethod
+        def rms_norm(x, weight, eps, residual=None):
+            calls.append(residual.dtype)
+            return "kernel"
+
+    monkeypatch.setattr(ew, "_triton", lambda: Kernels)
+    a = _inputs(torch.bfloat16)
+    assert ew._add_rms_norm_cuda(a["x"], a["residual"].float(), a["weight"], EPS) == "kernel"
+    assert ew._add_rms_norm_cuda(a["x"], a["residual"], a["weight"], EPS) == "kernel"
+    assert calls == [torch.float32, torch.bfloat16]
+
+
 def test_the_kernels_refuse_offsets_past_int32():
     assert ew._kernel_can_read(torch.empty(4096, 34816, device="meta")[:, :17408])  # the MLP's gate at 4,096 tokens
     assert not ew._kernel_can_read(torch.empty(2**16, 2**15 + 1, device="meta"))  # -> the plain code instead

@@ -21,8 +21,9 @@ def test_a_padded_layout_gives_the_plain_rows_with_the_reference(monkeypatch, tm
     result = recipe.check_gdn(device="cpu", lengths=[70, 1, 130], pad_rows=9, pad_sequences=2, dummy_chunks=3)
     assert result["rows_max_diff"] == 0.0 and result["states_max_diff"] == 0.0
     assert result["padded_states_keep_their_initial"] is True and result["padding_rows_finite"] is True
-    indices, offsets = recipe.chunk_metadata([70, 1, 0], "cpu")
-    assert indices.tolist() == [[0, 0], [0, 1], [1, 0]] and offsets.tolist() == [0, 2, 3, 3]
+    layout = recipe.varlen_layout([70, 1, 0], "cpu")
+    assert layout.chunk_indices.tolist() == [[0, 0], [0, 1], [1, 0]] and layout.chunk_offsets.tolist() == [0, 2, 3, 3]
+    assert layout.cu_seqlens.tolist() == [0, 70, 71, 71]
     assert recipe.main(["--out", str(tmp_path)]) == 0  # the CPU: the GDN part alone
     assert set(json.loads((tmp_path / "padded_layout.json").read_text())) == {"device", "gdn"}
 
