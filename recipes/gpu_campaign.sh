@@ -47,7 +47,7 @@
 #   bash recipes/gpu_campaign.sh gate-probes SPEC...  # e.g. gate-probes 2b:1:B1 2b:2:B1 9b:1:aligned,B1: gate-probe's
 #                                        # runs (SHAPE:SEED[:B1,aligned,...], the default always; also one option
 #                                        # over the model's defaults by name: nostack, nofused, nofinal, nographs,
-#                                        # gdn32, res32, e.g. 2b:0:B1,nostack,res32) side by side in one call,
+#                                        # gdn32, res32, res32gdn32 (both), e.g. 2b:0:B1,nostack,res32) side by side in one call,
 #                                        # one process each: the gate times nothing (fla's keys that the carried
 #                                        # configurations lack, stock B's among them, are tuned under the others'
 #                                        # load and may pick another configuration, as a fresh machine may)
@@ -112,6 +112,10 @@
 # Estimates, not measurements: the first committed parts log (the lead's; every test's time, --durations=0) confirms
 # or moves them, and any part over 300 s is split there.
 #
+# An empty kernel cache for one stage, whatever ran before it on the machine: KERNEL_CACHE=empty (a fresh Triton cache
+# folder; fla's carried configurations still apply, as on a user's fresh machine), e.g.
+# `KERNEL_CACHE=empty bash recipes/gpu_campaign.sh family` after a gate run warmed the machine's own cache.
+#
 # Several stages in one call: set CAMPAIGN_ELAPSED_S to the seconds the call has spent before a stage, and its
 # limits count from the call's start, not its own (e.g. CAMPAIGN_ELAPSED_S=$SECONDS bash recipes/gpu_campaign.sh ...).
 #
@@ -133,6 +137,11 @@ setup() {  # the carried wheel and this package into /tmp/site (recipes/device_s
   mkdir -p "$out"
   cd /tmp || exit 1
   start=$((SECONDS - ${CAMPAIGN_ELAPSED_S:-0}))  # several stages in one call: the seconds spent before this one
+  if [ "${KERNEL_CACHE:-}" = empty ]; then  # this stage on an empty Triton cache, whatever ran before on the machine
+    export TRITON_CACHE_DIR=${TMPDIR:-/tmp}/triton_cache_empty_$stage
+    rm -rf "$TRITON_CACHE_DIR"
+    echo "KERNEL_CACHE=empty: Triton cache $TRITON_CACHE_DIR (fla's carried configurations still apply)"
+  fi
 }
 
 quiet() { grep --line-buffered -v "Loading\|falling back"; }
@@ -183,6 +192,7 @@ seed_oracle() {  # $1 = shape, $2 = seed: the seed's committed fp32 oracle (seed
   if [ "$2" = 0 ]; then echo "$PWD/data/bench/oracle_$1.json.gz"; else echo "$PWD/data/bench/oracle_${1}_seed$2.json.gz"; fi
 }
 
+case "${KERNEL_CACHE:-}" in ""|empty) ;; *) echo "KERNEL_CACHE=$KERNEL_CACHE: unset or empty (an empty Triton cache for this stage)"; exit 2 ;; esac
 parts_file=$PWD/recipes/gpu_parts.txt  # the one list of the GPU suite's parts (cwd: the repository)
 part_entries() {  # $1 = part name: its entries in recipes/gpu_parts.txt, one a line
   awk -v part="$1" '$1 == part { print $2 }' "$parts_file"
@@ -223,7 +233,7 @@ if [ "$stage" = gate-probes ]; then  # SHAPE:SEED[:NAMED,...] each, with a commi
   # one option off (or on) over the model's defaults, by name: where a default departs from B (issue 39's 2B)
   declare -A probe_options=([nostack]='{"stacked_projections": false}' [nofused]='{"fused_elementwise": false}'
     [nofinal]='{"final_row_mlp": false}' [nographs]='{"cuda_graphs": false}' [gdn32]='{"gdn_fp32": true}'
-    [res32]='{"residual_fp32": true}')
+    [res32]='{"residual_fp32": true}' [res32gdn32]='{"residual_fp32": true, "gdn_fp32": true}')
   names="B1|aligned|$(printf '%s\n' "${!probe_options[@]}" | sort | paste -sd'|')"
   usage="gate-probes SPEC...: SHAPE:SEED[:CONFIGS], SHAPE 2b or 9b, a seed whose oracle is in data/bench, CONFIGS comma-separated of ${names//|/, }; e.g. 2b:1:B1 9b:1:aligned,B1 2b:0:nostack,nofused"
   [ $# -gt 0 ] || { echo "$usage"; exit 2; }

@@ -26,6 +26,7 @@ COPIED = ["recipes/gpu_campaign.sh", "recipes/device_setup.sh", "recipes/gpu_par
 # it complete unless its seed is in $INCOMPLETE
 SHIM = r"""#!/usr/bin/env bash
 echo "$*" >>"$CALLS"
+echo "${TRITON_CACHE_DIR:-unset}" >>"$CALLS.triton"
 case "$*" in
   *"hf_openjev fidelity"*)  # a report that records the command, machine paths and all, as the command does
     while [ $# -gt 0 ]; do case "$1" in --out) dir=$2 ;; --name) name=$2 ;; esac; shift; done
@@ -126,6 +127,27 @@ def test_family_fidelity_keeps_within_the_calls_limit(tmp_path):
     assert lines == [] or not script_calls(lines, "random_export.py")
     result, lines, out = run_stage(tmp_path, "family-fidelity", "27b")
     assert "family-fidelity 27b rc=0" in result.stdout and (out / "family-fidelity.tgz").is_file()
+
+
+def test_kernel_cache_empty_gives_the_stage_a_fresh_triton_cache(tmp_path):
+    """KERNEL_CACHE=empty: the stage's processes get a Triton cache folder of their own, emptied first (a cold
+    warm-up after a gate run warmed the machine); another value is refused before setup."""
+    tmpdir = tmp_path / "tmpd"
+    stale = tmpdir / "triton_cache_empty_family" / "stale.cubin"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("x")
+    result, lines, _ = run_stage(tmp_path, "family", "2b", KERNEL_CACHE="empty", TMPDIR=str(tmpdir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    benches = [i for i, line in enumerate(lines) if "bench_jevbench.py" in line]
+    caches = (tmp_path / "calls.txt.triton").read_text().splitlines()
+    assert len(benches) == 1 and caches[benches[0]] == str(stale.parent)
+    assert not stale.exists()  # Triton makes the folder again on its first compile
+    result, lines, _ = run_stage(tmp_path, "family", "2b")
+    caches = (tmp_path / "calls.txt.triton").read_text().splitlines()
+    assert caches[-1] == "/tmp/triton_cache"  # device_setup.sh's, kept between calls on a warm machine
+    (tmp_path / "calls.txt").unlink()
+    result, lines, _ = run_stage(tmp_path, "family", "2b", KERNEL_CACHE="cold")
+    assert result.returncode == 2 and "KERNEL_CACHE=cold" in result.stdout and lines == []
 
 
 def test_a_stage_after_others_in_one_call_counts_their_seconds(tmp_path):
@@ -232,15 +254,17 @@ def test_gate_probes_run_side_by_side_each_against_its_seeds_oracle(tmp_path):
 def test_gate_probes_name_one_option_over_the_defaults(tmp_path):
     """gate-probes 2b:0:B1,nostack,gdn32 9b:1:nofused: hf-openjev fidelity's own names as they are, the others as
     an options file each (one option over the model's defaults), per spec."""
-    result, lines, _ = run_stage(tmp_path, "gate-probes", "2b:0:B1,nostack,gdn32,res32", "9b:1:nofused",
+    result, lines, _ = run_stage(tmp_path, "gate-probes", "2b:0:B1,nostack,gdn32,res32,res32gdn32", "9b:1:nofused",
                                  carried=("oracle_2b.json.gz", "oracle_9b_seed1.json.gz"))
     assert result.returncode == 0, result.stdout + result.stderr
     runs = {re.search(r"--name (\S+)", f).group(1): f for f in script_calls(lines, "-m hf_openjev fidelity")}
     configs = {name: re.search(r"--configs (\S+)", run).group(1).split(",") for name, run in runs.items()}
     two, nine = configs["2b_seed0_probe"], configs["9b_seed1_probe"]
-    assert two[:2] == ["default", "B1"] and [Path(c).name for c in two[2:]] == ["nostack.json", "gdn32.json", "res32.json"]
+    assert two[:2] == ["default", "B1"] and [Path(c).name for c in two[2:]] == ["nostack.json", "gdn32.json",
+                                                                               "res32.json", "res32gdn32.json"]
     assert [json.loads(Path(c).read_text()) for c in two[2:]] == [{"stacked_projections": False}, {"gdn_fp32": True},
-                                                                      {"residual_fp32": True}]
+                                                                      {"residual_fp32": True},
+                                                                      {"residual_fp32": True, "gdn_fp32": True}]
     assert nine[0] == "default" and json.loads(Path(nine[1]).read_text()) == {"fused_elementwise": False}
     assert Path(nine[1]).parent != Path(two[2]).parent  # a folder per spec
 
