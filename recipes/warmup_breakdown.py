@@ -9,6 +9,8 @@ workload's requests, in order) on the seeded random model, with timing hooks:
 - ``autotune``: Triton's autotuner benchmarking configurations for a key it has not seen (fla's kernels); counted per
   kernel; it includes the compiles of the configurations it tries;
 - ``compile``: every Triton compile or on-disk cache load (``JITFunction._do_compile``), autotuning's included;
+- ``load``: each compiled kernel's first launch (``CompiledKernel._init_handles``: its launcher built, its binary
+  loaded onto the device), which no compile hook sees; with ``compile``, also per kernel;
 - ``capture`` (``PackGraphs``' own counters, host time): launching the eager forward on the side stream that answers
   each new bucket (where the autotuning, the compiles and cuDNN's plans of a new shape happen), then recording and
   instantiating its graph (until s22 also a first replay, synchronized: runs before then report three phases);
@@ -53,7 +55,8 @@ from benchlib.workload import add_manifest_argument, build_workload, check_manif
 
 @contextmanager
 def triton_hooks(totals: dict, tuned: Counter):
-    """Time Triton's autotuning (per new key) and compiles while the block runs; no-op without Triton."""
+    """Time Triton's autotuning (per new key), compiles and kernel loads while the block runs, also per kernel
+    (``totals["by_kernel"]``); no-op without Triton."""
     try:
         from triton.runtime import autotuner, jit
     except ImportError:
@@ -61,13 +64,15 @@ def triton_hooks(totals: dict, tuned: Counter):
         return
     saved = []
 
-    def wrap(owner, name, on_call):
+    def wrap(owner, name, on_call, when=None):
         original = getattr(owner, name, None)
         if original is None:
             totals.setdefault("missing_hooks", []).append(f"{owner.__name__}.{name}")
             return
 
         def timed(self, *args, **kwargs):
+            if when is not None and not when(self):
+                return original(self, *args, **kwargs)
             start = time.perf_counter()
             try:
                 return original(self, *args, **kwargs)
@@ -83,18 +88,44 @@ def triton_hooks(totals: dict, tuned: Counter):
     def on_prune(self, seconds):  # called once per key the autotuner has not seen
         tuned[getattr(getattr(self, "fn", None), "__name__", "?")] += 1
 
+    def per_kernel(name: str) -> dict:
+        return totals.setdefault("by_kernel", {}).setdefault(
+            name, {"compiles": 0, "compile_s": 0.0, "loads": 0, "load_s": 0.0})
+
     def on_compile(self, seconds):
         totals["compile_s"] += seconds
         totals["compiles"] += 1
+        kernel = per_kernel(getattr(getattr(self, "fn", None), "__name__", "?"))
+        kernel["compiles"] += 1
+        kernel["compile_s"] += seconds
+
+    def on_load(self, seconds):  # a compiled kernel's first launch: its launcher built, its binary loaded
+        totals["load_s"] = totals.get("load_s", 0.0) + seconds
+        totals["loads"] = totals.get("loads", 0) + 1
+        kernel = per_kernel(getattr(self, "name", "?"))
+        kernel["loads"] += 1
+        kernel["load_s"] += seconds
 
     wrap(autotuner.Autotuner, "_bench", on_bench)
     wrap(autotuner.Autotuner, "prune_configs", on_prune)
     wrap(jit.JITFunction, "_do_compile", on_compile)
     try:
+        from triton.compiler.compiler import CompiledKernel
+    except ImportError:
+        totals.setdefault("missing_hooks", []).append("CompiledKernel._init_handles")
+    else:  # counted only where it does work (Triton returns at once for a kernel already loaded)
+        wrap(CompiledKernel, "_init_handles", on_load, when=lambda kernel: getattr(kernel, "module", None) is None)
+    try:
         yield
     finally:
         for owner, name, original in saved:
             setattr(owner, name, original)
+
+
+def kernel_table(by_kernel: dict) -> dict:
+    """``by_kernel`` (kernel name: compiles, compile s, loads, load s) rounded, the costliest kernel first."""
+    rows = sorted(by_kernel.items(), key=lambda item: -(item[1]["compile_s"] + item[1]["load_s"]))
+    return {name: {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()} for name, row in rows}
 
 
 def find_autotuners(kind: type, prefix: str = "fla.") -> list:
@@ -302,6 +333,8 @@ def main(argv=None) -> int:
               "build_s": round(build_s, 1), "warmup_s": round(warmup_s, 2), "requests_s": round(requests_s, 2),
               "graphs": stats, "autotune_s": round(totals["autotune_s"], 2),
               "compile_s": round(totals["compile_s"], 2), "compiles": totals["compiles"],
+              "load_s": round(totals.get("load_s", 0.0), 2), "loads": totals.get("loads", 0),
+              "by_kernel": kernel_table(totals.get("by_kernel", {})),
               "autotuned_keys": dict(tuned.most_common()), "missing_hooks": totals.get("missing_hooks", [])}
     phases = stats.get("capture_phases_s", {})
     result["other_s"] = round(warmup_s - stats.get("capture_s", 0.0), 2)
@@ -331,7 +364,12 @@ def main(argv=None) -> int:
     lines += [f"| other (no capture) | {result['other_s']:.1f} |",
               f"| autotuning ({sum(tuned.values())} keys; inside the above) | {totals['autotune_s']:.1f} |",
               f"| Triton compiles / cache loads ({totals['compiles']}; inside the above) | {totals['compile_s']:.1f} |",
+              f"| kernel loads: first launches ({result['loads']}; inside the above) | {result['load_s']:.1f} |",
               "", "Autotuned keys per kernel: " + ", ".join(f"{k} {v}" for k, v in tuned.most_common())]
+    if result["by_kernel"]:
+        lines += ["", "| kernel | compiles | compile s | loads | load s |", "|---|---|---|---|---|"]
+        lines += [f"| {name} | {k['compiles']} | {k['compile_s']:.2f} | {k['loads']} | {k['load_s']:.2f} |"
+                  for name, k in result["by_kernel"].items()]
     if measured is not None:
         lines += ["", f"Measured pass after it (answered): mean {measured['mean_ms']:.1f} / p50 "
                       f"{measured['p50_ms']:.1f} / p95 {measured['p95_ms']:.1f} ms, "

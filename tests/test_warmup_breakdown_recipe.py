@@ -128,26 +128,51 @@ def test_the_triton_hooks_time_autotuning_and_compiles_and_put_the_originals_bac
             return ["config"]
 
     class JITFunction:
+        def __init__(self, name):
+            self.fn = types.SimpleNamespace(__name__=name)
+
         def _do_compile(self, *args):
             return "kernel"
+
+    class CompiledKernel:  # as Triton's: _init_handles does work once, then returns at once
+        def __init__(self, name):
+            self.name, self.module = name, None
+
+        def _init_handles(self):
+            if self.module is None:
+                self.module = "loaded"
 
     triton = types.ModuleType("triton")
     runtime = types.ModuleType("triton.runtime")
     runtime.autotuner = types.SimpleNamespace(Autotuner=Autotuner)
     runtime.jit = types.SimpleNamespace(JITFunction=JITFunction)
     triton.runtime = runtime
+    compiler = types.ModuleType("triton.compiler.compiler")
+    compiler.CompiledKernel = CompiledKernel
     monkeypatch.setitem(sys.modules, "triton", triton)
     monkeypatch.setitem(sys.modules, "triton.runtime", runtime)
-    originals = (Autotuner._bench, Autotuner.prune_configs, JITFunction._do_compile)
+    monkeypatch.setitem(sys.modules, "triton.compiler", types.ModuleType("triton.compiler"))
+    monkeypatch.setitem(sys.modules, "triton.compiler.compiler", compiler)
+    originals = (Autotuner._bench, Autotuner.prune_configs, JITFunction._do_compile, CompiledKernel._init_handles)
     totals, tuned = {"autotune_s": 0.0, "compile_s": 0.0, "compiles": 0}, Counter()
     with recipe.triton_hooks(totals, tuned):
         tuner = Autotuner("chunk_fwd_o")
         assert tuner.prune_configs({}) == ["config"] and tuner._bench(config=1) == 1.0
         Autotuner("solve_tril").prune_configs({})
-        assert JITFunction()._do_compile() == "kernel" and JITFunction()._do_compile() == "kernel"
-    assert (Autotuner._bench, Autotuner.prune_configs, JITFunction._do_compile) == originals
-    assert tuned == Counter({"chunk_fwd_o": 1, "solve_tril": 1}) and totals["compiles"] == 2
-    assert totals["autotune_s"] > 0 and totals["compile_s"] > 0
+        assert JITFunction("rms_norm")._do_compile() == "kernel" and JITFunction("rms_norm")._do_compile() == "kernel"
+        JITFunction("chunk_fwd_o")._do_compile()
+        first = CompiledKernel("rms_norm")
+        for _ in range(3):  # a first launch and two more: one load
+            first._init_handles()
+    assert (Autotuner._bench, Autotuner.prune_configs, JITFunction._do_compile,
+            CompiledKernel._init_handles) == originals
+    assert tuned == Counter({"chunk_fwd_o": 1, "solve_tril": 1}) and totals["compiles"] == 3
+    assert totals["autotune_s"] > 0 and totals["compile_s"] > 0 and totals["loads"] == 1 and totals["load_s"] >= 0
+    assert {name: (k["compiles"], k["loads"]) for name, k in totals["by_kernel"].items()} == {
+        "rms_norm": (2, 1), "chunk_fwd_o": (1, 0)}
+    assert "missing_hooks" not in totals
+    table = recipe.kernel_table(totals["by_kernel"])
+    assert list(table) == sorted(table, key=lambda n: -(table[n]["compile_s"] + table[n]["load_s"]))
 
 
 def test_autotuners_are_found_inside_the_wrappers_that_decorate_them(monkeypatch):
