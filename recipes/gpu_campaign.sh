@@ -100,6 +100,12 @@
 #                                        # again on an empty cache with those configurations (fla's strict mode),
 #                                        # once more on that warm cache, and once with torch.profiler (host time per op):
 #                                        # those three only when 2b is among the shapes (they need its keys tuned)
+#   bash recipes/gpu_campaign.sh preload-ab [SHAPE]  # 27b by default: C's warm-up on an empty kernel cache as it is
+#                                        # (each kernel compiled at its first use, one after another; the compiles'
+#                                        # specializations recorded), then on another emptied cache with those
+#                                        # compiled and loaded first, 16 threads, then 1 thread
+#                                        # (recipes/warmup_breakdown.py --record-specializations / --preload):
+#                                        # what compiling side by side saves; a run starts only with 100 s left
 #
 # How the parts were sized: no earlier log holds per-test times (they ran -v without --durations), so the parts in
 # recipes/gpu_parts.txt come from the logs' totals on one H200: the whole suite, 194 tests, 538 s (`git show
@@ -124,10 +130,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-probes | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup | warm-ab | graph-cut | varlen-attention"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-probes | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup | preload-ab | warm-ab | graph-cut | varlen-attention"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-probes|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup|warm-ab|graph-cut|varlen-attention) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-probes|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup|preload-ab|warm-ab|graph-cut|varlen-attention) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -296,6 +302,11 @@ if [ "$stage" = warm-ab ]; then  # known shapes, before setup
     case "$shape" in 2b|9b|27b) ;; *) echo "warm-ab [SHAPE...]: 2b, 9b or 27b (default: 2b 27b), got $shape"; exit 2 ;; esac
   done
 fi
+if [ "$stage" = preload-ab ]; then  # a known shape, before setup
+  preload_shape=${1:-27b}
+  case "$preload_shape" in 2b|9b|27b) ;; *) echo "preload-ab [SHAPE]: SHAPE 2b, 9b or 27b (default 27b)"; exit 2 ;; esac
+  [ $# -le 1 ] || { echo "preload-ab [SHAPE]: one shape at most"; exit 2; }
+fi
 if [ "$stage" = graph-cut ]; then  # a known shape and whole numbers, before setup
   cut_shape=${1:-}
   case "$cut_shape" in 2b|9b|27b) ;; *) echo "graph-cut SHAPE [CUT...]: SHAPE 2b, 9b or 27b, then token cuts (default 2560 2048)"; exit 2 ;; esac
@@ -453,6 +464,24 @@ case "$stage" in
     for shape in ${*:-2b}; do
       timeout $((580 - (SECONDS - start))) python3 "$REPO/recipes/varlen_attention_probe.py" --shape "$shape" \
         --out "$out" 2>&1 | quiet | tail -n 40
+    done ;;
+  preload-ab)
+    breakdown="python3 $REPO/recipes/warmup_breakdown.py"
+    caches=${TMPDIR:-/tmp}
+    specs="$out/specializations_$preload_shape.json"
+    for run in record preload16 preload1; do  # each on its own emptied cache: every run is a cold one
+      left=$((580 - (SECONDS - start)))
+      [ "$left" -gt 100 ] || { echo "preload-ab $run: no time left"; continue; }
+      case $run in
+        record) extra=(--record-specializations "$specs") ;;
+        preload16) extra=(--preload "$specs" --preload-threads 16) ;;
+        preload1) extra=(--preload "$specs" --preload-threads 1) ;;
+      esac
+      [ "$run" = record ] || [ -s "$specs" ] || { echo "preload-ab $run: no specializations recorded"; continue; }
+      rm -rf "$caches/tc_preload_$run"
+      TRITON_CACHE_DIR="$caches/tc_preload_$run" timeout "$left" $breakdown --shape "$preload_shape" "${extra[@]}" \
+        --out "$out/$run" 2>&1 | quiet | grep -E "whole pass|capture|compiles|loads|Preloaded|^- " | head -n 20
+      echo "preload-ab $run rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
     done ;;
   warm-ab)
     gpu_pytest 170 pytest_capture.log "probe or graph_replay_matches_eager or unanswered or warm_up_captures" \

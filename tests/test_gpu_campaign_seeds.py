@@ -5,7 +5,8 @@ committed oracle a stage names (data/bench/oracle_<shape>.json.gz) is in the che
 files against a seed's committed oracle (gate-probes: several such runs side by side) and puts carried answers where the command reuses them; server-time runs
 the stand-in, then the shape's real forward, and refuses an unknown shape before setup; divergence runs the layer
 comparison against fp32 per request; family runs the 9B's and 2B's benches alone, B warmed on every request; warm-ab alternates answered and unanswered warm-ups;
-graph-cut alternates the default graph_tokens with each cut;
+graph-cut alternates the default graph_tokens with each cut; preload-ab records a cold warm-up's compiles, then
+preloads them on caches of their own;
 warmup re-runs the 2B on the configurations it tuned only when it tuned the 2B's."""
 
 import json
@@ -33,6 +34,10 @@ case "$*" in
     mkdir -p "$dir"; echo "{\"command\": \"$(tail -n 1 "$CALLS")\"}" >"$dir/fidelity_$name.json"
     tail -n 1 "$CALLS" >"$dir/fidelity_$name.md"; exit 0 ;;
   *oracle.py*) ;;
+  *"--record-specializations "*)  # warmup_breakdown.py writes the compiles it saw, unless $NO_SPECS is set
+    while [ $# -gt 0 ]; do case "$1" in --record-specializations) [ -n "${NO_SPECS:-}" ] || echo '[{}]' >"$2" ;; esac
+      shift; done
+    exit 0 ;;
   *"--dump-fla-configs "*)  # warmup_breakdown.py writes the tuned configurations under a folder per GPU
     while [ $# -gt 0 ]; do case "$1" in --dump-fla-configs) mkdir -p "$2/NVIDIA_H100_80GB_HBM3" ;; esac; shift; done
     exit 0 ;;
@@ -435,3 +440,35 @@ def test_family_refuses_another_shape_before_setup(tmp_path, shape):
     result, lines, _ = run_stage(tmp_path, "family", "9b", shape)
     assert result.returncode == 2 and f"got {shape}" in result.stdout, result.stdout
     assert lines == []
+
+
+def test_preload_ab_records_the_compiles_then_preloads_them_on_caches_of_their_own(tmp_path, monkeypatch):
+    """preload-ab: a cold warm-up recording its compiles, then two cold warm-ups that compile and load them first (16
+    threads, then 1): three emptied caches, the recorded file handed to both preloads."""
+    caches = tmp_path / "tmp"
+    (caches / "tc_preload_preload16").mkdir(parents=True)
+    (caches / "tc_preload_preload16" / "stale").write_text("compiled before")
+    monkeypatch.setenv("TMPDIR", str(caches))
+    result, lines, out = run_stage(tmp_path, "preload-ab")
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = script_calls(lines, "warmup_breakdown.py")
+    specs = f"{out}/preload-ab/specializations_27b.json"
+    assert len(runs) == 3 and all("--shape 27b " in run for run in runs)
+    assert f"--record-specializations {specs} " in runs[0] and "--preload " not in runs[0]
+    assert f"--preload {specs} --preload-threads 16 " in runs[1] and f"--preload {specs} --preload-threads 1 " in runs[2]
+    triton = (tmp_path / "calls.txt.triton").read_text().splitlines()[-3:]
+    assert triton == [f"{caches}/tc_preload_{run}" for run in ("record", "preload16", "preload1")]
+    assert not (caches / "tc_preload_preload16" / "stale").exists() and (out / "preload-ab.tgz").is_file()
+
+
+def test_preload_ab_skips_the_preloads_when_nothing_was_recorded(tmp_path):
+    result, lines, _ = run_stage(tmp_path, "preload-ab", "2b", NO_SPECS="1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(script_calls(lines, "warmup_breakdown.py")) == 1
+    assert result.stdout.count("no specializations recorded") == 2
+
+
+@pytest.mark.parametrize("args", [("preload-ab", "70b"), ("preload-ab", "2b", "9b")])
+def test_preload_ab_refuses_bad_calls_before_setup(tmp_path, args):
+    result, lines, _ = run_stage(tmp_path, *args)
+    assert result.returncode == 2 and "preload-ab [SHAPE]" in result.stdout and lines == []

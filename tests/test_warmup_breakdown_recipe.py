@@ -215,3 +215,94 @@ def test_runs_of_several_shapes_merge_into_one_file_per_kernel(tmp_path):
     data = json.loads((tmp_path / "GPU" / "k.json").read_text())
     assert sorted(data["autotune_entries"]) == ["a", "b", "c"]
     assert data["autotune_entries"]["b"]["config"]["num_warps"] == 8  # the newer run's choice for the same key
+
+
+def test_recorded_specializations_are_each_compiles_and_a_hook_set_before_still_runs(monkeypatch):
+    recipe = load_recipe("warmup_breakdown")
+    earlier = []
+    runtime = types.SimpleNamespace(jit_cache_hook=lambda **kwargs: earlier.append(kwargs["fn"].name) or False)
+
+    def serialize(name, constants):  # as Triton's: json.dumps, which refuses a constant it cannot hold
+        return json.dumps({"name": name, "constants": constants})
+
+    jit = types.SimpleNamespace(serialize_specialization_data=serialize)
+    before = runtime.jit_cache_hook
+    triton = types.SimpleNamespace(knobs=types.SimpleNamespace(runtime=runtime), runtime=types.SimpleNamespace(jit=jit))
+    monkeypatch.setitem(sys.modules, "triton", triton)
+    monkeypatch.setitem(sys.modules, "triton.runtime", triton.runtime)
+    entries = []
+    with recipe.recording_specializations(entries):
+        for name, constants in (("_rms_norm_kernel", [16]), ("chunk_fwd_kernel_o", [64]), ("odd", [object()])):
+            data = jit.serialize_specialization_data(name, constants)  # as Triton's _call_hook, before a compile
+            skip = runtime.jit_cache_hook(key="k", repr="r", fn=types.SimpleNamespace(module="ops.x", name=name),
+                                          compile={"key": "k", "specialization_data": data},
+                                          is_manual_warmup=False, already_compiled=False)
+            assert not skip  # the compile goes on
+    assert runtime.jit_cache_hook is before and jit.serialize_specialization_data is serialize
+    assert earlier == ["_rms_norm_kernel", "chunk_fwd_kernel_o", "odd"]
+    assert entries == [
+        {"module": "ops.x", "name": "_rms_norm_kernel", "specialization": serialize("_rms_norm_kernel", [16])},
+        {"module": "ops.x", "name": "chunk_fwd_kernel_o", "specialization": serialize("chunk_fwd_kernel_o", [64])},
+        {"module": "ops.x", "name": "odd", "unrecorded": True}]
+
+
+def test_preloading_compiles_and_loads_each_distinct_specialization_and_reports_failures(monkeypatch):
+    recipe = load_recipe("warmup_breakdown")
+    loaded = []
+
+    class Compiled:
+        def __init__(self, spec):
+            self.spec = spec
+
+        def _init_handles(self):
+            loaded.append(self.spec)
+
+    class JIT:  # Triton's JITFunction: preload compiles one specialization
+        def preload(self, spec):
+            if spec == "bad":
+                raise RuntimeError("ptxas failed")
+            return Compiled(spec)
+
+    module = types.ModuleType("standin_kernels")
+    module.plain = JIT()
+    module.tuned = types.SimpleNamespace(fn=types.SimpleNamespace(fn=JIT()))  # autotune over heuristics over jit
+    module.nothing = types.SimpleNamespace(fn=None)
+    monkeypatch.setitem(sys.modules, "standin_kernels", module)
+    assert recipe.jit_function("standin_kernels", "tuned", JIT) is module.tuned.fn.fn
+    with pytest.raises(LookupError, match="standin_kernels.nothing"):
+        recipe.jit_function("standin_kernels", "nothing", JIT)
+    entries = [{"module": "standin_kernels", "name": "plain", "specialization": "a"},
+               {"module": "standin_kernels", "name": "tuned", "specialization": "b"},
+               {"module": "standin_kernels", "name": "plain", "specialization": "a"},  # recorded twice: once
+               {"module": "standin_kernels", "name": "plain", "specialization": "bad"},
+               {"module": "standin_kernels", "name": "plain", "unrecorded": True}]  # left to its first launch
+    result = recipe.preload_specializations(entries, 3, kind=JIT)
+    assert sorted(loaded) == ["a", "b"] and result["specializations"] == 3 and result["threads"] == 3
+    assert result["unrecorded"] == 1
+    assert result["failures"] == ["standin_kernels.plain: RuntimeError: ptxas failed"] and result["preload_s"] >= 0
+
+
+def test_preload_options_are_checked_before_the_model_is_built(tmp_path, capsys):
+    recipe = load_recipe("warmup_breakdown")
+    with pytest.raises(SystemExit) as stop:
+        recipe.main(["--shape", "tiny", "--preload", str(tmp_path / "none.json"), "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "--record-specializations" in capsys.readouterr().err
+    assert not (tmp_path / "warmup_tiny.json").exists()
+    (tmp_path / "specs.json").write_text("[]")
+    with pytest.raises(SystemExit):
+        recipe.main(["--shape", "tiny", "--preload", str(tmp_path / "specs.json"), "--preload-threads", "0",
+                     "--out", str(tmp_path)])
+
+
+def test_a_pass_without_triton_records_no_specializations_and_preloads_an_empty_file(tmp_path):
+    recipe = load_recipe("warmup_breakdown")
+    specs = tmp_path / "specs" / "27b.json"
+    assert recipe.main(["--shape", "tiny", "--requests", "1", "--record-specializations", str(specs),
+                        "--out", str(tmp_path / "record")]) == 0
+    assert json.loads(specs.read_text()) == []
+    assert json.loads((tmp_path / "record" / "warmup_tiny.json").read_text())["specializations_recorded"] == 0
+    assert recipe.main(["--shape", "tiny", "--requests", "1", "--preload", str(specs),
+                        "--out", str(tmp_path / "preload")]) == 0
+    result = json.loads((tmp_path / "preload" / "warmup_tiny.json").read_text())
+    assert result["preload"]["specializations"] == 0 and result["preload"]["failures"] == []
+    assert "Preloaded before the pass: 0 specializations" in (tmp_path / "preload" / "warmup_tiny.md").read_text()
