@@ -187,17 +187,29 @@ def preload_specializations(entries: list[dict], threads: int, *, kind: type | N
     device = torch.cuda.current_device() if torch.cuda.is_available() else None
     unique = list({entry["specialization"]: entry for entry in entries if "specialization" in entry}.values())
 
+    failures, functions = [], {}
+    start = time.perf_counter()
+    for entry in unique:  # in this thread: the imports, Triton's driver and each function's per-device caches
+        try:
+            function = functions[entry["specialization"]] = jit_function(entry["module"], entry["name"], kind)
+        except (ImportError, AttributeError, LookupError) as error:
+            failures.append(f"{entry['module']}.{entry['name']}: {type(error).__name__}: {error}"[:300])
+            continue
+        if device is not None:
+            from triton.runtime import driver
+
+            function.device_caches[driver.active.get_current_device()]  # created here, not by racing workers
+
     def one(entry):
         if device is not None:
             torch.cuda.set_device(device)  # the worker thread's current device: the launch's
-        kernel = jit_function(entry["module"], entry["name"], kind).preload(entry["specialization"])
+        kernel = functions[entry["specialization"]].preload(entry["specialization"])
         if kernel is not None:
             kernel._init_handles()
 
-    failures = []
-    start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(threads, 1)) as pool:
-        for entry, future in [(entry, pool.submit(one, entry)) for entry in unique]:
+        found = [entry for entry in unique if entry["specialization"] in functions]
+        for entry, future in [(entry, pool.submit(one, entry)) for entry in found]:
             try:
                 future.result()
             except Exception as error:  # noqa: BLE001 - reported, not raised: the pass compiles what is missing

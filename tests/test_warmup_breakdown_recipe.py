@@ -275,11 +275,13 @@ def test_preloading_compiles_and_loads_each_distinct_specialization_and_reports_
                {"module": "standin_kernels", "name": "tuned", "specialization": "b"},
                {"module": "standin_kernels", "name": "plain", "specialization": "a"},  # recorded twice: once
                {"module": "standin_kernels", "name": "plain", "specialization": "bad"},
-               {"module": "standin_kernels", "name": "plain", "unrecorded": True}]  # left to its first launch
+               {"module": "standin_kernels", "name": "plain", "unrecorded": True},  # left to its first launch
+               {"module": "standin_kernels", "name": "gone", "specialization": "c"}]  # a kernel this fla lacks
     result = recipe.preload_specializations(entries, 3, kind=JIT)
-    assert sorted(loaded) == ["a", "b"] and result["specializations"] == 3 and result["threads"] == 3
-    assert result["unrecorded"] == 1
-    assert result["failures"] == ["standin_kernels.plain: RuntimeError: ptxas failed"] and result["preload_s"] >= 0
+    assert sorted(loaded) == ["a", "b"] and result["specializations"] == 4 and result["threads"] == 3
+    assert result["unrecorded"] == 1 and result["preload_s"] >= 0
+    assert result["failures"] == ["standin_kernels.gone: AttributeError: module 'standin_kernels' has no attribute "
+                                  "'gone'", "standin_kernels.plain: RuntimeError: ptxas failed"]
 
 
 def test_preload_options_are_checked_before_the_model_is_built(tmp_path, capsys):
