@@ -170,10 +170,9 @@ def jit_function(module: str, name: str, kind: type | None = None):
     value = importlib.import_module(module)
     for part in name.split("."):
         value = getattr(value, part)
-    for _ in range(8):
-        if isinstance(value, kind):
-            return value
-        value = getattr(value, "fn", None)
+    for layer in wrapper_layers(value):
+        if isinstance(layer, kind):
+            return layer
     raise LookupError(f"{module}.{name} holds no Triton JIT function")
 
 
@@ -188,12 +187,16 @@ def preload_specializations(entries: list[dict], threads: int, *, kind: type | N
     unique = list({entry["specialization"]: entry for entry in entries if "specialization" in entry}.values())
 
     failures, functions = [], {}
+
+    def fail(entry, error):
+        failures.append(f"{entry['module']}.{entry['name']}: {type(error).__name__}: {error}"[:300])
+
     start = time.perf_counter()
     for entry in unique:  # in this thread: the imports, Triton's driver and each function's per-device caches
         try:
             function = functions[entry["specialization"]] = jit_function(entry["module"], entry["name"], kind)
         except (ImportError, AttributeError, LookupError) as error:
-            failures.append(f"{entry['module']}.{entry['name']}: {type(error).__name__}: {error}"[:300])
+            fail(entry, error)
             continue
         if device is not None:
             from triton.runtime import driver
@@ -213,7 +216,7 @@ def preload_specializations(entries: list[dict], threads: int, *, kind: type | N
             try:
                 future.result()
             except Exception as error:  # noqa: BLE001 - reported, not raised: the pass compiles what is missing
-                failures.append(f"{entry['module']}.{entry['name']}: {type(error).__name__}: {error}"[:300])
+                fail(entry, error)
     return {"preload_s": round(time.perf_counter() - start, 2), "threads": threads,
             "specializations": len(unique), "unrecorded": sum("specialization" not in entry for entry in entries),
             "failures": failures}
@@ -233,13 +236,18 @@ def find_autotuners(kind: type, prefix: str = "fla.") -> list:
         if not name.startswith(prefix) or module is None:
             continue
         for value in list(vars(module).values()):
-            for _ in range(8):  # a few wrappers deep at most
-                if isinstance(value, kind):
-                    found[id(value)] = value
-                value = getattr(value, "fn", None)
-                if value is None:
-                    break
+            found.update((id(layer), layer) for layer in wrapper_layers(value) if isinstance(layer, kind))
     return list(found.values())
+
+
+def wrapper_layers(value, depth: int = 8):
+    """``value`` and what it wraps, outermost first: Triton's and fla's kernel decorators (autotuners, heuristics) each
+    keep the next layer in ``.fn``; a few layers deep at most."""
+    for _ in range(depth):
+        if value is None:
+            return
+        yield value
+        value = getattr(value, "fn", None)
 
 
 class OpTimer:

@@ -308,3 +308,23 @@ def test_a_pass_without_triton_records_no_specializations_and_preloads_an_empty_
     result = json.loads((tmp_path / "preload" / "warmup_tiny.json").read_text())
     assert result["preload"]["specializations"] == 0 and result["preload"]["failures"] == []
     assert "Preloaded before the pass: 0 specializations" in (tmp_path / "preload" / "warmup_tiny.md").read_text()
+
+
+def test_the_report_lists_the_first_launches_and_each_kernels_compiles_and_loads(tmp_path, monkeypatch):
+    recipe = load_recipe("warmup_breakdown")
+
+    @contextlib.contextmanager
+    def hooks(totals, tuned):  # what triton_hooks gathers on a GPU: two kernels, one compiled twice
+        yield
+        totals.update(compile_s=1.5, compiles=3, load_s=0.75, loads=2, by_kernel={
+            "_rms_norm_kernel": {"compiles": 2, "compile_s": 1.0, "loads": 1, "load_s": 0.5},
+            "chunk_fwd_kernel_o": {"compiles": 1, "compile_s": 0.5, "loads": 1, "load_s": 0.25}})
+
+    monkeypatch.setattr(recipe, "triton_hooks", hooks)
+    assert recipe.main(["--shape", "tiny", "--requests", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "warmup_tiny.json").read_text())
+    assert (result["loads"], result["load_s"]) == (2, 0.75)
+    assert list(result["by_kernel"]) == ["_rms_norm_kernel", "chunk_fwd_kernel_o"]
+    text = (tmp_path / "warmup_tiny.md").read_text()
+    assert "| kernel loads: first launches (2; inside the above) | 0.8 |" in text
+    assert "| _rms_norm_kernel | 2 | 1.00 | 1 | 0.50 |" in text and "| chunk_fwd_kernel_o | 1 | 0.50 | 1 | 0.25 |" in text
