@@ -11,14 +11,16 @@ apply_patches(model, FastPathOptions(share_tails=True))  # the model is set up f
 from .record import (
                      PatchRecord,
                      apply_patches,
+                     compiling_ahead,
                      patch_record,
                      patched,
                      read_graph_stats,
                      read_options,
                      require_patches,
                      revert_patches,
+                     run_warm_up,
                      warming_up,
 )
 
-__all__ = ["PatchRecord", "apply_patches", "patch_record", "patched", "read_graph_stats",
-           "read_options", "require_patches", "revert_patches", "warming_up"]
+__all__ = ["PatchRecord", "apply_patches", "compiling_ahead", "patch_record", "patched", "read_graph_stats",
+           "read_options", "require_patches", "revert_patches", "run_warm_up", "warming_up"]

@@ -37,6 +37,11 @@ left it. Those replays were a forward of GPU time each that the warm-up waited f
 first replay of each graph then comes in the first real pack of its bucket. A pack that takes no graph (longer than
 ``graph_tokens``) runs eagerly; inside a warm-up, when it hands no prefix state on, only the probe layers
 (:meth:`PackGraphs.eager_layers`): its first uses are met, a whole forward of GPU time is not spent (s30).
+
+A compile-ahead pass (:meth:`PackGraphs.compiling`, what ``patches.compiling_ahead`` opens) runs before a warm-up
+pass over the same packs, its Triton kernels compiling side by side instead of launching
+(:mod:`hf_openjev.ops.parallel_compile`): there a new bucket's pack runs its probe alone and records nothing, and
+the warm-up's capture of that bucket then records without a probe of its own (opt-in; recipes/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -106,15 +111,20 @@ class PackGraphs:
         self.pool = self.stream = None
         self.captures = self.replays = self.evictions = 0
         self.answering = True  # False inside warming(): no replay answers a pack
+        self.probing_ahead = False  # True inside compiling(): a new bucket's probe runs, nothing is recorded
+        # buckets whose first uses a compiling() pass met (its probe ran there): their capture records without one
+        self.probed_ahead: set[tuple] = set()
         self.capture_s = 0.0
         # capture_s split, host time (nothing synchronized): launching the eager forward on the side stream (with its
         # first-use costs: autotuning, Triton compiles, cuDNN plans, allocations), recording and instantiating
         self.phases_s = {"eager": 0.0, "record": 0.0}
+        self.probes_ahead, self.ahead_s = 0, 0.0  # compiling(): probes run ahead of their captures, host time
 
     def stats(self) -> dict:
         return {"graphs": len(self.graphs), "capacity": self.capacity, "captures": self.captures,
                 "replays": self.replays, "evictions": self.evictions, "capture_s": round(self.capture_s, 3),
-                "capture_phases_s": {k: round(v, 3) for k, v in self.phases_s.items()}}
+                "capture_phases_s": {k: round(v, 3) for k, v in self.phases_s.items()},
+                "probes_ahead": self.probes_ahead, "ahead_s": round(self.ahead_s, 3)}
 
     @contextlib.contextmanager
     def warming(self):
@@ -128,6 +138,20 @@ class PackGraphs:
         finally:
             self.answering = previous
 
+    @contextlib.contextmanager
+    def compiling(self):
+        """Inside, as inside :meth:`warming`, but a new bucket's pack runs its probe alone (on the side stream, as a
+        capture's eager run does) and records nothing: the pass a compile-ahead runs
+        (:func:`hf_openjev.patches.compiling_ahead`), whose kernels compile rather than launch. Each bucket probed
+        so goes into ``probed_ahead``, and its later capture records without a probe of its own (its first uses are
+        met); the caller empties ``probed_ahead`` when the pass left something undone (an untuned kernel)."""
+        previous = self.answering, self.probing_ahead
+        self.answering, self.probing_ahead = False, True
+        try:
+            yield self
+        finally:
+            self.answering, self.probing_ahead = previous
+
     def eager_layers(self, pack) -> tuple[int, ...] | None:
         """The layers an eager (ungraphed) planner ``pack`` runs: inside :meth:`warming`, the probe layers when it
         hands no prefix state on (its rows answer nothing; a later pack reads every layer's exported states);
@@ -140,7 +164,7 @@ class PackGraphs:
             raise ValueError("PackGraphs.run needs a padded context (build_pack_context(..., pad=True))")
         entry = self.graphs.get(ctx.graph_key)
         if entry is None:
-            return self._capture(ctx)
+            return self._probe_ahead(ctx) if self.probing_ahead else self._capture(ctx)
         self.graphs.move_to_end(ctx.graph_key)
         graph, static, output = entry
         if not self.answering:
@@ -150,18 +174,42 @@ class PackGraphs:
         self.replays += 1
         return output
 
+    def _side_stream(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+        """(the caller's stream, the side stream) with the side stream after the caller's work (its input copies)."""
+        if self.stream is None:
+            self.stream, self.pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
+        caller = torch.cuda.current_stream()
+        self.stream.wait_stream(caller)
+        return caller, self.stream
+
+    def _probe_ahead(self, ctx) -> torch.Tensor:
+        """Inside :meth:`compiling`: a new bucket's probe (every layer without ``probe_layers``) on the side stream,
+        nothing recorded; its rows are no answer."""
+        start = time.perf_counter()
+        caller, stream = self._side_stream()
+        with torch.cuda.stream(stream):
+            rows = self.text_model(pack=ctx, layers=self.probe_layers)
+        caller.wait_stream(stream)
+        rows.record_stream(caller)
+        self.probed_ahead.add(ctx.graph_key)
+        self.probes_ahead += 1
+        self.ahead_s += time.perf_counter() - start
+        return rows
+
     def _capture(self, ctx) -> torch.Tensor:
-        """The pack's rows from an eager run on the side stream; the same forward recorded into a new graph."""
+        """The pack's rows from an eager run on the side stream; the same forward recorded into a new graph. A bucket
+        in ``probed_ahead`` (a probed capture's) skips the eager run: its first uses are met."""
         start = time.perf_counter()
         if len(self.graphs) >= self.capacity:
             self.graphs.popitem(last=False)
             self.evictions += 1
-        if self.stream is None:
-            self.stream, self.pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
-        caller = torch.cuda.current_stream()
-        self.stream.wait_stream(caller)  # the caller's input copies first
-        with torch.cuda.stream(self.stream):  # first-use costs stay out of the graph (a whole run: the answer)
-            answer = self.text_model(pack=ctx, layers=self.probe_layers)
+        caller, _ = self._side_stream()  # the caller's input copies first
+        skip_probe = self.probe_layers is not None and ctx.graph_key in self.probed_ahead
+        self.probed_ahead.discard(ctx.graph_key)
+        answer = None
+        if not skip_probe:
+            with torch.cuda.stream(self.stream):  # first-use costs stay out of the graph (a whole run: the answer)
+                answer = self.text_model(pack=ctx, layers=self.probe_layers)
         recorded_from = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         with recording(graph, self.pool, self.stream):

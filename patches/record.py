@@ -15,6 +15,7 @@ refused.
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -100,6 +101,46 @@ def warming_up(model):
     graphs = record.graphs if record is not None else None
     with graphs.warming() if graphs is not None else nullcontext():
         yield
+
+
+@contextmanager
+def compiling_ahead(model, threads: int):
+    """``with compiling_ahead(model, 16) as report: <one pass over a warm-up's requests>``: a pass that answers and
+    captures nothing. Its Triton kernels are compiled ``threads`` at a time and loaded instead of launched
+    (:func:`hf_openjev.ops.parallel_compile.compiling_in_parallel`, whose report this yields, filled at the end), and
+    each new graph bucket runs its probe (:meth:`PackGraphs.compiling`), so that a warm-up pass after it records those
+    buckets' graphs without probes of their own. Where a kernel was left untuned (no tuned configuration for this GPU:
+    tuning takes timed runs), the warm-up pass keeps its probes (they tune it). Without a graph cache: the compiles
+    only."""
+    from hf_openjev.ops.parallel_compile import compiling_in_parallel
+
+    record = patch_record(model)
+    graphs = record.graphs if record is not None else None
+    with graphs.compiling() if graphs is not None else nullcontext():
+        with compiling_in_parallel(threads) as report:
+            yield report
+    if graphs is not None and report["untuned"]:
+        graphs.probed_ahead.clear()
+
+
+def run_warm_up(model, one_pass, *, compile_threads: int = 0) -> dict:
+    """``one_pass("warm-up")`` (one pass of the fast path over a warm-up's requests) inside :func:`warming_up`; with
+    ``compile_threads`` > 0 on a model with a graph cache, first ``one_pass("compile-ahead")`` inside
+    :func:`compiling_ahead` (its Triton
+    kernels compiled that many at a time; opt-in until a GPU measures it, recipes/RESULTS.md). Returns
+    ``{"compile_ahead": its report or None, "compile_ahead_s", "warm_up_s"}`` (seconds, host time)."""
+    if not isinstance(compile_threads, int) or compile_threads < 0:
+        raise ValueError(f"compile_threads must be a whole number >= 0 (0: off), got {compile_threads!r}")
+    record = patch_record(model)
+    report, start = None, time.perf_counter()
+    if compile_threads and record is not None and record.graphs is not None:
+        with compiling_ahead(model, compile_threads) as report:
+            one_pass("compile-ahead")
+    ahead = time.perf_counter()
+    with warming_up(model):
+        one_pass("warm-up")
+    return {"compile_ahead": report, "compile_ahead_s": round(ahead - start, 3),
+            "warm_up_s": round(time.perf_counter() - ahead, 3)}
 
 
 def require_patches(model) -> PatchRecord:

@@ -31,7 +31,6 @@ batcher. The shared pieces are the ``benchlib`` package beside this script.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -109,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--parity-only", default="",
                         help="arms run for parity alone: no warm-up pass, so their times include autotuning and "
                              "are reported as such, never as a measurement (e.g. B, whose speed is measured elsewhere)")
+    parser.add_argument("--compile-threads", type=int, default=0, metavar="N",
+                        help="C's warm-ups: first a compile-ahead pass (patches.run_warm_up), Triton's compiles N at "
+                             "a time; 0 (default): none")
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                         help="arm C replays CUDA graphs per shape bucket (the library's default on CUDA); "
                              "--no-cuda-graphs measures the eager fast path")
@@ -136,6 +138,8 @@ def parse_arguments(argv) -> BenchRun:
         parser.error(f"--parity-only {args.parity_only!r}: name arms of --arms other than C (C is what is measured)")
     if "E" in arms and not args.cuda_graphs:
         parser.error("arm E (fast path, eager) is only meaningful beside graph-replayed C (drop --no-cuda-graphs)")
+    if args.compile_threads < 0:
+        parser.error(f"--compile-threads {args.compile_threads}: give 0 (none) or more")
     try:
         sweep_entries = json.loads(args.sweep)
         base_fast_options = json.loads(args.fast_options)
@@ -168,15 +172,15 @@ def run_sweep(model, work, sweep_entries, c_options, base_fast_options, *, args,
               responses: dict, fidelity, save) -> None:
     """--sweep: one warm-up and one measured pass of C per entry (its options over C's), compared with the
     reference arms and the oracle; then C's options again."""
-    from hf_openjev.patches import apply_patches, warming_up
+    from hf_openjev.patches import apply_patches, run_warm_up
 
     quantize_for_fast_path(model, args, results)
     sweep = results["sweep"] = {}
     for overrides in sweep_entries:
         apply_patches(model, c_options.replace(**overrides))  # the entry's options, for its passes and singles
         label = json.dumps(overrides, sort_keys=True)
-        with warming_up(model):
-            run_pass(model, work, fast=True)  # warm: new shapes autotune and capture here
+        # warm: new shapes autotune and capture here
+        run_warm_up(model, lambda stage: run_pass(model, work, fast=True), compile_threads=args.compile_threads)
         measured = run_pass(model, work, fast=True)
         times = [t * 1000 for t, _ in measured]
         sweep[label] = {**summarize(times), "table": table(work, times), "fast_options": {**base_fast_options, **overrides}}
@@ -198,7 +202,7 @@ def run_sweep(model, work, sweep_entries, c_options, base_fast_options, *, args,
 def run_arm(run: BenchRun, arm: str, model, work, *, results: dict, responses: dict, fidelity) -> None:
     """One arm: its patches (C, E) or fla binding (A, B), warm-up unless parity-only, its measured passes, its
     entry in ``results["arms"]``, the graphs' counters (C) and the singles (C, right after its passes)."""
-    from hf_openjev.patches import apply_patches, warming_up
+    from hf_openjev.patches import apply_patches, run_warm_up
 
     args = run.args
     fast = arm in ("C", "E")
@@ -212,9 +216,13 @@ def run_arm(run: BenchRun, arm: str, model, work, *, results: dict, responses: d
     batch_size = 1 if arm in ("A1", "B1") else 32
     timed = arm not in run.parity_only
     limit = args.b_warmup_requests if arm == "B" else None
-    if arm not in ("A", "A1", "B1") and timed:
-        with warming_up(model) if fast else contextlib.nullcontext():  # C: captures, no answering replays
-            run_pass(model, work[:limit], fast=fast)  # warm-up: autotuning, compilation (C: graph capture)
+    ahead = None
+    if arm not in ("A", "A1", "B1") and timed:  # warm-up: autotuning, compilation (C: graph capture)
+        if fast:  # inside patches.warming_up: captures, no answering replays; with --compile-threads a pass before
+            ahead = run_warm_up(model, lambda stage: run_pass(model, work[:limit], fast=True),
+                                compile_threads=args.compile_threads)
+        else:
+            run_pass(model, work[:limit], fast=False)
     warmup_s = time.perf_counter() - start
     # B is cold when its warm-up missed a shape its timed pass runs (fla tunes its kernels there): no ratio from it
     cold = arm == "B" and timed and not covers_every_shape([item for item, _ in work[:limit]], [i for i, _ in work])
@@ -230,6 +238,8 @@ def run_arm(run: BenchRun, arm: str, model, work, *, results: dict, responses: d
                             "peak_memory_gb": peak_gb(), "table": table(work, per_request),
                             "per_request_ms": per_request, "parity_only": not timed, "cold": cold,
                             "warmup_requests": len(work[:limit]) if timed and arm not in ("A", "A1", "B1") else 0}
+    if ahead is not None and ahead["compile_ahead"] is not None:  # --compile-threads: its pass's share of warmup_s
+        results["arms"][arm]["compile_ahead"] = {**ahead["compile_ahead"], "seconds": ahead["compile_ahead_s"]}
     label = warmth_note(cold, len(work[:limit]), len(work)) if timed else " (parity only, times include autotuning)"
     print(f"arm {arm}{label}: "
           + ", ".join(f"{k}={v:.1f}" for k, v in results["arms"][arm].items() if isinstance(v, float)), flush=True)

@@ -100,12 +100,11 @@
 #                                        # again on an empty cache with those configurations (fla's strict mode),
 #                                        # once more on that warm cache, and once with torch.profiler (host time per op):
 #                                        # those three only when 2b is among the shapes (they need its keys tuned)
-#   bash recipes/gpu_campaign.sh preload-ab [SHAPE]  # 27b by default: C's warm-up on an empty kernel cache as it is
-#                                        # (each kernel compiled at its first use, one after another; the compiles'
-#                                        # specializations recorded), then on another emptied cache with those
-#                                        # compiled and loaded first, 16 threads, then 1 thread
-#                                        # (recipes/warmup_breakdown.py --record-specializations / --preload):
-#                                        # what compiling side by side saves; a run starts only with 100 s left
+#   bash recipes/gpu_campaign.sh compile-ab [SHAPE]  # 27b by default: C's warm-up with a compile-ahead pass (16
+#                                        # threads; recipes/warmup_breakdown.py --compile-threads 16) and without, each
+#                                        # first on an emptied kernel cache of its own, then again on that cache (warm):
+#                                        # what compiling side by side saves, and what the extra pass costs when there
+#                                        # is nothing to compile; a run starts only with 100 s left
 #
 # How the parts were sized: no earlier log holds per-test times (they ran -v without --durations), so the parts in
 # recipes/gpu_parts.txt come from the logs' totals on one H200: the whole suite, 194 tests, 538 s (`git show
@@ -121,6 +120,8 @@
 # An empty kernel cache for one stage, whatever ran before it on the machine: KERNEL_CACHE=empty (a fresh Triton cache
 # folder; fla's carried configurations still apply, as on a user's fresh machine), e.g.
 # `KERNEL_CACHE=empty bash recipes/gpu_campaign.sh family` after a gate run warmed the machine's own cache.
+# C's warm-ups with a compile-ahead pass (the bench's --compile-threads N) in the stages that run the bench:
+# COMPILE_THREADS=N, e.g. `KERNEL_CACHE=empty COMPILE_THREADS=16 bash recipes/gpu_campaign.sh sweep 27b '[]'`.
 #
 # Several stages in one call: set CAMPAIGN_ELAPSED_S to the seconds the call has spent before a stage, and its
 # limits count from the call's start, not its own (e.g. CAMPAIGN_ELAPSED_S=$SECONDS bash recipes/gpu_campaign.sh ...).
@@ -130,10 +131,10 @@
 # in the tree (RESULTS.md names the commits that hold earlier campaigns' files). Stages run back to back on a warm
 # machine reuse its Triton cache (fla's compiled kernels and autotuning results); a fresh machine recompiles.
 set -uo pipefail
-stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-probes | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup | preload-ab | warm-ab | graph-cut | varlen-attention"
+stages="pytest-part | pytest-parts | pytest | bench | fidelity | session | family-fidelity | gate-probe | gate-probes | gate-seeds | family | fingerprints | divergence | server-time | sweep | profile | warmup | compile-ab | warm-ab | graph-cut | varlen-attention"
 stage=${1:?stage: $stages}
 shift
-case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-probes|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup|preload-ab|warm-ab|graph-cut|varlen-attention) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
+case "$stage" in pytest-part|pytest-parts|pytest|bench|fidelity|session|family-fidelity|gate-probe|gate-probes|gate-seeds|family|fingerprints|divergence|server-time|sweep|profile|warmup|compile-ab|warm-ab|graph-cut|varlen-attention) ;; *) echo "unknown stage $stage ($stages)"; exit 2 ;; esac
 
 setup() {  # the carried wheel and this package into /tmp/site (recipes/device_setup.sh); $out; cwd /tmp
   source recipes/device_setup.sh
@@ -199,6 +200,7 @@ seed_oracle() {  # $1 = shape, $2 = seed: the seed's committed fp32 oracle (seed
 }
 
 case "${KERNEL_CACHE:-}" in ""|empty) ;; *) echo "KERNEL_CACHE=$KERNEL_CACHE: unset or empty (an empty Triton cache for this stage)"; exit 2 ;; esac
+[[ "${COMPILE_THREADS:-0}" =~ ^[0-9]+$ ]] || { echo "COMPILE_THREADS=$COMPILE_THREADS: a whole number (0 or unset: no compile-ahead pass)"; exit 2; }
 parts_file=$PWD/recipes/gpu_parts.txt  # the one list of the GPU suite's parts (cwd: the repository)
 part_entries() {  # $1 = part name: its entries in recipes/gpu_parts.txt, one a line
   awk -v part="$1" '$1 == part { print $2 }' "$parts_file"
@@ -302,10 +304,10 @@ if [ "$stage" = warm-ab ]; then  # known shapes, before setup
     case "$shape" in 2b|9b|27b) ;; *) echo "warm-ab [SHAPE...]: 2b, 9b or 27b (default: 2b 27b), got $shape"; exit 2 ;; esac
   done
 fi
-if [ "$stage" = preload-ab ]; then  # a known shape, before setup
-  preload_shape=${1:-27b}
-  case "$preload_shape" in 2b|9b|27b) ;; *) echo "preload-ab [SHAPE]: SHAPE 2b, 9b or 27b (default 27b)"; exit 2 ;; esac
-  [ $# -le 1 ] || { echo "preload-ab [SHAPE]: one shape at most"; exit 2; }
+if [ "$stage" = compile-ab ]; then  # a known shape, before setup
+  compile_shape=${1:-27b}
+  case "$compile_shape" in 2b|9b|27b) ;; *) echo "compile-ab [SHAPE]: SHAPE 2b, 9b or 27b (default 27b)"; exit 2 ;; esac
+  [ $# -le 1 ] || { echo "compile-ab [SHAPE]: one shape at most"; exit 2; }
 fi
 if [ "$stage" = graph-cut ]; then  # a known shape and whole numbers, before setup
   cut_shape=${1:-}
@@ -327,7 +329,7 @@ if [ "$stage" = sweep ]; then  # a shape and a JSON list of option objects, befo
 fi
 
 setup
-bench="python3 $REPO/recipes/bench_jevbench.py"  # a command for timeout (a shell function would not run)
+bench="python3 $REPO/recipes/bench_jevbench.py --compile-threads ${COMPILE_THREADS:-0}"  # a command for timeout
 case "$stage" in
   pytest)
     expr=${1:-}
@@ -465,23 +467,20 @@ case "$stage" in
       timeout $((580 - (SECONDS - start))) python3 "$REPO/recipes/varlen_attention_probe.py" --shape "$shape" \
         --out "$out" 2>&1 | quiet | tail -n 40
     done ;;
-  preload-ab)
+  compile-ab)
     breakdown="python3 $REPO/recipes/warmup_breakdown.py"
     caches=${TMPDIR:-/tmp}
-    specs="$out/specializations_$preload_shape.json"
-    for run in record preload16 preload1; do  # each on its own emptied cache: every run is a cold one
+    rm -rf "$caches/tc_compile_ahead" "$caches/tc_compile_plain"  # both arms start cold, on caches of their own
+    for run in ahead:cold plain:cold ahead:warm plain:warm; do
+      arm=${run%%:*}
       left=$((580 - (SECONDS - start)))
-      [ "$left" -gt 100 ] || { echo "preload-ab $run: no time left"; continue; }
-      case $run in
-        record) extra=(--record-specializations "$specs") ;;
-        preload16) extra=(--preload "$specs" --preload-threads 16) ;;
-        preload1) extra=(--preload "$specs" --preload-threads 1) ;;
-      esac
-      [ "$run" = record ] || [ -s "$specs" ] || { echo "preload-ab $run: no specializations recorded"; continue; }
-      rm -rf "$caches/tc_preload_$run"
-      TRITON_CACHE_DIR="$caches/tc_preload_$run" timeout "$left" $breakdown --shape "$preload_shape" "${extra[@]}" \
-        --out "$out/$run" 2>&1 | quiet | grep -E "whole pass|capture|compiles|loads|Preloaded|^- " | head -n 20
-      echo "preload-ab $run rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
+      [ "$left" -gt 100 ] || { echo "compile-ab $run: no time left"; continue; }
+      threads=0
+      [ "$arm" = ahead ] && threads=16
+      TRITON_CACHE_DIR="$caches/tc_compile_$arm" timeout "$left" $breakdown --shape "$compile_shape" \
+        --compile-threads "$threads" --out "$out/${arm}_${run#*:}" 2>&1 | quiet \
+        | grep -E "whole pass|capture|compiles|loads|Compile-ahead|^- " | head -n 20
+      echo "compile-ab $run rc=${PIPESTATUS[0]} at $((SECONDS - start)) s"
     done ;;
   warm-ab)
     gpu_pytest 170 pytest_capture.log "probe or graph_replay_matches_eager or unanswered or warm_up_captures" \

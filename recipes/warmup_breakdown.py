@@ -25,11 +25,11 @@ the whole pass, the GPU's waits included. ``--record-ops`` times the recordings 
 GPU: each op called at the top level of a recorded forward (a custom op with all it launches, or an aten op), per
 graph, and the rest (the modules' Python between ops). Writes ``warmup_<shape>.json`` and ``.md``.
 
-``--record-specializations FILE`` writes each Triton compile of the pass (its kernel, Triton's specialization JSON);
-``--preload FILE`` then, in a later process on an empty cache, compiles and loads those before the pass,
-``--preload-threads`` at a time (``JITFunction.preload`` and the launcher's build, as a first launch does them): how
-much of an empty cache's cost compiling side by side saves (``preload_s`` beside the pass; the compiles the pass still
-made say what the preload missed). ``bash recipes/gpu_campaign.sh preload-ab`` runs the three.
+``--compile-threads N`` runs the pass once first inside :func:`hf_openjev.patches.compiling_ahead` (its Triton
+kernels compiled N at a time and loaded, not launched; each new bucket's probe run there), timed apart
+(``compile_ahead_s``, its report in ``compile_ahead``); the hooked pass after it then records each bucket without a
+probe. ``bash recipes/gpu_campaign.sh compile-ab [SHAPE]`` compares it with the plain warm-up on emptied and on warm
+kernel caches.
 
 The pass runs inside :func:`hf_openjev.patches.warming_up`, as the bench's C warm-up and the server's do since s26
 (captures without answering replays); ``--answered`` runs it answering, as before. ``--measured-pass`` adds one
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import importlib
 import io
 import json
 import os
@@ -50,7 +49,6 @@ import pstats
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -128,98 +126,6 @@ def triton_hooks(totals: dict, tuned: Counter):
     finally:
         for owner, name, original in saved:
             setattr(owner, name, original)
-
-
-@contextmanager
-def recording_specializations(entries: list):
-    """While the block runs, each Triton compile's specialization is appended to ``entries`` (its JITFunction's module
-    and name, and Triton's own JSON of it, ``specialization_data``): what :func:`preload_specializations` compiles
-    ahead of a later pass. Through Triton's ``knobs.runtime.jit_cache_hook`` (a hook set before is still called)."""
-    try:
-        from triton import knobs
-        from triton.runtime import jit
-    except ImportError:
-        yield
-        return
-    previous, serialize = knobs.runtime.jit_cache_hook, jit.serialize_specialization_data
-
-    def guarded(*args, **kwargs):  # a constant JSON cannot hold must not stop the compile: that kernel goes unrecorded
-        try:
-            return serialize(*args, **kwargs)
-        except TypeError:
-            return None
-
-    def hook(*, fn, compile, **kwargs):
-        data = compile["specialization_data"]
-        entries.append({"module": fn.module, "name": fn.name, "specialization": data} if data is not None
-                       else {"module": fn.module, "name": fn.name, "unrecorded": True})
-        return previous(fn=fn, compile=compile, **kwargs) if previous is not None else False
-
-    knobs.runtime.jit_cache_hook, jit.serialize_specialization_data = hook, guarded
-    try:
-        yield
-    finally:
-        knobs.runtime.jit_cache_hook, jit.serialize_specialization_data = previous, serialize
-
-
-def jit_function(module: str, name: str, kind: type | None = None):
-    """The JITFunction that ``module``'s ``name`` holds, through the wrappers around it (autotuners, heuristics: each
-    keeps the next in ``.fn``); ``kind`` Triton's JITFunction unless given."""
-    if kind is None:
-        from triton.runtime.jit import JITFunction as kind
-    value = importlib.import_module(module)
-    for part in name.split("."):
-        value = getattr(value, part)
-    for layer in wrapper_layers(value):
-        if isinstance(layer, kind):
-            return layer
-    raise LookupError(f"{module}.{name} holds no Triton JIT function")
-
-
-def preload_specializations(entries: list[dict], threads: int, *, kind: type | None = None) -> dict:
-    """Compile each distinct specialization of ``entries`` (``JITFunction.preload``: into Triton's kernel cache, as a
-    first launch would) and build its launcher and load its binary (``CompiledKernel._init_handles``), ``threads`` at
-    a time. Returns the wall time, the counts and each failure in one line (a failure leaves that kernel to its first
-    launch)."""
-    import torch
-
-    device = torch.cuda.current_device() if torch.cuda.is_available() else None
-    unique = list({entry["specialization"]: entry for entry in entries if "specialization" in entry}.values())
-
-    failures, functions = [], {}
-
-    def fail(entry, error):
-        failures.append(f"{entry['module']}.{entry['name']}: {type(error).__name__}: {error}"[:300])
-
-    start = time.perf_counter()
-    for entry in unique:  # in this thread: the imports, Triton's driver and each function's per-device caches
-        try:
-            function = functions[entry["specialization"]] = jit_function(entry["module"], entry["name"], kind)
-        except (ImportError, AttributeError, LookupError) as error:
-            fail(entry, error)
-            continue
-        if device is not None:
-            from triton.runtime import driver
-
-            function.device_caches[driver.active.get_current_device()]  # created here, not by racing workers
-
-    def one(entry):
-        if device is not None:
-            torch.cuda.set_device(device)  # the worker thread's current device: the launch's
-        kernel = functions[entry["specialization"]].preload(entry["specialization"])
-        if kernel is not None:
-            kernel._init_handles()
-
-    with ThreadPoolExecutor(max_workers=max(threads, 1)) as pool:
-        found = [entry for entry in unique if entry["specialization"] in functions]
-        for entry, future in [(entry, pool.submit(one, entry)) for entry in found]:
-            try:
-                future.result()
-            except Exception as error:  # noqa: BLE001 - reported, not raised: the pass compiles what is missing
-                fail(entry, error)
-    return {"preload_s": round(time.perf_counter() - start, 2), "threads": threads,
-            "specializations": len(unique), "unrecorded": sum("specialization" not in entry for entry in entries),
-            "failures": failures}
 
 
 def kernel_table(by_kernel: dict) -> dict:
@@ -396,22 +302,16 @@ def main(argv=None) -> int:
     parser.add_argument("--dump-fla-configs", type=Path, default=None, metavar="DIR",
                         help="after the pass, merge fla's tuned configurations into DIR/<GPU>/<kernel>.json (CUDA; "
                              "DIR ops/fla_configs: the package's carried ones)")
-    parser.add_argument("--record-specializations", type=Path, default=None, metavar="FILE",
-                        help="write each Triton compile of the pass (its kernel and Triton's specialization JSON) to "
-                             "FILE, for --preload in a later process")
-    parser.add_argument("--preload", type=Path, default=None, metavar="FILE",
-                        help="before the pass, compile the specializations of FILE (--record-specializations) and "
-                             "load them, --preload-threads at a time; timed apart from the pass (preload_s)")
-    parser.add_argument("--preload-threads", type=int, default=16, help="threads for --preload (default 16)")
+    parser.add_argument("--compile-threads", type=int, default=0, metavar="N",
+                        help="first a compile-ahead pass (patches.compiling_ahead): Triton's compiles N at a time, "
+                             "timed apart; 0 (default): none")
     args = parser.parse_args(argv)
     check_manifest_argument(parser, args)
-    if args.preload is not None and not args.preload.is_file():
-        parser.error(f"--preload: no file {args.preload}; write one with --record-specializations FILE")
-    if args.preload_threads < 1:
-        parser.error("--preload-threads: give 1 or more")
+    if args.compile_threads < 0:
+        parser.error("--compile-threads: give 0 (none) or more")
     from hf_openjev.family import member_sized
     from hf_openjev.fast_options import options_for
-    from hf_openjev.patches import apply_patches, patch_record, warming_up
+    from hf_openjev.patches import apply_patches, compiling_ahead, patch_record, warming_up
 
     try:  # over the shape's own defaults
         options = options_for(member_sized(args.shape), json.loads(args.fast_options))
@@ -431,13 +331,13 @@ def main(argv=None) -> int:
     op_profiler = op_profile() if args.op_profile else contextlib.nullcontext()
     timer, record_seconds = OpTimer(), []
     recordings = timing_recordings(timer, record_seconds) if args.record_ops else contextlib.nullcontext()
-    preload = None
-    if args.preload is not None:  # before the pass and its hooks: the pass's compiles are what the preload missed
-        preload = preload_specializations(json.loads(args.preload.read_text()), args.preload_threads)
-    specializations: list = []
-    recording = (recording_specializations(specializations) if args.record_specializations is not None
-                 else contextlib.nullcontext())
-    with triton_hooks(totals, tuned), op_profiler as ops, recordings, recording:
+    ahead = None
+    if args.compile_threads:  # before the hooks: the hooked pass's compiles, loads and probes are what it left
+        start = time.perf_counter()
+        with compiling_ahead(model, args.compile_threads) as report:
+            run_pass(model, work, fast=True)
+        ahead = {"compile_ahead_s": round(time.perf_counter() - start, 2), **report}
+    with triton_hooks(totals, tuned), op_profiler as ops, recordings:
         start = time.perf_counter()
         if profiler:
             profiler.enable()
@@ -467,12 +367,8 @@ def main(argv=None) -> int:
         result["profile_top"] = [package_relative(line) for line in text.getvalue().splitlines()[:60]]
     if measured is not None:
         result["measured_pass"] = measured
-    if preload is not None:
-        result["preload"] = preload
-    if args.record_specializations is not None:
-        args.record_specializations.parent.mkdir(parents=True, exist_ok=True)
-        args.record_specializations.write_text(json.dumps(specializations, indent=1) + "\n")
-        result["specializations_recorded"] = len(specializations)
+    if ahead is not None:
+        result["compile_ahead"] = ahead
     record_lines = []
     if args.record_ops:
         result["record_ops"], record_lines = record_ops_table(timer, record_seconds)
@@ -498,10 +394,12 @@ def main(argv=None) -> int:
         lines += ["", "| kernel | compiles | compile s | loads | load s |", "|---|---|---|---|---|"]
         lines += [f"| {name} | {k['compiles']} | {k['compile_s']:.2f} | {k['loads']} | {k['load_s']:.2f} |"
                   for name, k in result["by_kernel"].items()]
-    if preload is not None:
-        lines += ["", f"Preloaded before the pass: {preload['specializations']} specializations in "
-                      f"{preload['preload_s']:.1f} s, {preload['threads']} threads, {len(preload['failures'])} failed",
-                  *[f"- {failure}" for failure in preload["failures"][:10]]]
+    if ahead is not None:
+        lines += ["", f"Compile-ahead pass before it: {ahead['compile_ahead_s']:.1f} s, {ahead['compiles']} compiles "
+                      f"({ahead['threads']} threads; the end waited {ahead['compile_wait_s']:.1f} s for them), "
+                      f"{ahead['loads']} kernels loaded in {ahead['load_s']:.1f} s, {ahead['untuned']} left untuned, "
+                      f"{stats.get('probes_ahead', 0)} probes run ahead, {len(ahead['failures'])} failed",
+                  *[f"- {failure}" for failure in ahead["failures"][:10]]]
     if measured is not None:
         lines += ["", f"Measured pass after it (answered): mean {measured['mean_ms']:.1f} / p50 "
                       f"{measured['p50_ms']:.1f} / p95 {measured['p95_ms']:.1f} ms, "

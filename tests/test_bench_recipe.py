@@ -145,10 +145,11 @@ def test_unknown_or_bad_fast_path_options_are_refused_before_any_work(tmp_path, 
 
 def test_c_warms_up_unanswered_and_is_then_timed_answering(tmp_path, monkeypatch):
     """C's warm-up pass runs inside patches.warming_up (captures without answering replays, as the server's
-    warm-up); its measured pass and B's passes run outside it."""
+    warm-up), through patches.run_warm_up with --compile-threads; its measured pass and B's passes run outside it."""
     import contextlib
 
     import hf_openjev.patches as patches
+    from hf_openjev.patches import record
 
     torch.set_num_threads(1)
     bench = load_recipe("bench_jevbench")
@@ -166,10 +167,26 @@ def test_c_warms_up_unanswered_and_is_then_timed_answering(tmp_path, monkeypatch
         passes.append(("C" if fast else "B", bool(inside)))
         return real_pass(model, work, fast=fast, **kwargs)
 
-    monkeypatch.setattr(patches, "warming_up", warming_up)
+    threads = []
+    real_warm_up = patches.run_warm_up
+
+    def run_warm_up(model, one_pass, *, compile_threads=0):
+        threads.append(compile_threads)
+        return real_warm_up(model, one_pass, compile_threads=compile_threads)
+
+    monkeypatch.setattr(record, "warming_up", warming_up)
+    monkeypatch.setattr(patches, "run_warm_up", run_warm_up)
     monkeypatch.setattr(bench, "run_pass", run_pass)
     rc = bench.main(["--shape", "tiny", "--limit", "2", "--arms", "B,C", "--passes", "1", "--b-passes", "1",
                      "--long-candidate", "0", "--single", "", "--concurrency", "", "--dtype", "float32",
-                     "--out", str(tmp_path)])
+                     "--compile-threads", "3", "--out", str(tmp_path)])
     assert rc == 0
     assert passes == [("B", False), ("B", False), ("C", True), ("C", False)]  # warm-up, measured, per arm
+    assert threads == [3]  # C's warm-up only (a CPU model has no graph cache: no compile-ahead pass runs)
+
+
+def test_negative_compile_threads_are_refused_before_any_work(tmp_path, capsys):
+    bench = load_recipe("bench_jevbench")
+    with pytest.raises(SystemExit):
+        bench.main(["--shape", "tiny", "--arms", "C", "--compile-threads", "-2", "--out", str(tmp_path / "o")])
+    assert "--compile-threads -2" in capsys.readouterr().err and not (tmp_path / "o").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import types
 
 import pytest
 import torch
@@ -395,6 +396,107 @@ def test_an_eager_capture_inside_warming_still_answers_from_its_eager_run(monkey
         assert torch.equal(graphs.run(Ctx()), torch.full((2, 3), 1.0)) and "replay" not in events
 
 
+def test_a_compiling_pass_probes_new_buckets_ahead_and_their_captures_record_without_a_probe(monkeypatch):
+    """PackGraphs.compiling: a new bucket's pack runs its probe on the side stream and records nothing (no capture,
+    no graph kept); later, inside warming, that bucket's capture records at once, while a bucket not probed ahead
+    still probes first. (Stand-ins, on a CPU.)"""
+    from hf_openjev.patches import cuda_graphs
+
+    events = []
+    Rows = stand_in_cuda(monkeypatch, events)
+
+    def text_model(*, pack, layers=None):
+        events.append(f"forward {pack.graph_key[0]} layers={layers}")
+        return torch.full((2, 3), 9.0).as_subclass(Rows)
+
+    class Ctx:
+        def __init__(self, key):
+            self.graph_key = (key,)
+            self.input_buffer = (torch.zeros(4),)
+
+    graphs = cuda_graphs.PackGraphs(text_model, probe_layers=(0, 3))
+    with graphs.compiling():
+        assert not graphs.answering
+        graphs.run(Ctx("a"))
+        assert events == ["side waits for caller", "forward a layers=(0, 3)", "caller waits for side",
+                          "answer read on caller"]
+    assert graphs.answering and not graphs.probing_ahead
+    stats = graphs.stats()
+    assert stats["captures"] == 0 and stats["graphs"] == 0 and stats["probes_ahead"] == 1
+    events.clear()
+    with graphs.warming():
+        graphs.run(Ctx("a"))
+        graphs.run(Ctx("b"))
+    assert events == ["side waits for caller", "capture_begin", "forward a layers=None", "capture_end",
+                      "caller waits for side", "answer read on caller",
+                      "side waits for caller", "forward b layers=(0, 3)", "capture_begin", "forward b layers=None",
+                      "capture_end", "caller waits for side", "answer read on caller"]
+    assert graphs.probed_ahead == set() and graphs.stats()["captures"] == 2
+
+
+def test_compiling_ahead_keeps_the_probes_when_a_kernel_was_left_untuned_and_run_warm_up_runs_the_pass_twice(
+        tmp_path, monkeypatch):
+    """patches.compiling_ahead: the graph cache's compiling mode around ops.parallel_compile's block; an untuned
+    kernel (tuning needs timed runs) empties ``probed_ahead``. run_warm_up: the pass inside compiling_ahead, then
+    inside warming_up; without compile threads or a graph cache, once. (Stand-ins for the block and the cache.)"""
+    import contextlib
+
+    from hf_openjev.ops import parallel_compile
+    from hf_openjev.patches import record as record_module
+
+    untuned = []
+
+    @contextlib.contextmanager
+    def block(threads):
+        report = {"untuned": 0, "threads": threads}
+        yield report
+        report["untuned"] = untuned.pop() if untuned else 0
+
+    monkeypatch.setattr(parallel_compile, "compiling_in_parallel", block)
+    modes = []
+
+    class Graphs:
+        answering, probed_ahead = True, set()
+
+        @contextlib.contextmanager
+        def compiling(self):
+            modes.append("compiling")  # the modes open at a time
+            yield self
+            modes.remove("compiling")
+
+        @contextlib.contextmanager
+        def warming(self):
+            modes.append("warming")
+            yield self
+            modes.remove("warming")
+
+    graphs = Graphs()
+    monkeypatch.setattr(record_module, "patch_record", lambda model: types.SimpleNamespace(graphs=graphs))
+    graphs.probed_ahead = {("a",)}
+    with record_module.compiling_ahead("model", 3) as report:
+        assert report["threads"] == 3
+    assert graphs.probed_ahead == {("a",)}
+    untuned.append(1)
+    with record_module.compiling_ahead("model", 3):
+        pass
+    assert graphs.probed_ahead == set()
+    passes = []
+    result = record_module.run_warm_up("model", lambda stage: passes.append((stage, list(modes))),
+                                       compile_threads=4)
+    assert passes == [("compile-ahead", ["compiling"]), ("warm-up", ["warming"])]
+    assert result["compile_ahead"]["threads"] == 4
+    assert result["compile_ahead_s"] >= 0 and result["warm_up_s"] >= 0
+    passes.clear()
+    assert record_module.run_warm_up("model", lambda stage: passes.append((stage, list(modes))))["compile_ahead"] is None
+    assert passes == [("warm-up", ["warming"])]
+    monkeypatch.setattr(record_module, "patch_record", lambda model: types.SimpleNamespace(graphs=None))
+    passes.clear()
+    record_module.run_warm_up("model", passes.append, compile_threads=4)
+    assert passes == ["warm-up"]  # no graph cache (the CPU): nothing to compile ahead for
+    with pytest.raises(ValueError, match="compile_threads"):
+        record_module.run_warm_up("model", lambda stage: None, compile_threads=-1)
+
+
 def test_inside_a_warm_up_every_score_is_zero_even_where_the_rows_read_are_not_finite(tmp_path):
     """A warm-up's rows answer nothing (a graph's stale static output, a probe's): ``score_fast`` returns 0.0 for
     each score there, so ``score_prepared``'s non-finite check cannot fail a warm pass (s31: the bench's sweep warm
@@ -602,6 +704,34 @@ def test_warm_up_captures_the_graphs_that_requests_of_its_shapes_replay(heads27_
         score_fast(model, [[[prefix + [rng.randrange(5, 200) for _ in range(n)] for n in suffixes]]])
     stats = patch_record(model).graphs.stats()
     assert stats["captures"] == captures and stats["replays"] >= 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphs_captured_after_a_compile_ahead_pass_answer_as_answered_captures_do_on_cuda(heads27_checkpoint):
+    """warm_up(compile_threads=4): a compile-ahead pass (Triton's compiles on a pool, each new bucket probed there,
+    nothing recorded), then captures without probes; the requests then answer what graphs captured and replayed at
+    once answer, bit for bit, and nothing failed to compile or load."""
+    from hf_openjev.fast_path import score_fast
+    from hf_openjev.patches.cuda_graphs import PackGraphs, first_use_layers
+    from hf_openjev.serve.warmup import warm_up
+
+    model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
+    record = apply_patches(model, FastPathOptions(cuda_graphs=True))
+    shapes = [(0, [107]), (38, [43, 37, 40]), (130, [5, 9, 12, 3, 7])]
+    rng = random.Random(5)
+    requests = []
+    for prefix_tokens, suffixes in shapes:
+        prefix = [rng.randrange(5, 200) for _ in range(prefix_tokens)]
+        requests.append([[prefix + [rng.randrange(5, 200) for _ in range(n)] for n in suffixes]])
+    answered = [score_fast(model, [r])[0] for r in requests]
+    text_model = text_model_of(model)
+    record.graphs = PackGraphs(text_model, probe_layers=first_use_layers(text_model))
+    report = warm_up(model, shapes, progress=False, compile_threads=4)
+    stats = report["graphs"]
+    assert stats["captures"] >= 3 and stats["probes_ahead"] == stats["captures"] and stats["replays"] == 0
+    assert report["compile_ahead"]["failures"] == [] and record.graphs.probed_ahead == set()
+    assert [score_fast(model, [r])[0] for r in requests] == answered
 
 
 @pytest.mark.gpu

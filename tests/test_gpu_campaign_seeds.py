@@ -5,8 +5,8 @@ committed oracle a stage names (data/bench/oracle_<shape>.json.gz) is in the che
 files against a seed's committed oracle (gate-probes: several such runs side by side) and puts carried answers where the command reuses them; server-time runs
 the stand-in, then the shape's real forward, and refuses an unknown shape before setup; divergence runs the layer
 comparison against fp32 per request; family runs the 9B's and 2B's benches alone, B warmed on every request; warm-ab alternates answered and unanswered warm-ups;
-graph-cut alternates the default graph_tokens with each cut; preload-ab records a cold warm-up's compiles, then
-preloads them on caches of their own;
+graph-cut alternates the default graph_tokens with each cut; compile-ab runs warm-ups with and without a
+compile-ahead pass, each cold on an emptied cache of its own and then warm on it;
 warmup re-runs the 2B on the configurations it tuned only when it tuned the 2B's."""
 
 import json
@@ -34,10 +34,6 @@ case "$*" in
     mkdir -p "$dir"; echo "{\"command\": \"$(tail -n 1 "$CALLS")\"}" >"$dir/fidelity_$name.json"
     tail -n 1 "$CALLS" >"$dir/fidelity_$name.md"; exit 0 ;;
   *oracle.py*) ;;
-  *"--record-specializations "*)  # warmup_breakdown.py writes the compiles it saw, unless $NO_SPECS is set
-    while [ $# -gt 0 ]; do case "$1" in --record-specializations) [ -n "${NO_SPECS:-}" ] || echo '[{}]' >"$2" ;; esac
-      shift; done
-    exit 0 ;;
   *"--dump-fla-configs "*)  # warmup_breakdown.py writes the tuned configurations under a folder per GPU
     while [ $# -gt 0 ]; do case "$1" in --dump-fla-configs) mkdir -p "$2/NVIDIA_H100_80GB_HBM3" ;; esac; shift; done
     exit 0 ;;
@@ -338,6 +334,15 @@ def test_sweep_times_the_default_and_each_configuration_in_one_bench_process(tmp
     assert f"--out {out}/sweep/2b" in bench and (out / "sweep.tgz").is_file()
 
 
+def test_compile_threads_reach_the_bench_and_a_bad_count_is_refused_before_setup(tmp_path):
+    result, lines, _ = run_stage(tmp_path, "sweep", "27b", "[]", COMPILE_THREADS="16")
+    assert result.returncode == 0 and "--compile-threads 16 " in script_calls(lines, "bench_jevbench.py")[0]
+    result, lines, _ = run_stage(tmp_path / "plain", "sweep", "27b", "[]")
+    assert "--compile-threads 0 " in script_calls(lines, "bench_jevbench.py")[0]
+    result, lines, _ = run_stage(tmp_path / "bad", "sweep", "27b", "[]", COMPILE_THREADS="many")
+    assert result.returncode == 2 and "COMPILE_THREADS=many" in result.stdout and lines == []
+
+
 @pytest.mark.parametrize("args", [("sweep", "70b", "[{}]"), ("sweep", "2b", '{"cuda_graphs": false}'),
                                   ("sweep", "2b"), ("sweep", "2b", "[{}]", "extra")])
 def test_sweep_refuses_bad_calls_before_setup(tmp_path, args):
@@ -442,33 +447,30 @@ def test_family_refuses_another_shape_before_setup(tmp_path, shape):
     assert lines == []
 
 
-def test_preload_ab_records_the_compiles_then_preloads_them_on_caches_of_their_own(tmp_path, monkeypatch):
-    """preload-ab: a cold warm-up recording its compiles, then two cold warm-ups that compile and load them first (16
-    threads, then 1): three emptied caches, the recorded file handed to both preloads."""
+def test_compile_ab_runs_each_arm_cold_on_an_emptied_cache_of_its_own_then_warm_on_it(tmp_path, monkeypatch):
+    """compile-ab: the warm-up with a compile-ahead pass (16 threads) and without (0), each first on its own emptied
+    kernel cache, then again on that cache; a stale cache is emptied first."""
     caches = tmp_path / "tmp"
-    (caches / "tc_preload_preload16").mkdir(parents=True)
-    (caches / "tc_preload_preload16" / "stale").write_text("compiled before")
+    (caches / "tc_compile_ahead").mkdir(parents=True)
+    (caches / "tc_compile_ahead" / "stale").write_text("compiled before")
     monkeypatch.setenv("TMPDIR", str(caches))
-    result, lines, out = run_stage(tmp_path, "preload-ab")
+    result, lines, out = run_stage(tmp_path, "compile-ab")
     assert result.returncode == 0, result.stdout + result.stderr
     runs = script_calls(lines, "warmup_breakdown.py")
-    specs = f"{out}/preload-ab/specializations_27b.json"
-    assert len(runs) == 3 and all("--shape 27b " in run for run in runs)
-    assert f"--record-specializations {specs} " in runs[0] and "--preload " not in runs[0]
-    assert f"--preload {specs} --preload-threads 16 " in runs[1] and f"--preload {specs} --preload-threads 1 " in runs[2]
-    triton = (tmp_path / "calls.txt.triton").read_text().splitlines()[-3:]
-    assert triton == [f"{caches}/tc_preload_{run}" for run in ("record", "preload16", "preload1")]
-    assert not (caches / "tc_preload_preload16" / "stale").exists() and (out / "preload-ab.tgz").is_file()
+    assert len(runs) == 4 and all("--shape 27b " in run for run in runs)
+    threads = [re.search(r"--compile-threads (\d+) ", run).group(1) for run in runs]
+    folders = [re.search(r"--out (\S+)", run).group(1).rsplit("/", 1)[-1] for run in runs]
+    assert threads == ["16", "0", "16", "0"]
+    assert folders == ["ahead_cold", "plain_cold", "ahead_warm", "plain_warm"]
+    triton = (tmp_path / "calls.txt.triton").read_text().splitlines()[-4:]
+    assert triton == [f"{caches}/tc_compile_{arm}" for arm in ("ahead", "plain", "ahead", "plain")]
+    assert not (caches / "tc_compile_ahead" / "stale").exists() and (out / "compile-ab.tgz").is_file()
 
 
-def test_preload_ab_skips_the_preloads_when_nothing_was_recorded(tmp_path):
-    result, lines, _ = run_stage(tmp_path, "preload-ab", "2b", NO_SPECS="1")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert len(script_calls(lines, "warmup_breakdown.py")) == 1
-    assert result.stdout.count("no specializations recorded") == 2
+@pytest.mark.parametrize("args", [("mid",), ("27b", "9b")])
+def test_compile_ab_refuses_a_bad_shape_before_setup(tmp_path, args):
+    result, lines, _ = run_stage(tmp_path, "compile-ab", *args)
+    assert result.returncode == 2 and "compile-ab [SHAPE]" in result.stdout, result.stdout
+    assert lines == []
 
 
-@pytest.mark.parametrize("args", [("preload-ab", "70b"), ("preload-ab", "2b", "9b")])
-def test_preload_ab_refuses_bad_calls_before_setup(tmp_path, args):
-    result, lines, _ = run_stage(tmp_path, *args)
-    assert result.returncode == 2 and "preload-ab [SHAPE]" in result.stdout and lines == []

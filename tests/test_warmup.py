@@ -91,6 +91,36 @@ def test_warm_up_scores_inside_warming_up_so_no_replay_answers(tiny_checkpoint, 
     assert answering == [False, False] and record.graphs.answering is True
 
 
+def test_compile_threads_score_the_same_requests_in_a_compile_ahead_pass_first(tiny_checkpoint, monkeypatch):
+    """warm_up(compile_threads=N): a compile-ahead pass over the same requests (the same ids), inside
+    patches.compiling_ahead, then the warm-up pass; its report is kept. (A graph cache set on a CPU model, the
+    compile block stood in for: a CPU has no Triton.)"""
+    import contextlib
+
+    from hf_openjev import fast_path
+    from hf_openjev.family import text_model_of
+    from hf_openjev.ops import parallel_compile
+    from hf_openjev.patches import apply_patches
+    from hf_openjev.patches.cuda_graphs import PackGraphs
+
+    @contextlib.contextmanager
+    def block(threads):
+        yield {"threads": threads, "untuned": 0}
+
+    monkeypatch.setattr(parallel_compile, "compiling_in_parallel", block)
+    model = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")
+    record = apply_patches(model)
+    record.graphs = PackGraphs(text_model_of(model))
+    scored = []
+    monkeypatch.setattr(fast_path, "score_fast", lambda model, requests, options: scored.append(
+        (record.graphs.probing_ahead, requests)))
+    report = warmup.warm_up(model, [(3, [2, 4]), (0, [5])], progress=False, compile_threads=8)
+    assert [ahead for ahead, _ in scored] == [True, True, False, False]
+    assert [r for _, r in scored[:2]] == [r for _, r in scored[2:]]  # the same requests, ids and all
+    assert report["compile_ahead"]["threads"] == 8 and report["compile_ahead"]["seconds"] >= 0
+    assert warmup.warm_up(model, [(3, [2])], progress=False)["compile_ahead"] is None
+
+
 def test_warm_up_sets_the_model_up_for_the_fast_path_with_its_options(tiny_checkpoint):
     from hf_openjev.patches import patch_record
 

@@ -217,97 +217,39 @@ def test_runs_of_several_shapes_merge_into_one_file_per_kernel(tmp_path):
     assert data["autotune_entries"]["b"]["config"]["num_warps"] == 8  # the newer run's choice for the same key
 
 
-def test_recorded_specializations_are_each_compiles_and_a_hook_set_before_still_runs(monkeypatch):
-    recipe = load_recipe("warmup_breakdown")
-    earlier = []
-    runtime = types.SimpleNamespace(jit_cache_hook=lambda **kwargs: earlier.append(kwargs["fn"].name) or False)
+def test_compile_threads_runs_a_compile_ahead_pass_first_timed_apart_and_checked_before_the_build(tmp_path,
+                                                                                                   monkeypatch, capsys):
+    """--compile-threads N: the pass runs once inside patches.compiling_ahead(model, N) before the hooked one, its
+    time and report in ``compile_ahead``; a negative N is refused before the model is built."""
+    import hf_openjev.patches as patches
 
-    def serialize(name, constants):  # as Triton's: json.dumps, which refuses a constant it cannot hold
-        return json.dumps({"name": name, "constants": constants})
-
-    jit = types.SimpleNamespace(serialize_specialization_data=serialize)
-    before = runtime.jit_cache_hook
-    triton = types.SimpleNamespace(knobs=types.SimpleNamespace(runtime=runtime), runtime=types.SimpleNamespace(jit=jit))
-    monkeypatch.setitem(sys.modules, "triton", triton)
-    monkeypatch.setitem(sys.modules, "triton.runtime", triton.runtime)
-    entries = []
-    with recipe.recording_specializations(entries):
-        for name, constants in (("_rms_norm_kernel", [16]), ("chunk_fwd_kernel_o", [64]), ("odd", [object()])):
-            data = jit.serialize_specialization_data(name, constants)  # as Triton's _call_hook, before a compile
-            skip = runtime.jit_cache_hook(key="k", repr="r", fn=types.SimpleNamespace(module="ops.x", name=name),
-                                          compile={"key": "k", "specialization_data": data},
-                                          is_manual_warmup=False, already_compiled=False)
-            assert not skip  # the compile goes on
-    assert runtime.jit_cache_hook is before and jit.serialize_specialization_data is serialize
-    assert earlier == ["_rms_norm_kernel", "chunk_fwd_kernel_o", "odd"]
-    assert entries == [
-        {"module": "ops.x", "name": "_rms_norm_kernel", "specialization": serialize("_rms_norm_kernel", [16])},
-        {"module": "ops.x", "name": "chunk_fwd_kernel_o", "specialization": serialize("chunk_fwd_kernel_o", [64])},
-        {"module": "ops.x", "name": "odd", "unrecorded": True}]
-
-
-def test_preloading_compiles_and_loads_each_distinct_specialization_and_reports_failures(monkeypatch):
-    recipe = load_recipe("warmup_breakdown")
-    loaded = []
-
-    class Compiled:
-        def __init__(self, spec):
-            self.spec = spec
-
-        def _init_handles(self):
-            loaded.append(self.spec)
-
-    class JIT:  # Triton's JITFunction: preload compiles one specialization
-        def preload(self, spec):
-            if spec == "bad":
-                raise RuntimeError("ptxas failed")
-            return Compiled(spec)
-
-    module = types.ModuleType("standin_kernels")
-    module.plain = JIT()
-    module.tuned = types.SimpleNamespace(fn=types.SimpleNamespace(fn=JIT()))  # autotune over heuristics over jit
-    module.nothing = types.SimpleNamespace(fn=None)
-    monkeypatch.setitem(sys.modules, "standin_kernels", module)
-    assert recipe.jit_function("standin_kernels", "tuned", JIT) is module.tuned.fn.fn
-    with pytest.raises(LookupError, match="standin_kernels.nothing"):
-        recipe.jit_function("standin_kernels", "nothing", JIT)
-    entries = [{"module": "standin_kernels", "name": "plain", "specialization": "a"},
-               {"module": "standin_kernels", "name": "tuned", "specialization": "b"},
-               {"module": "standin_kernels", "name": "plain", "specialization": "a"},  # recorded twice: once
-               {"module": "standin_kernels", "name": "plain", "specialization": "bad"},
-               {"module": "standin_kernels", "name": "plain", "unrecorded": True},  # left to its first launch
-               {"module": "standin_kernels", "name": "gone", "specialization": "c"}]  # a kernel this fla lacks
-    result = recipe.preload_specializations(entries, 3, kind=JIT)
-    assert sorted(loaded) == ["a", "b"] and result["specializations"] == 4 and result["threads"] == 3
-    assert result["unrecorded"] == 1 and result["preload_s"] >= 0
-    assert result["failures"] == ["standin_kernels.gone: AttributeError: module 'standin_kernels' has no attribute "
-                                  "'gone'", "standin_kernels.plain: RuntimeError: ptxas failed"]
-
-
-def test_preload_options_are_checked_before_the_model_is_built(tmp_path, capsys):
     recipe = load_recipe("warmup_breakdown")
     with pytest.raises(SystemExit) as stop:
-        recipe.main(["--shape", "tiny", "--preload", str(tmp_path / "none.json"), "--out", str(tmp_path)])
-    assert stop.value.code == 2 and "--record-specializations" in capsys.readouterr().err
+        recipe.main(["--shape", "tiny", "--compile-threads", "-1", "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "--compile-threads" in capsys.readouterr().err
     assert not (tmp_path / "warmup_tiny.json").exists()
-    (tmp_path / "specs.json").write_text("[]")
-    with pytest.raises(SystemExit):
-        recipe.main(["--shape", "tiny", "--preload", str(tmp_path / "specs.json"), "--preload-threads", "0",
-                     "--out", str(tmp_path)])
+    calls = []
 
+    @contextlib.contextmanager
+    def compiling_ahead(model, threads):
+        calls.append(threads)
+        report = {"threads": threads, "compiles": 0, "loads": 0, "untuned": 0, "failures": ["k: RuntimeError: x"],
+                  "compile_wait_s": 0.0, "load_s": 0.0}
+        yield report
+        report["compiles"] = 5
 
-def test_a_pass_without_triton_records_no_specializations_and_preloads_an_empty_file(tmp_path):
-    recipe = load_recipe("warmup_breakdown")
-    specs = tmp_path / "specs" / "27b.json"
-    assert recipe.main(["--shape", "tiny", "--requests", "1", "--record-specializations", str(specs),
-                        "--out", str(tmp_path / "record")]) == 0
-    assert json.loads(specs.read_text()) == []
-    assert json.loads((tmp_path / "record" / "warmup_tiny.json").read_text())["specializations_recorded"] == 0
-    assert recipe.main(["--shape", "tiny", "--requests", "1", "--preload", str(specs),
-                        "--out", str(tmp_path / "preload")]) == 0
-    result = json.loads((tmp_path / "preload" / "warmup_tiny.json").read_text())
-    assert result["preload"]["specializations"] == 0 and result["preload"]["failures"] == []
-    assert "Preloaded before the pass: 0 specializations" in (tmp_path / "preload" / "warmup_tiny.md").read_text()
+    monkeypatch.setattr(patches, "compiling_ahead", compiling_ahead)
+    passes = []
+    real_run_pass = recipe.run_pass
+    monkeypatch.setattr(recipe, "run_pass", lambda *a, **k: passes.append(list(calls)) or real_run_pass(*a, **k))
+    assert recipe.main(["--shape", "tiny", "--requests", "1", "--compile-threads", "4", "--out", str(tmp_path)]) == 0
+    assert calls == [4] and passes == [[4], [4]]  # the ahead pass, then the hooked one
+    ahead = json.loads((tmp_path / "warmup_tiny.json").read_text())["compile_ahead"]
+    assert ahead["compiles"] == 5 and ahead["threads"] == 4 and ahead["compile_ahead_s"] >= 0
+    text = (tmp_path / "warmup_tiny.md").read_text()
+    assert "Compile-ahead pass before it:" in text and "5 compiles (4 threads" in text and "- k: RuntimeError: x" in text
+    assert recipe.main(["--shape", "tiny", "--requests", "1", "--out", str(tmp_path / "plain")]) == 0
+    assert calls == [4] and "compile_ahead" not in json.loads((tmp_path / "plain" / "warmup_tiny.json").read_text())
 
 
 def test_the_report_lists_the_first_launches_and_each_kernels_compiles_and_loads(tmp_path, monkeypatch):

@@ -48,7 +48,7 @@ def load_shapes(path) -> list[tuple[int, list[int]]]:
     return shapes
 
 
-def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True) -> dict:
+def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True, compile_threads: int = 0) -> dict:
     """Set ``model`` up for the fast path and run one fast-path forward per shape (random ids), unanswered
     (:func:`~hf_openjev.patches.warming_up`: captures and first uses, no replay); report what it did.
 
@@ -56,14 +56,16 @@ def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True
     ``max_length`` are skipped, as the server would refuse such requests. ``options``: the
     :class:`~hf_openjev.fast_options.FastPathOptions` the traffic will be scored with, since they shape the packs
     (default: the options the model is patched with, else the defaults); the model is patched with them
-    (:func:`~hf_openjev.patches.apply_patches`). Returns ``{"requests", "skipped_too_long", "seconds", "graphs"}``
+    (:func:`~hf_openjev.patches.apply_patches`). ``compile_threads`` > 0: a compile-ahead pass over the same
+    requests first (:func:`~hf_openjev.patches.run_warm_up`: Triton's compiles that many at a time; opt-in until a GPU
+    has measured it). Returns ``{"requests", "skipped_too_long", "seconds", "graphs", "compile_ahead"}``
     (``graphs``: the graph cache's ``stats()``, None where the model has none: on the CPU or patched with
-    ``cuda_graphs=False``).
+    ``cuda_graphs=False``; ``compile_ahead``: that pass's report and seconds, None without one).
     """
     from tqdm.auto import tqdm
 
     from ..fast_path import score_fast
-    from ..patches import apply_patches, read_graph_stats, read_options, warming_up
+    from ..patches import apply_patches, read_graph_stats, read_options, run_warm_up
 
     options = options if options is not None else read_options(model)
     apply_patches(model, options)
@@ -71,13 +73,19 @@ def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True
     low = min(FIRST_ID, vocab // 2)
     rng = random.Random(seed)
     runnable = [(p, s) for p, s in shapes if p + max(s) <= model.max_length]
-    start = time.perf_counter()
-    with warming_up(model):  # the scores are discarded: captures and first uses only, no answering replays
-        for prefix_tokens, suffixes in tqdm(runnable, desc="hf-openjev warm-up", unit="request",
-                                            disable=not progress, file=sys.stderr):
-            prefix = [rng.randrange(low, vocab) for _ in range(prefix_tokens)]
-            candidates = [prefix + [rng.randrange(low, vocab) for _ in range(n)] for n in suffixes]
+    requests = []
+    for prefix_tokens, suffixes in runnable:
+        prefix = [rng.randrange(low, vocab) for _ in range(prefix_tokens)]
+        requests.append([prefix + [rng.randrange(low, vocab) for _ in range(n)] for n in suffixes])
+    def one_pass(stage: str):  # the scores are discarded: captures and first uses only, no answering replays
+        for candidates in tqdm(requests, desc=f"hf-openjev {stage}", unit="request", disable=not progress,
+                               file=sys.stderr):
             score_fast(model, [[candidates]], options)
+
+    start = time.perf_counter()
+    report = run_warm_up(model, one_pass, compile_threads=compile_threads)
+    ahead = None if report["compile_ahead"] is None else {**report["compile_ahead"],
+                                                           "seconds": report["compile_ahead_s"]}
     return {"requests": len(runnable), "skipped_too_long": len(shapes) - len(runnable),
-            "seconds": time.perf_counter() - start, "graphs": read_graph_stats(model)}
+            "seconds": time.perf_counter() - start, "graphs": read_graph_stats(model), "compile_ahead": ahead}
 
