@@ -10,7 +10,7 @@ its own emptied ``TRITON_CACHE_DIR`` under ``--out``.
 Runs without a GPU: with no CUDA device, Triton's driver is replaced by a stand-in that names an sm_90 target, so
 the compiles are real (Triton's passes, LLVM, ptxas) and only loading the binaries, which needs a device, fails (the
 block reports those failures; expected). Needs Triton (3.6) in its environment, never the project's CPU one: e.g.
-``python -m venv /tmp/tenv && /tmp/tenv/bin/pip install torch==2.13.0 triton==3.6.0``. Writes
+``python -m venv ~/triton-env && ~/triton-env/bin/pip install torch==2.13.0 triton==3.6.0``. Writes
 ``compile_overlap.json`` and ``.md``.
 """
 

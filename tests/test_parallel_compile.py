@@ -265,6 +265,19 @@ def test_a_nested_block_and_a_build_without_triton_change_nothing(standins, monk
     assert report["compiles"] == 0 and len(launches(log)) == 1 and JIT.__dict__["run"] is standins["run"]
 
 
+def test_the_overlap_recipe_says_it_needs_triton_before_doing_anything(tmp_path, capsys):
+    from repo_data import load_recipe
+
+    recipe = load_recipe("compile_overlap")
+    with pytest.raises(SystemExit) as stop:
+        recipe.main(["--out", str(tmp_path / "o"), "--threads", "0"])
+    assert stop.value.code == 2 and "1 or more" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # the project's CPU environment has no Triton
+        recipe.main(["--out", str(tmp_path / "o")])
+    assert stop.value.code == 2 and "needs torch and triton" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("threads", [0, -1, 1.5, "4"])
 def test_threads_must_be_a_whole_number_of_one_or_more(threads):
     with pytest.raises(ValueError, match="threads must be a whole number >= 1"):
