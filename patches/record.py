@@ -109,28 +109,39 @@ def compiling_ahead(model, threads: int):
     captures nothing. Its Triton kernels are compiled ``threads`` at a time and loaded instead of launched
     (:func:`hf_openjev.ops.parallel_compile.compiling_in_parallel`, whose report this yields, filled at the end), and
     each new graph bucket runs its probe (:meth:`PackGraphs.compiling`), so that a warm-up pass after it records those
-    buckets' graphs without probes of their own. Where a kernel was left untuned (no tuned configuration for this GPU:
-    tuning takes timed runs), the warm-up pass keeps its probes (they tune it). Without a graph cache: the compiles
-    only."""
+    buckets' graphs without probes of their own. Where the pass left something to a first use (a kernel untuned, as
+    no tuned configuration for this GPU exists and tuning takes timed runs; a compile or load that failed; an error
+    that stopped the pass), the warm-up pass keeps every probe: first uses stay out of the graphs. Without a graph
+    cache: the compiles only."""
     from hf_openjev.ops.parallel_compile import compiling_in_parallel
 
     record = patch_record(model)
     graphs = record.graphs if record is not None else None
-    with graphs.compiling() if graphs is not None else nullcontext():
-        with compiling_in_parallel(threads) as report:
-            yield report
-    if graphs is not None and report["untuned"]:
+    try:
+        with graphs.compiling() if graphs is not None else nullcontext():
+            with compiling_in_parallel(threads) as report:
+                yield report
+    except BaseException:
+        if graphs is not None:
+            graphs.probed_ahead.clear()
+        raise
+    if graphs is not None and (report["untuned"] or report["failures"]):
         graphs.probed_ahead.clear()
+
+
+def check_compile_threads(compile_threads) -> None:
+    """A ValueError unless ``compile_threads`` is a whole number >= 0 (0: no compile-ahead pass)."""
+    if not isinstance(compile_threads, int) or isinstance(compile_threads, bool) or compile_threads < 0:
+        raise ValueError(f"compile_threads must be a whole number >= 0 (0: off), got {compile_threads!r}")
 
 
 def run_warm_up(model, one_pass, *, compile_threads: int = 0) -> dict:
     """``one_pass("warm-up")`` (one pass of the fast path over a warm-up's requests) inside :func:`warming_up`; with
     ``compile_threads`` > 0 on a model with a graph cache, first ``one_pass("compile-ahead")`` inside
-    :func:`compiling_ahead` (its Triton
-    kernels compiled that many at a time; opt-in until a GPU measures it, recipes/RESULTS.md). Returns
-    ``{"compile_ahead": its report or None, "compile_ahead_s", "warm_up_s"}`` (seconds, host time)."""
-    if not isinstance(compile_threads, int) or compile_threads < 0:
-        raise ValueError(f"compile_threads must be a whole number >= 0 (0: off), got {compile_threads!r}")
+    :func:`compiling_ahead` (its Triton kernels compiled that many at a time; opt-in until a GPU measures it,
+    recipes/RESULTS.md). Returns ``{"compile_ahead": its report or None, "compile_ahead_s", "warm_up_s"}`` (seconds,
+    host time)."""
+    check_compile_threads(compile_threads)
     record = patch_record(model)
     report, start = None, time.perf_counter()
     if compile_threads and record is not None and record.graphs is not None:

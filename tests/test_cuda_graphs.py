@@ -448,7 +448,7 @@ def test_compiling_ahead_keeps_the_probes_when_a_kernel_was_left_untuned_and_run
 
     @contextlib.contextmanager
     def block(threads):
-        report = {"untuned": 0, "threads": threads}
+        report = {"untuned": 0, "failures": [], "threads": threads}
         yield report
         report["untuned"] = untuned.pop() if untuned else 0
 
@@ -461,14 +461,18 @@ def test_compiling_ahead_keeps_the_probes_when_a_kernel_was_left_untuned_and_run
         @contextlib.contextmanager
         def compiling(self):
             modes.append("compiling")  # the modes open at a time
-            yield self
-            modes.remove("compiling")
+            try:
+                yield self
+            finally:
+                modes.remove("compiling")
 
         @contextlib.contextmanager
         def warming(self):
             modes.append("warming")
-            yield self
-            modes.remove("warming")
+            try:
+                yield self
+            finally:
+                modes.remove("warming")
 
     graphs = Graphs()
     monkeypatch.setattr(record_module, "patch_record", lambda model: types.SimpleNamespace(graphs=graphs))
@@ -480,6 +484,24 @@ def test_compiling_ahead_keeps_the_probes_when_a_kernel_was_left_untuned_and_run
     with record_module.compiling_ahead("model", 3):
         pass
     assert graphs.probed_ahead == set()
+    graphs.probed_ahead = {("a",)}
+    with pytest.raises(RuntimeError, match="pass stopped"), record_module.compiling_ahead("model", 3):
+        raise RuntimeError("pass stopped")
+    assert graphs.probed_ahead == set()  # an unfinished pass: every probe kept
+    failed = []
+
+    @contextlib.contextmanager
+    def failing_block(threads):
+        report = {"untuned": 0, "failures": failed}
+        yield report
+        failed.append("k: RuntimeError: ptxas failed")
+
+    monkeypatch.setattr(parallel_compile, "compiling_in_parallel", failing_block)
+    graphs.probed_ahead = {("a",)}
+    with record_module.compiling_ahead("model", 3):
+        pass
+    assert graphs.probed_ahead == set()  # a failed compile: its kernel compiles at first use, so probes stay
+    monkeypatch.setattr(parallel_compile, "compiling_in_parallel", block)
     passes = []
     result = record_module.run_warm_up("model", lambda stage: passes.append((stage, list(modes))),
                                        compile_threads=4)
@@ -493,8 +515,9 @@ def test_compiling_ahead_keeps_the_probes_when_a_kernel_was_left_untuned_and_run
     passes.clear()
     record_module.run_warm_up("model", passes.append, compile_threads=4)
     assert passes == ["warm-up"]  # no graph cache (the CPU): nothing to compile ahead for
-    with pytest.raises(ValueError, match="compile_threads"):
-        record_module.run_warm_up("model", lambda stage: None, compile_threads=-1)
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match="compile_threads"):
+            record_module.run_warm_up("model", lambda stage: None, compile_threads=bad)
 
 
 def test_inside_a_warm_up_every_score_is_zero_even_where_the_rows_read_are_not_finite(tmp_path):

@@ -105,7 +105,7 @@ def test_compile_threads_score_the_same_requests_in_a_compile_ahead_pass_first(t
 
     @contextlib.contextmanager
     def block(threads):
-        yield {"threads": threads, "untuned": 0}
+        yield {"threads": threads, "untuned": 0, "failures": []}
 
     monkeypatch.setattr(parallel_compile, "compiling_in_parallel", block)
     model = load_export(tiny_checkpoint.export, dtype=torch.float32, device="cpu")
@@ -119,6 +119,10 @@ def test_compile_threads_score_the_same_requests_in_a_compile_ahead_pass_first(t
     assert [r for _, r in scored[:2]] == [r for _, r in scored[2:]]  # the same requests, ids and all
     assert report["compile_ahead"]["threads"] == 8 and report["compile_ahead"]["seconds"] >= 0
     assert warmup.warm_up(model, [(3, [2])], progress=False)["compile_ahead"] is None
+    scored.clear()
+    with pytest.raises(ValueError, match="compile_threads"):
+        warmup.warm_up(model, [(3, [2])], progress=False, compile_threads=-4)
+    assert scored == []  # refused before any forward
 
 
 def test_warm_up_sets_the_model_up_for_the_fast_path_with_its_options(tiny_checkpoint):

@@ -66,7 +66,9 @@ def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True
 
     from ..fast_path import score_fast
     from ..patches import apply_patches, read_graph_stats, read_options, run_warm_up
+    from ..patches.record import check_compile_threads
 
+    check_compile_threads(compile_threads)  # before anything is patched or built
     options = options if options is not None else read_options(model)
     apply_patches(model, options)
     vocab = model.config.vocab_size
@@ -77,6 +79,7 @@ def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True
     for prefix_tokens, suffixes in runnable:
         prefix = [rng.randrange(low, vocab) for _ in range(prefix_tokens)]
         requests.append([prefix + [rng.randrange(low, vocab) for _ in range(n)] for n in suffixes])
+
     def one_pass(stage: str):  # the scores are discarded: captures and first uses only, no answering replays
         for candidates in tqdm(requests, desc=f"hf-openjev {stage}", unit="request", disable=not progress,
                                file=sys.stderr):
