@@ -612,19 +612,25 @@ def test_the_packed_forward_compiles_without_graph_breaks(case):
 
 @pytest.mark.parametrize("name", ["l5-h48", pytest.param("l6-h96-lastlinear", marks=pytest.mark.slow)])
 def test_an_fp32_residual_brings_the_bf16_fast_path_closer_to_the_fp32_reference(name):
-    """``residual_fp32`` on a bf16 copy of a model: its max and mean |dp| against the fp32 model's reference path
-    are below the bf16 default's (these weights and requests: max 0.027 vs 0.034 at l5-h48, 0.039 vs 0.050 at
-    l6). A residual left in bf16 gives the default's errors exactly, so this fails."""
+    """``residual_fp32`` on a bf16 copy of a model, against the fp32 model's reference path: its largest |dp| and the
+    sum of its raw scores' errors are below the bf16 default's. The scores are where an fp32 residual stream acts
+    (the head reads the rows it leaves); the probabilities' summed |dp| moves either way by a few percent, with the
+    CPU's bf16 kernels (s34: at l6 1.879 against 1.846 on one machine, below it on another). On one 2-core machine
+    (s34): max |dp| 0.029 vs 0.034 and summed |dscore| 16.0 vs 18.4 at l5-h48, 0.035 vs 0.045 and 31.7 vs 34.2 at l6.
+    A residual left in bf16 gives the default's errors exactly, so this fails."""
     seed = list(CONFIGS).index(name)
     model = build_model(name, seed)
     rng = random.Random(1000 + seed)
     prepared = [random_request(rng, model.config.vocab_size) for _ in range(REQUESTS_PER_CONFIG)]
     reference = score_prepared(model, prepared, fast=False, batch_size=16).scores
     model.backbone.to(torch.bfloat16)
-    errors = {}
+    errors, score_errors = {}, {}
     for residual_fp32 in (False, True):
         apply_patches(model, FastPathOptions(residual_fp32=residual_fp32))
         scores = score_prepared(model, prepared, fast=True).scores
         errors[residual_fp32] = abs_dp(prepared, reference, scores)
+        score_errors[residual_fp32] = sum(abs(a - b) for ref, got in zip(reference, scores, strict=True)
+                                          for ref_q, got_q in zip(ref, got, strict=True)
+                                          for a, b in zip(ref_q, got_q, strict=True))
     assert max(errors[True]) < max(errors[False])
-    assert sum(errors[True]) < sum(errors[False])
+    assert score_errors[True] < score_errors[False]
