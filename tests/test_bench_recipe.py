@@ -170,9 +170,12 @@ def test_c_warms_up_unanswered_and_is_then_timed_answering(tmp_path, monkeypatch
     threads = []
     real_warm_up = patches.run_warm_up
 
-    def run_warm_up(model, one_pass, *, compile_threads=0):
+    def run_warm_up(model, one_pass, *, compile_threads=0):  # as a GPU's: a compile-ahead report (a CPU has none)
         threads.append(compile_threads)
-        return real_warm_up(model, one_pass, compile_threads=compile_threads)
+        result = real_warm_up(model, one_pass, compile_threads=compile_threads)
+        return {**result, "compile_ahead_s": 0.5, "compile_ahead": {
+            "threads": compile_threads, "compiles": 36, "loads": 36, "untuned": 0, "failures": [],
+            "compile_wait_s": 0.2, "load_s": 0.1}}
 
     monkeypatch.setattr(record, "warming_up", warming_up)
     monkeypatch.setattr(patches, "run_warm_up", run_warm_up)
@@ -182,7 +185,10 @@ def test_c_warms_up_unanswered_and_is_then_timed_answering(tmp_path, monkeypatch
                      "--compile-threads", "3", "--out", str(tmp_path)])
     assert rc == 0
     assert passes == [("B", False), ("B", False), ("C", True), ("C", False)]  # warm-up, measured, per arm
-    assert threads == [3]  # C's warm-up only (a CPU model has no graph cache: no compile-ahead pass runs)
+    assert threads == [3]  # C's warm-up only
+    report = json.loads(next(tmp_path.glob("bench_*.json")).read_text())
+    assert report["arms"]["C"]["compile_ahead"]["seconds"] == 0.5 and "compile_ahead" not in report["arms"]["B"]
+    assert "arm C warm-up's compile-ahead pass: 0.5 s of its" in next(tmp_path.glob("bench_*.md")).read_text()
 
 
 def test_negative_compile_threads_are_refused_before_any_work(tmp_path, capsys):

@@ -54,6 +54,12 @@ def write_markdown(results: dict, path: Path) -> None:
     for arm, r in results["arms"].items():
         if "graphs" in r:
             lines.append(f"\narm {arm} CUDA graphs: {r['graphs']}")
+        if "compile_ahead" in r:  # --compile-threads: the first pass of its warm-up
+            a = r["compile_ahead"]
+            lines.append(f"\narm {arm} warm-up's compile-ahead pass: {a['seconds']:.1f} s of its {r['warmup_s']:.1f}, "
+                         f"{a['compiles']} compiles on {a['threads']} threads (the end waited {a['compile_wait_s']:.1f} s), "
+                         f"{a['loads']} kernels loaded in {a['load_s']:.1f} s, {a['untuned']} untuned, "
+                         f"{len(a['failures'])} failed")
     for arm, r in results["arms"].items():
         if r.get("parity_only"):
             continue
