@@ -129,19 +129,28 @@ def compiling_ahead(model, threads: int):
         graphs.probed_ahead.clear()
 
 
-def check_compile_threads(compile_threads) -> None:
-    """A ValueError unless ``compile_threads`` is a whole number >= 0 (0: no compile-ahead pass)."""
+# The warm-ups' compile-ahead threads when a caller names none (warm_up, the bench's and warmup_breakdown's
+# --compile-threads): 0, no compile-ahead pass, until a GPU has measured what it saves (recipes/RESULTS.md s34).
+COMPILE_THREADS = 0
+
+
+def check_compile_threads(compile_threads) -> int:
+    """``compile_threads`` (None: :data:`COMPILE_THREADS`), or a ValueError unless it is a whole number >= 0 (0: no
+    compile-ahead pass)."""
+    if compile_threads is None:
+        return COMPILE_THREADS
     if not isinstance(compile_threads, int) or isinstance(compile_threads, bool) or compile_threads < 0:
         raise ValueError(f"compile_threads must be a whole number >= 0 (0: off), got {compile_threads!r}")
+    return compile_threads
 
 
-def run_warm_up(model, one_pass, *, compile_threads: int = 0) -> dict:
+def run_warm_up(model, one_pass, *, compile_threads: int | None = None) -> dict:
     """``one_pass("warm-up")`` (one pass of the fast path over a warm-up's requests) inside :func:`warming_up`; with
     ``compile_threads`` > 0 on a model with a graph cache, first ``one_pass("compile-ahead")`` inside
     :func:`compiling_ahead` (its Triton kernels compiled that many at a time; opt-in until a GPU measures it,
-    recipes/RESULTS.md). Returns ``{"compile_ahead": its report or None, "compile_ahead_s", "warm_up_s"}`` (seconds,
-    host time)."""
-    check_compile_threads(compile_threads)
+    recipes/RESULTS.md; None: :data:`COMPILE_THREADS`). Returns ``{"compile_ahead": its report or None,
+    "compile_ahead_s", "warm_up_s"}`` (seconds, host time)."""
+    compile_threads = check_compile_threads(compile_threads)
     record = patch_record(model)
     report, start = None, time.perf_counter()
     if compile_threads and record is not None and record.graphs is not None:

@@ -108,9 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--parity-only", default="",
                         help="arms run for parity alone: no warm-up pass, so their times include autotuning and "
                              "are reported as such, never as a measurement (e.g. B, whose speed is measured elsewhere)")
-    parser.add_argument("--compile-threads", type=int, default=0, metavar="N",
+    parser.add_argument("--compile-threads", type=int, default=None, metavar="N",
                         help="C's warm-ups: first a compile-ahead pass (patches.run_warm_up), Triton's compiles N at "
-                             "a time; 0 (default): none")
+                             "a time; 0: none; default: the package's (patches.record.COMPILE_THREADS)")
     parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                         help="arm C replays CUDA graphs per shape bucket (the library's default on CUDA); "
                              "--no-cuda-graphs measures the eager fast path")
@@ -138,7 +138,7 @@ def parse_arguments(argv) -> BenchRun:
         parser.error(f"--parity-only {args.parity_only!r}: name arms of --arms other than C (C is what is measured)")
     if "E" in arms and not args.cuda_graphs:
         parser.error("arm E (fast path, eager) is only meaningful beside graph-replayed C (drop --no-cuda-graphs)")
-    if args.compile_threads < 0:
+    if args.compile_threads is not None and args.compile_threads < 0:
         parser.error(f"--compile-threads {args.compile_threads}: give 0 (none) or more")
     try:
         sweep_entries = json.loads(args.sweep)

@@ -200,7 +200,7 @@ seed_oracle() {  # $1 = shape, $2 = seed: the seed's committed fp32 oracle (seed
 }
 
 case "${KERNEL_CACHE:-}" in ""|empty) ;; *) echo "KERNEL_CACHE=$KERNEL_CACHE: unset or empty (an empty Triton cache for this stage)"; exit 2 ;; esac
-[[ "${COMPILE_THREADS:-0}" =~ ^[0-9]+$ ]] || { echo "COMPILE_THREADS=$COMPILE_THREADS: a whole number (0 or unset: no compile-ahead pass)"; exit 2; }
+[[ "${COMPILE_THREADS:-0}" =~ ^[0-9]+$ ]] || { echo "COMPILE_THREADS=$COMPILE_THREADS: a whole number (0: no compile-ahead pass; unset: the package's default)"; exit 2; }
 parts_file=$PWD/recipes/gpu_parts.txt  # the one list of the GPU suite's parts (cwd: the repository)
 part_entries() {  # $1 = part name: its entries in recipes/gpu_parts.txt, one a line
   awk -v part="$1" '$1 == part { print $2 }' "$parts_file"
@@ -329,7 +329,7 @@ if [ "$stage" = sweep ]; then  # a shape and a JSON list of option objects, befo
 fi
 
 setup
-bench="python3 $REPO/recipes/bench_jevbench.py --compile-threads ${COMPILE_THREADS:-0}"  # a command for timeout
+bench="python3 $REPO/recipes/bench_jevbench.py${COMPILE_THREADS:+ --compile-threads $COMPILE_THREADS}"  # for timeout
 case "$stage" in
   pytest)
     expr=${1:-}

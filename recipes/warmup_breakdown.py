@@ -302,12 +302,12 @@ def main(argv=None) -> int:
     parser.add_argument("--dump-fla-configs", type=Path, default=None, metavar="DIR",
                         help="after the pass, merge fla's tuned configurations into DIR/<GPU>/<kernel>.json (CUDA; "
                              "DIR ops/fla_configs: the package's carried ones)")
-    parser.add_argument("--compile-threads", type=int, default=0, metavar="N",
+    parser.add_argument("--compile-threads", type=int, default=None, metavar="N",
                         help="first a compile-ahead pass (patches.compiling_ahead): Triton's compiles N at a time, "
-                             "timed apart; 0 (default): none")
+                             "timed apart; 0: none; default: the package's (patches.record.COMPILE_THREADS)")
     args = parser.parse_args(argv)
     check_manifest_argument(parser, args)
-    if args.compile_threads < 0:
+    if args.compile_threads is not None and args.compile_threads < 0:
         parser.error("--compile-threads: give 0 (none) or more")
     from hf_openjev.family import member_sized
     from hf_openjev.fast_options import options_for
@@ -331,6 +331,9 @@ def main(argv=None) -> int:
     op_profiler = op_profile() if args.op_profile else contextlib.nullcontext()
     timer, record_seconds = OpTimer(), []
     recordings = timing_recordings(timer, record_seconds) if args.record_ops else contextlib.nullcontext()
+    from hf_openjev.patches.record import check_compile_threads
+
+    args.compile_threads = check_compile_threads(args.compile_threads)  # None: the package's default
     ahead = None
     if args.compile_threads:  # before the hooks: the hooked pass's compiles, loads and probes are what it left
         start = time.perf_counter()

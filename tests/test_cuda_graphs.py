@@ -509,8 +509,11 @@ def test_compiling_ahead_keeps_the_probes_when_a_kernel_was_left_untuned_and_run
     assert result["compile_ahead"]["threads"] == 4
     assert result["compile_ahead_s"] >= 0 and result["warm_up_s"] >= 0
     passes.clear()
-    assert record_module.run_warm_up("model", lambda stage: passes.append((stage, list(modes))))["compile_ahead"] is None
+    assert record_module.run_warm_up("model", lambda stage: passes.append((stage, list(modes))),
+                                     compile_threads=0)["compile_ahead"] is None
     assert passes == [("warm-up", ["warming"])]
+    monkeypatch.setattr(record_module, "COMPILE_THREADS", 6)  # the package's default, when a caller names none
+    assert record_module.run_warm_up("model", lambda stage: None)["compile_ahead"]["threads"] == 6
     monkeypatch.setattr(record_module, "patch_record", lambda model: types.SimpleNamespace(graphs=None))
     passes.clear()
     record_module.run_warm_up("model", passes.append, compile_threads=4)

@@ -118,7 +118,7 @@ def test_compile_threads_score_the_same_requests_in_a_compile_ahead_pass_first(t
     assert [ahead for ahead, _ in scored] == [True, True, False, False]
     assert [r for _, r in scored[:2]] == [r for _, r in scored[2:]]  # the same requests, ids and all
     assert report["compile_ahead"]["threads"] == 8 and report["compile_ahead"]["seconds"] >= 0
-    assert warmup.warm_up(model, [(3, [2])], progress=False)["compile_ahead"] is None
+    assert warmup.warm_up(model, [(3, [2])], progress=False)["compile_ahead"] is None  # the default: 0, none
     scored.clear()
     with pytest.raises(ValueError, match="compile_threads"):
         warmup.warm_up(model, [(3, [2])], progress=False, compile_threads=-4)

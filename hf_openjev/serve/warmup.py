@@ -48,7 +48,8 @@ def load_shapes(path) -> list[tuple[int, list[int]]]:
     return shapes
 
 
-def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True, compile_threads: int = 0) -> dict:
+def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True,
+            compile_threads: int | None = None) -> dict:
     """Set ``model`` up for the fast path and run one fast-path forward per shape (random ids), unanswered
     (:func:`~hf_openjev.patches.warming_up`: captures and first uses, no replay); report what it did.
 
@@ -57,8 +58,8 @@ def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True
     :class:`~hf_openjev.fast_options.FastPathOptions` the traffic will be scored with, since they shape the packs
     (default: the options the model is patched with, else the defaults); the model is patched with them
     (:func:`~hf_openjev.patches.apply_patches`). ``compile_threads`` > 0: a compile-ahead pass over the same
-    requests first (:func:`~hf_openjev.patches.run_warm_up`: Triton's compiles that many at a time; opt-in until a GPU
-    has measured it). Returns ``{"requests", "skipped_too_long", "seconds", "graphs", "compile_ahead"}``
+    requests first (:func:`~hf_openjev.patches.run_warm_up`: Triton's compiles that many at a time; None: the
+    package's default, ``patches.record.COMPILE_THREADS``, 0 until a GPU has measured it). Returns ``{"requests", "skipped_too_long", "seconds", "graphs", "compile_ahead"}``
     (``graphs``: the graph cache's ``stats()``, None where the model has none: on the CPU or patched with
     ``cuda_graphs=False``; ``compile_ahead``: that pass's report and seconds, None without one).
     """
@@ -68,7 +69,7 @@ def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True
     from ..patches import apply_patches, read_graph_stats, read_options, run_warm_up
     from ..patches.record import check_compile_threads
 
-    check_compile_threads(compile_threads)  # before anything is patched or built
+    compile_threads = check_compile_threads(compile_threads)  # before anything is patched or built
     options = options if options is not None else read_options(model)
     apply_patches(model, options)
     vocab = model.config.vocab_size
