@@ -33,8 +33,7 @@ from contextvars import ContextVar
 
 import torch
 
-_ACTIVE: ContextVar[bool] = ContextVar("hf_openjev_compiling_in_parallel", default=False)
-_ACTIVE_REPORT: ContextVar[dict | None] = ContextVar("hf_openjev_compile_report", default=None)
+_BLOCK: ContextVar[dict | None] = ContextVar("hf_openjev_compiling_in_parallel", default=None)  # the open block's report
 _UNTIMED: ContextVar[list | None] = ContextVar("hf_openjev_untimed_tunings", default=None)  # per autotuner call
 _LOCK = threading.Lock()
 _INSTALLED: dict = {"depth": 0, "originals": []}  # (owner, name, original) while any block is open
@@ -54,14 +53,14 @@ def triton_classes():
 def _compile_only(run):
     """``JITFunction.run`` that, inside a block, compiles without launching (Triton's ``warmup=True``)."""
     def compile_only_run(self, *args, grid, warmup, **kwargs):
-        return run(self, *args, grid=grid, warmup=warmup or _ACTIVE.get(), **kwargs)
+        return run(self, *args, grid=grid, warmup=warmup or _BLOCK.get() is not None, **kwargs)
     return compile_only_run
 
 
 def _untimed_bench(bench):
     """``Autotuner._bench`` that, inside a block, compiles the configuration instead of timing it."""
     def untimed_bench(self, *args, config, **meta):
-        if not _ACTIVE.get():
+        if _BLOCK.get() is None:
             return bench(self, *args, config=config, **meta)
         self.fn.run(*args, **{**meta, **config.all_kwargs()})  # compiled, not launched
         untimed = _UNTIMED.get()
@@ -74,14 +73,15 @@ def _untimed_bench(bench):
 def _forgetting_tuner(run):
     """``Autotuner.run`` that, inside a block, forgets a choice made without timings (the next pass tunes it)."""
     def forgetting_run(self, *args, **kwargs):
-        if not _ACTIVE.get():
+        report = _BLOCK.get()
+        if report is None:
             return run(self, *args, **kwargs)
         known, token = set(self.cache), _UNTIMED.set([])
         try:
             return run(self, *args, **kwargs)
         finally:
             if _UNTIMED.get():
-                _ACTIVE_REPORT.get()["untuned"] += 1
+                report["untuned"] += 1
                 for key in set(self.cache) - known:
                     del self.cache[key]
             _UNTIMED.reset(token)
@@ -91,7 +91,7 @@ def _forgetting_tuner(run):
 def _no_disk_cache(check):
     """``Autotuner.check_disk_cache`` that, inside a block, neither reads nor writes Triton's autotuning files."""
     def no_disk_cache(self, tuning_key, configs, bench_fn):
-        if not _ACTIVE.get():
+        if _BLOCK.get() is None:
             return check(self, tuning_key, configs, bench_fn)
         bench_fn()
         return False
@@ -136,14 +136,14 @@ def compiling_in_parallel(threads: int = 16):
     report = {"threads": threads, "compiles": 0, "loads": 0, "untuned": 0, "failures": [], "compile_wait_s": 0.0,
               "load_s": 0.0}
     classes = triton_classes()
-    if classes is None or _ACTIVE.get():
+    if classes is None or _BLOCK.get() is not None:
         yield report
         return
     jit_class, tuner_class, async_mode_class = classes
     device = torch.cuda.current_device() if torch.cuda.is_available() else None
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="jev-compile") as pool:
         _install(jit_class, tuner_class)
-        active, reporting = _ACTIVE.set(True), _ACTIVE_REPORT.set(report)
+        opened = _BLOCK.set(report)
         try:
             mode = async_mode_class(pool, ignore_errors=True)
             with mode:
@@ -151,8 +151,7 @@ def compiling_in_parallel(threads: int = 16):
                 ended = time.perf_counter()
             report["compile_wait_s"] = round(time.perf_counter() - ended, 3)  # __exit__ waited for every compile
         finally:
-            _ACTIVE.reset(active)
-            _ACTIVE_REPORT.reset(reporting)
+            _BLOCK.reset(opened)
             _uninstall()
         futures = list(mode.future_kernels.values())
         report["compiles"] = len(futures)

@@ -148,8 +148,9 @@ def run_warm_up(model, one_pass, *, compile_threads: int | None = None) -> dict:
     """``one_pass("warm-up")`` (one pass of the fast path over a warm-up's requests) inside :func:`warming_up`; with
     ``compile_threads`` > 0 on a model with a graph cache, first ``one_pass("compile-ahead")`` inside
     :func:`compiling_ahead` (its Triton kernels compiled that many at a time; opt-in until a GPU measures it,
-    recipes/RESULTS.md; None: :data:`COMPILE_THREADS`). Returns ``{"compile_ahead": its report or None,
-    "compile_ahead_s", "warm_up_s"}`` (seconds, host time)."""
+    recipes/RESULTS.md; None: :data:`COMPILE_THREADS`). Returns ``{"compile_ahead", "warm_up_s"}``:
+    :func:`compiling_ahead`'s report with that pass's ``seconds``, or None without one; the warm-up pass's seconds
+    (host time)."""
     compile_threads = check_compile_threads(compile_threads)
     record = patch_record(model)
     report, start = None, time.perf_counter()
@@ -159,7 +160,7 @@ def run_warm_up(model, one_pass, *, compile_threads: int | None = None) -> dict:
     ahead = time.perf_counter()
     with warming_up(model):
         one_pass("warm-up")
-    return {"compile_ahead": report, "compile_ahead_s": round(ahead - start, 3),
+    return {"compile_ahead": None if report is None else {**report, "seconds": round(ahead - start, 3)},
             "warm_up_s": round(time.perf_counter() - ahead, 3)}
 
 

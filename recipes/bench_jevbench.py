@@ -239,7 +239,7 @@ def run_arm(run: BenchRun, arm: str, model, work, *, results: dict, responses: d
                             "per_request_ms": per_request, "parity_only": not timed, "cold": cold,
                             "warmup_requests": len(work[:limit]) if timed and arm not in ("A", "A1", "B1") else 0}
     if ahead is not None and ahead["compile_ahead"] is not None:  # --compile-threads: its pass's share of warmup_s
-        results["arms"][arm]["compile_ahead"] = {**ahead["compile_ahead"], "seconds": ahead["compile_ahead_s"]}
+        results["arms"][arm]["compile_ahead"] = ahead["compile_ahead"]
     label = warmth_note(cold, len(work[:limit]), len(work)) if timed else " (parity only, times include autotuning)"
     print(f"arm {arm}{label}: "
           + ", ".join(f"{k}={v:.1f}" for k, v in results["arms"][arm].items() if isinstance(v, float)), flush=True)

@@ -27,7 +27,7 @@ graph, and the rest (the modules' Python between ops). Writes ``warmup_<shape>.j
 
 ``--compile-threads N`` runs the pass once first inside :func:`hf_openjev.patches.compiling_ahead` (its Triton
 kernels compiled N at a time and loaded, not launched; each new bucket's probe run there), timed apart
-(``compile_ahead_s``, its report in ``compile_ahead``); the hooked pass after it then records each bucket without a
+(its report and ``seconds`` in ``compile_ahead``); the hooked pass after it then records each bucket without a
 probe. ``bash recipes/gpu_campaign.sh compile-ab [SHAPE]`` compares it with the plain warm-up on emptied and on warm
 kernel caches.
 
@@ -339,7 +339,7 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         with compiling_ahead(model, args.compile_threads) as report:
             run_pass(model, work, fast=True)
-        ahead = {"compile_ahead_s": round(time.perf_counter() - start, 2), **report}
+        ahead = {**report, "seconds": round(time.perf_counter() - start, 2)}
     with triton_hooks(totals, tuned), op_profiler as ops, recordings:
         start = time.perf_counter()
         if profiler:
@@ -398,7 +398,7 @@ def main(argv=None) -> int:
         lines += [f"| {name} | {k['compiles']} | {k['compile_s']:.2f} | {k['loads']} | {k['load_s']:.2f} |"
                   for name, k in result["by_kernel"].items()]
     if ahead is not None:
-        lines += ["", f"Compile-ahead pass before it: {ahead['compile_ahead_s']:.1f} s, {ahead['compiles']} compiles "
+        lines += ["", f"Compile-ahead pass before it: {ahead['seconds']:.1f} s, {ahead['compiles']} compiles "
                       f"({ahead['threads']} threads; the end waited {ahead['compile_wait_s']:.1f} s for them), "
                       f"{ahead['loads']} kernels loaded in {ahead['load_s']:.1f} s, {ahead['untuned']} left untuned, "
                       f"{stats.get('probes_ahead', 0)} probes run ahead, {len(ahead['failures'])} failed",

@@ -507,7 +507,7 @@ def test_compiling_ahead_keeps_the_probes_when_a_kernel_was_left_untuned_and_run
                                        compile_threads=4)
     assert passes == [("compile-ahead", ["compiling"]), ("warm-up", ["warming"])]
     assert result["compile_ahead"]["threads"] == 4
-    assert result["compile_ahead_s"] >= 0 and result["warm_up_s"] >= 0
+    assert result["compile_ahead"]["seconds"] >= 0 and result["warm_up_s"] >= 0
     passes.clear()
     assert record_module.run_warm_up("model", lambda stage: passes.append((stage, list(modes))),
                                      compile_threads=0)["compile_ahead"] is None

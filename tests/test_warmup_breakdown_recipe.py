@@ -245,7 +245,7 @@ def test_compile_threads_runs_a_compile_ahead_pass_first_timed_apart_and_checked
     assert recipe.main(["--shape", "tiny", "--requests", "1", "--compile-threads", "4", "--out", str(tmp_path)]) == 0
     assert calls == [4] and passes == [[4], [4]]  # the ahead pass, then the hooked one
     ahead = json.loads((tmp_path / "warmup_tiny.json").read_text())["compile_ahead"]
-    assert ahead["compiles"] == 5 and ahead["threads"] == 4 and ahead["compile_ahead_s"] >= 0
+    assert ahead["compiles"] == 5 and ahead["threads"] == 4 and ahead["seconds"] >= 0
     text = (tmp_path / "warmup_tiny.md").read_text()
     assert "Compile-ahead pass before it:" in text and "5 compiles (4 threads" in text and "- k: RuntimeError: x" in text
     assert recipe.main(["--shape", "tiny", "--requests", "1", "--out", str(tmp_path / "plain")]) == 0

@@ -59,7 +59,8 @@ def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True
     (default: the options the model is patched with, else the defaults); the model is patched with them
     (:func:`~hf_openjev.patches.apply_patches`). ``compile_threads`` > 0: a compile-ahead pass over the same
     requests first (:func:`~hf_openjev.patches.run_warm_up`: Triton's compiles that many at a time; None: the
-    package's default, ``patches.record.COMPILE_THREADS``, 0 until a GPU has measured it). Returns ``{"requests", "skipped_too_long", "seconds", "graphs", "compile_ahead"}``
+    package's default, ``patches.record.COMPILE_THREADS``, 0 until a GPU has measured it). Returns
+    ``{"requests", "skipped_too_long", "seconds", "graphs", "compile_ahead"}``
     (``graphs``: the graph cache's ``stats()``, None where the model has none: on the CPU or patched with
     ``cuda_graphs=False``; ``compile_ahead``: that pass's report and seconds, None without one).
     """
@@ -87,9 +88,7 @@ def warm_up(model, shapes, options=None, *, seed: int = 0, progress: bool = True
             score_fast(model, [[candidates]], options)
 
     start = time.perf_counter()
-    report = run_warm_up(model, one_pass, compile_threads=compile_threads)
-    ahead = None if report["compile_ahead"] is None else {**report["compile_ahead"],
-                                                           "seconds": report["compile_ahead_s"]}
+    ahead = run_warm_up(model, one_pass, compile_threads=compile_threads)["compile_ahead"]
     return {"requests": len(runnable), "skipped_too_long": len(shapes) - len(runnable),
             "seconds": time.perf_counter() - start, "graphs": read_graph_stats(model), "compile_ahead": ahead}
 
