@@ -734,37 +734,13 @@ def test_warm_up_captures_the_graphs_that_requests_of_its_shapes_replay(heads27_
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graphs_captured_after_a_compile_ahead_pass_answer_as_answered_captures_do_on_cuda(heads27_checkpoint):
-    """warm_up(compile_threads=4): a compile-ahead pass (Triton's compiles on a pool, each new bucket probed there,
-    nothing recorded), then captures without probes; the requests then answer what graphs captured and replayed at
-    once answer, bit for bit, and nothing failed to compile or load."""
-    from hf_openjev.fast_path import score_fast
-    from hf_openjev.patches.cuda_graphs import PackGraphs, first_use_layers
-    from hf_openjev.serve.warmup import warm_up
-
-    model = load_export(heads27_checkpoint.export, dtype=torch.bfloat16, device="cuda")
-    record = apply_patches(model, FastPathOptions(cuda_graphs=True))
-    shapes = [(0, [107]), (38, [43, 37, 40]), (130, [5, 9, 12, 3, 7])]
-    rng = random.Random(5)
-    requests = []
-    for prefix_tokens, suffixes in shapes:
-        prefix = [rng.randrange(5, 200) for _ in range(prefix_tokens)]
-        requests.append([[prefix + [rng.randrange(5, 200) for _ in range(n)] for n in suffixes]])
-    answered = [score_fast(model, [r])[0] for r in requests]
-    text_model = text_model_of(model)
-    record.graphs = PackGraphs(text_model, probe_layers=first_use_layers(text_model))
-    report = warm_up(model, shapes, progress=False, compile_threads=4)
-    stats = report["graphs"]
-    assert stats["captures"] >= 3 and stats["probes_ahead"] == stats["captures"] and stats["replays"] == 0
-    assert report["compile_ahead"]["failures"] == [] and record.graphs.probed_ahead == set()
-    assert [score_fast(model, [r])[0] for r in requests] == answered
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graphs_captured_unanswered_in_a_warm_up_answer_as_answered_captures_do_on_cuda(heads27_checkpoint):
+@pytest.mark.parametrize("compile_threads", [0, 4], ids=["plain", "compile_ahead"])
+def test_graphs_captured_unanswered_in_a_warm_up_answer_as_answered_captures_do_on_cuda(heads27_checkpoint,
+                                                                                         compile_threads):
     """warm_up captures without replaying (nothing answers there); the first real packs of those buckets then
-    replay graphs never replayed before, and answer what graphs captured and replayed at once answer, bit for bit."""
+    replay graphs never replayed before, and answer what graphs captured and replayed at once answer, bit for bit.
+    With compile_threads=4, after a compile-ahead pass (Triton's compiles on a pool, each new bucket probed there,
+    nothing recorded) whose buckets are then captured without probes, and nothing failed to compile or load."""
     from hf_openjev.fast_path import score_fast
     from hf_openjev.patches.cuda_graphs import PackGraphs, first_use_layers
     from hf_openjev.serve.warmup import warm_up
@@ -780,8 +756,11 @@ def test_graphs_captured_unanswered_in_a_warm_up_answer_as_answered_captures_do_
     answered = [score_fast(model, [r])[0] for r in requests]  # an empty cache: captured, replayed, answered
     text_model = text_model_of(model)
     record.graphs = PackGraphs(text_model, probe_layers=first_use_layers(text_model))
-    report = warm_up(model, shapes, progress=False)
+    report = warm_up(model, shapes, progress=False, compile_threads=compile_threads)
     assert report["graphs"]["captures"] >= 3 and report["graphs"]["replays"] == 0
+    if compile_threads:
+        assert report["graphs"]["probes_ahead"] == report["graphs"]["captures"]
+        assert report["compile_ahead"]["failures"] == [] and record.graphs.probed_ahead == set()
     assert [score_fast(model, [r])[0] for r in requests] == answered
     assert record.graphs.captures == report["graphs"]["captures"]  # the warm-up captured every bucket
 
